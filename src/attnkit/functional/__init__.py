@@ -1,0 +1,20 @@
+"""The functional core: pure functions on tensors, no parameters.
+
+Every mechanism is three steps: score (:mod:`.scores`), normalise (:mod:`.softmax`), combine;
+:func:`attention` runs all three for scaled dot-product attention with a choice of backends.
+"""
+
+from . import masks, scores
+from .attention import BACKEND_NAMES, AttentionOutput, attention, choose_backend
+from .softmax import masked_logsumexp, masked_softmax
+
+__all__ = [
+    "masks",
+    "scores",
+    "attention",
+    "AttentionOutput",
+    "BACKEND_NAMES",
+    "choose_backend",
+    "masked_softmax",
+    "masked_logsumexp",
+]

@@ -1,0 +1,140 @@
+"""Input validation shared by the functional core and the layers.
+
+Every check raises ``ValueError`` (shapes, values) or ``TypeError`` (dtypes, devices, types)
+with a message that names the argument, what was expected and what was received. Nothing is
+silently broadcast: a mask or bias must already have one of the documented shapes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["Dims", "check_qkv", "check_mask", "check_bias", "check_same", "check_rank"]
+
+
+class Dims(NamedTuple):
+    """Sizes of one attention call (see the shape legend in :mod:`attnkit`)."""
+
+    B: int
+    H: int
+    Hkv: int
+    L: int
+    S: int
+    E: int
+    Ev: int
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 for MHA, H for MQA)."""
+        return self.H // self.Hkv
+
+
+def check_rank(name: str, x: Tensor, rank: int, layout: str) -> None:
+    """Raise unless ``x`` is a tensor of the given rank; ``layout`` spells the expected shape."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if x.dim() != rank:
+        raise ValueError(
+            f"{name} must have {rank} dimensions {layout}, got {x.dim()} with shape {tuple(x.shape)}"
+        )
+
+
+def check_same(reference_name: str, reference: Tensor, **others: Tensor | None) -> None:
+    """Raise ``TypeError`` unless every tensor in ``others`` has the dtype and device of ``reference``."""
+    for name, x in others.items():
+        if x is None:
+            continue
+        if x.dtype != reference.dtype:
+            raise TypeError(
+                f"{name} has dtype {x.dtype} but {reference_name} has dtype {reference.dtype}; "
+                "cast them to one dtype"
+            )
+        if x.device != reference.device:
+            raise TypeError(
+                f"{name} is on {x.device} but {reference_name} is on {reference.device}; "
+                "move them to one device"
+            )
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> Dims:
+    """Validate q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) and return their sizes."""
+    check_rank("q", q, 4, "(B, H, L, E)")
+    check_rank("k", k, 4, "(B, Hkv, S, E)")
+    check_rank("v", v, 4, "(B, Hkv, S, Ev)")
+    if not q.is_floating_point():
+        raise TypeError(f"q must be a floating-point tensor, got dtype {q.dtype}")
+    check_same("q", q, k=k, v=v)
+    B, H, L, E = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(
+            f"batch sizes differ: q has B={B}, k has B={k.shape[0]}, v has B={v.shape[0]}"
+        )
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(
+            f"k and v must have the same number of heads, got Hkv={k.shape[1]} for k "
+            f"and Hkv={v.shape[1]} for v"
+        )
+    Hkv = k.shape[1]
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(
+            f"the number of query heads must be a multiple of the key/value heads, "
+            f"got H={H} for q and Hkv={Hkv} for k and v"
+        )
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"k and v must have the same length, got S={k.shape[2]} for k and S={v.shape[2]} for v"
+        )
+    if k.shape[3] != E:
+        raise ValueError(f"q and k must have the same head dim, got E={E} for q and E={k.shape[3]} for k")
+    return Dims(B=B, H=H, Hkv=Hkv, L=L, S=k.shape[2], E=E, Ev=v.shape[3])
+
+
+def _check_broadcastable(name: str, x: Tensor, dims: Dims) -> None:
+    """Accept (L, S), (L|1, S) or (B|1, H|1, L|1, S): the shapes that broadcast to (B, H, L, S)."""
+    expected = "(L, S) or (B|1, H|1, L|1, S)"
+    if x.dim() == 2:
+        allowed = ((1, dims.L), (dims.S,))
+    elif x.dim() == 4:
+        allowed = ((1, dims.B), (1, dims.H), (1, dims.L), (dims.S,))
+    else:
+        raise ValueError(
+            f"{name} must have shape {expected} with B={dims.B}, H={dims.H}, L={dims.L}, "
+            f"S={dims.S}, got {x.dim()} dimensions with shape {tuple(x.shape)}"
+        )
+    for size, ok in zip(x.shape, allowed):
+        if size not in ok:
+            raise ValueError(
+                f"{name} of shape {tuple(x.shape)} does not broadcast to (B, H, L, S) = "
+                f"({dims.B}, {dims.H}, {dims.L}, {dims.S}); expected {expected}"
+            )
+
+
+def check_mask(mask: Tensor | None, dims: Dims, device: torch.device, name: str = "mask") -> None:
+    """Validate a boolean mask (True = may attend) against the sizes of the call."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be boolean (True = may attend), got dtype {mask.dtype}; convert additive "
+            "float masks with attnkit.masks.from_additive or pass them as bias="
+        )
+    if mask.device != device:
+        raise TypeError(f"{name} is on {mask.device} but q is on {device}")
+    _check_broadcastable(name, mask, dims)
+
+
+def check_bias(bias: Tensor | None, dims: Dims, q: Tensor, name: str = "bias") -> None:
+    """Validate an additive float bias (e.g. ALiBi) against the sizes of the call."""
+    if bias is None:
+        return
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"{name} must be a float torch.Tensor, got {type(bias).__name__}")
+    if not bias.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor added to the scores, got dtype {bias.dtype}")
+    check_same("q", q, **{name: bias})
+    _check_broadcastable(name, bias, dims)

@@ -1,0 +1,147 @@
+"""``attention()``: scaled dot-product attention with interchangeable exact backends.
+
+The one place where a backend is chosen. Layers call this function and never branch on backends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import masks as _masks
+from ._checks import Dims, check_bias, check_mask, check_qkv
+from .backends import BACKENDS
+from .backends._common import Problem, head_weights
+
+__all__ = ["AttentionOutput", "attention", "choose_backend", "BACKEND_NAMES"]
+
+BACKEND_NAMES = ("auto", *BACKENDS)
+
+AUTO_TILED_MIN_KEYS_PER_WINDOW = 4
+"""``auto`` takes the tiled backend for a sliding window once S >= this many windows; below
+that, the fraction of blocks it can skip is too small to beat SDPA with a materialised mask."""
+
+
+class AttentionOutput(NamedTuple):
+    """Result of :func:`attention` (and of the attention layers).
+
+    Attributes:
+        output: (B, H, L, Ev) from :func:`attention`; (B, L, D) from the layers.
+        weights: (B, H, L, S) attention weights if asked for, else None. With
+            ``need_weights=[h0, h1, ...]`` only those heads: (B, len(heads), L, S).
+        lse: (B, H, L) log-sum-exp of the scaled, masked scores, where the backend has it
+            (reference, tiled), else None; -inf for a fully masked row.
+    """
+
+    output: Tensor
+    weights: Tensor | None = None
+    lse: Tensor | None = None
+
+
+def _heads(need_weights: bool | Sequence[int], H: int) -> list[int] | None:
+    if isinstance(need_weights, bool):
+        return list(range(H)) if need_weights else None
+    heads = list(need_weights)
+    bad = [h for h in heads if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < H]
+    if not heads or bad:
+        raise ValueError(
+            f"need_weights must be a bool or a non-empty sequence of head indices in [0, {H}), "
+            f"got {need_weights!r}"
+        )
+    return heads
+
+
+def choose_backend(problem: Problem) -> str:
+    """The backend ``"auto"`` runs: SDPA, except for sliding windows long enough that the tiled
+    backend's block skipping wins (S >= AUTO_TILED_MIN_KEYS_PER_WINDOW x window)."""
+    window = problem.window
+    if window is not None and problem.dims.S >= AUTO_TILED_MIN_KEYS_PER_WINDOW * window:
+        if problem.bias is None or not problem.bias.requires_grad:
+            return "tiled"
+    return "sdpa"
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    causal_align: str = "top-left",
+    window: int | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    need_weights: bool | Sequence[int] = False,
+) -> AttentionOutput:
+    r"""Scaled dot-product attention, softmax(q k^T * scale + bias, masked) v (Vaswani et al. 2017).
+
+    Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0: MHA when equal,
+    GQA in between, MQA when Hkv == 1), L query length, S key length, E head dim, Ev value dim.
+
+    Args:
+        q: (B, H, L, E) queries.
+        k: (B, Hkv, S, E) keys. Each group of H / Hkv consecutive query heads shares one key head;
+            no copies are made where the backend can avoid them.
+        v: (B, Hkv, S, Ev) values.
+        mask: boolean, True = may attend; shape (L, S) or (B|1, H|1, L|1, S). Nothing else is
+            broadcast. See :mod:`attnkit.masks`.
+        is_causal: query i attends keys j <= i + offset, offset given by ``causal_align``.
+        causal_align: ``"top-left"`` (offset 0, PyTorch's ``is_causal``) or ``"bottom-right"``
+            (offset S - L, for decoding with a KV cache).
+        window: causal sliding window (Mistral): query i attends only keys
+            ``i + offset - window < j <= i + offset``. Implies causal.
+        bias: float, added to the scaled scores (ALiBi, relative positions); same shapes as mask.
+        scale: multiplies q k^T; default 1 / sqrt(E).
+        dropout_p: dropout on the attention weights; pass 0 in evaluation.
+        backend: ``"reference"`` (plain, materialises weights), ``"sdpa"`` (PyTorch fused),
+            ``"tiled"`` (exact online softmax, memory linear in length, skips masked blocks) or
+            ``"auto"`` (the fastest exact one for these inputs). All give the same numbers.
+        need_weights: False, True (all heads) or a sequence of head indices. Weights are exact
+            whatever the backend: fast backends keep their output path and recompute the weights
+            of the asked-for heads only.
+
+    Returns:
+        :class:`AttentionOutput` (output (B, H, L, Ev), weights or None, lse or None).
+        A query row with no allowed key gets zero weights and a zero output, never NaN.
+        The returned weights are those before dropout.
+    """
+    dims: Dims = check_qkv(q, k, v)
+    check_mask(mask, dims, q.device)
+    check_bias(bias, dims, q)
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
+    if causal_align not in _masks.ALIGNMENTS:
+        raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(dims.E) if dims.E > 0 else 1.0
+    heads = _heads(need_weights, dims.H)
+    problem = Problem(
+        dims=dims,
+        scale=float(scale),
+        mask=mask,
+        bias=bias,
+        is_causal=bool(is_causal) or window is not None,
+        causal_align=causal_align,
+        window=window,
+        dropout_p=float(dropout_p),
+    )
+    name = choose_backend(problem) if backend == "auto" else backend
+    result = BACKENDS[name](q, k, v, problem)
+    weights = None
+    if heads is not None:
+        if result.weights is not None:
+            weights = result.weights if heads == list(range(dims.H)) else result.weights[:, heads]
+        else:
+            weights = head_weights(q, k, problem, heads, lse=result.lse)
+    return AttentionOutput(output=result.output, weights=weights, lse=result.lse)

@@ -1,0 +1,155 @@
+"""What every backend shares: the description of one call, masks by block, weights on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .. import masks as _masks
+from .._checks import Dims
+
+__all__ = ["Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights"]
+
+
+class BackendResult(NamedTuple):
+    """What a backend returns: output (B, H, L, Ev); lse (B, H, L) and weights (B, H, L, S) if it has them."""
+
+    output: Tensor
+    lse: Tensor | None = None
+    weights: Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """One validated attention call, minus q, k, v.
+
+    ``mask`` and ``bias`` have one of the shapes accepted by :func:`attnkit.attention`:
+    (L, S) or (B|1, H|1, L|1, S). ``is_causal`` / ``window`` are the structural masks, which the
+    tiled backend evaluates block by block instead of materialising.
+    """
+
+    dims: Dims
+    scale: float
+    mask: Tensor | None = None
+    bias: Tensor | None = None
+    is_causal: bool = False
+    causal_align: str = "top-left"
+    window: int | None = None
+    dropout_p: float = 0.0
+
+    @property
+    def structured(self) -> bool:
+        return self.is_causal or self.window is not None
+
+    @property
+    def offset(self) -> int:
+        """Key index aligned with query 0 (see :func:`attnkit.masks.causal_offset`)."""
+        return _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align)
+
+    def key_range(self, q0: int, q1: int) -> tuple[int, int]:
+        """[lo, hi): the keys that some query in [q0, q1) may attend under the structural mask."""
+        S = self.dims.S
+        if not self.structured:
+            return 0, S
+        hi = max(0, min(S, q1 + self.offset))
+        lo = 0 if self.window is None else max(0, q0 + self.offset - self.window + 1)
+        return min(lo, hi), hi
+
+    def structural_block(self, q0: int, q1: int, k0: int, k1: int, device) -> Tensor | None:
+        """(q1-q0, k1-k0) structural mask of a block, or None if it allows every pair."""
+        if not self.structured:
+            return None
+        offset = self.offset
+        fully_past = k1 - 1 <= q0 + offset
+        inside_window = self.window is None or k0 > q1 - 1 + offset - self.window
+        if fully_past and inside_window:
+            return None
+        rel = torch.arange(k0, k1, device=device)[None, :] - torch.arange(q0, q1, device=device)[:, None]
+        rel = rel - offset
+        allowed = rel <= 0
+        if self.window is not None:
+            allowed &= rel > -self.window
+        return allowed
+
+    def dense_mask(self, device) -> Tensor | None:
+        """The whole boolean mask, user mask and structure combined; None if nothing is masked."""
+        L, S = self.dims.L, self.dims.S
+        structure = self.structural_block(0, L, 0, S, device)
+        if structure is None:
+            return self.mask
+        if self.mask is None:
+            return structure
+        return _masks.and_masks(self.mask, structure)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float32 for half types, the input dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def group_heads(x: Tensor | None, dims: Dims) -> Tensor | None:
+    """View a (B, H, ...) tensor, or a mask/bias of shape (L, S) or (B|1, H|1, L|1, S), as
+    (B|1, Hkv|1, G|1, L|1, S) so that it lines up with queries grouped per key/value head."""
+    if x is None:
+        return None
+    if x.dim() == 2:
+        return x[None, None, None]
+    if x.shape[1] == 1:
+        return x[:, :, None]
+    return x.unflatten(1, (dims.Hkv, dims.groups))
+
+
+def slice_block(x: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+    """Rows [q0, q1) and columns [k0, k1) of a mask or bias whose row dim may be 1 (broadcast)."""
+    rows = slice(None) if x.shape[-2] == 1 else slice(q0, q1)
+    return x[..., rows, k0:k1]
+
+
+def _select_heads(x: Tensor | None, heads: list[int]) -> Tensor | None:
+    """Pick heads from a (B|1, H|1, L|1, S) mask or bias; 2-D and head-broadcast ones pass through."""
+    if x is None or x.dim() == 2 or x.shape[1] == 1:
+        return x
+    return x[:, heads]
+
+
+def head_weights(
+    q: Tensor, k: Tensor, problem: Problem, heads: list[int], lse: Tensor | None = None
+) -> Tensor:
+    """Exact attention weights (B, len(heads), L, S) for the chosen query heads only.
+
+    The output path is left alone: with the log-sum-exp of the call (B, H, L) the weights are
+    exp(score - lse); without it, a masked softmax per row. Work and memory are proportional to
+    the number of heads asked for. Weights are computed block by block of queries.
+    """
+    dims = problem.dims
+    acc = compute_dtype(q.dtype)
+    index = torch.tensor(heads, device=q.device)
+    q_sel = q.index_select(1, index)  # (B, h, L, E)
+    k_sel = k.index_select(1, torch.div(index, dims.groups, rounding_mode="floor"))  # (B, h, S, E)
+    mask = _select_heads(problem.mask, heads)
+    bias = _select_heads(problem.bias, heads)
+    lse_sel = None if lse is None else lse.index_select(1, index)
+    out = torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
+    block = max(1, (1 << 22) // max(1, dims.B * len(heads) * dims.S))
+    for q0 in range(0, dims.L, block):
+        q1 = min(dims.L, q0 + block)
+        scores = (q_sel[:, :, q0:q1].to(acc) @ k_sel.to(acc).transpose(-1, -2)) * problem.scale
+        if bias is not None:
+            scores = scores + slice_block(bias, q0, q1, 0, dims.S).to(acc)
+        allowed = problem.structural_block(q0, q1, 0, dims.S, q.device)
+        if mask is not None:
+            user = slice_block(mask, q0, q1, 0, dims.S)
+            allowed = user if allowed is None else user & allowed
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        if lse_sel is None:
+            lse_block = torch.logsumexp(scores, dim=-1)
+        else:
+            lse_block = lse_sel[:, :, q0:q1].to(acc)
+        # exp(-inf - lse) = 0; a fully masked row has lse = -inf and must give 0, not NaN.
+        lse_block = lse_block.masked_fill(torch.isinf(lse_block), 0.0)
+        out[:, :, q0:q1] = (scores - lse_block[..., None]).exp()
+    return out

@@ -1,0 +1,194 @@
+"""The "tiled" backend: exact attention by online softmax over blocks (Milakov & Gimelshein 2018;
+Dao et al. 2022, FlashAttention), in plain PyTorch.
+
+Queries are taken in blocks; for each query block only the key range its structural mask allows
+(causal, sliding window) is visited, in key blocks, keeping a running max ``m``, normaliser ``l``
+and output accumulator:
+
+    m' = max(m, rowmax(s));  p = exp(s - m');  l' = l e^(m - m') + rowsum(p);
+    acc' = acc e^(m - m') + p V;  finally  out = acc / l,  lse = m + log l.
+
+Memory is O(block_q x block_k) for scores plus O(L) for statistics: linear in sequence length.
+The backward pass never stores weights: it recomputes each block's probabilities from the saved
+log-sum-exp, p = exp(s - lse), and uses D = rowsum(dO * O):
+
+    dV += p^T dO;  dP = dO V^T;  dS = p (dP - D);  dQ += dS K scale;  dK += dS^T Q scale.
+
+Key blocks that a user-supplied boolean mask rules out entirely are skipped as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from ._common import BackendResult, Problem, compute_dtype, group_heads, slice_block
+
+__all__ = ["forward", "BLOCK_Q", "SCORE_BLOCK_ELEMENTS"]
+
+BLOCK_Q = 256
+"""Queries per block."""
+SCORE_BLOCK_ELEMENTS = 1 << 22
+"""Upper bound on B x H x block_q x block_k, the size of one score block (16 MiB in float32)."""
+
+
+def _block_k(problem: Problem) -> int:
+    dims = problem.dims
+    per_key = dims.B * dims.H * min(BLOCK_Q, max(1, dims.L))
+    return max(64, SCORE_BLOCK_ELEMENTS // max(1, per_key))
+
+
+def _blocks(problem: Problem) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
+    """Yield (q0, q1, key blocks) for every query block with at least one key to visit."""
+    dims = problem.dims
+    block_k = _block_k(problem)
+    for q0 in range(0, dims.L, BLOCK_Q):
+        q1 = min(dims.L, q0 + BLOCK_Q)
+        lo, hi = problem.key_range(q0, q1)
+        if hi > lo:
+            yield q0, q1, [(k0, min(hi, k0 + block_k)) for k0 in range(lo, hi, block_k)]
+
+
+class _Blocks:
+    """Scores of one block with bias and masks applied, shared by forward, backward and dropout."""
+
+    def __init__(self, problem: Problem, acc: torch.dtype, device: torch.device, seed: int | None):
+        self.problem = problem
+        self.acc = acc
+        self.device = device
+        self.seed = seed
+        self.mask = group_heads(problem.mask, problem.dims)  # (B|1, Hkv|1, G|1, L|1, S)
+        self.bias = group_heads(problem.bias, problem.dims)
+
+    def scores(self, q_block: Tensor, k_t: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
+        """(B, Hkv, G, bq, bk) scores with -inf where masked; None if the block is fully masked."""
+        user = None if self.mask is None else slice_block(self.mask, q0, q1, k0, k1)
+        if user is not None and not bool(user.any()):
+            return None
+        s = q_block @ k_t[..., k0:k1].to(self.acc)
+        if self.bias is not None:
+            s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc)
+        structure = self.problem.structural_block(q0, q1, k0, k1, self.device)
+        if user is not None:
+            s.masked_fill_(~user, float("-inf"))
+        if structure is not None:
+            s.masked_fill_(~structure, float("-inf"))
+        return s
+
+    def keep(self, shape: torch.Size, q0: int, k0: int) -> Tensor:
+        """Dropout keep-mask scaled by 1/(1-p), identical in forward and backward for a block."""
+        p = self.problem.dropout_p
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(self.seed + q0 * (self.problem.dims.S + 1) + k0)
+        uniform = torch.rand(shape, generator=generator, device=self.device, dtype=self.acc)
+        return (uniform >= p).to(self.acc) / (1.0 - p)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None) -> tuple[Tensor, Tensor]:
+    dims = problem.dims
+    acc = compute_dtype(q.dtype)
+    blocks = _Blocks(problem, acc, q.device, seed)
+    q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
+    k_t = k.transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S)
+    v_g = v[:, :, None]  # (B, Hkv, 1, S, Ev)
+    out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
+    lse = torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc, device=q.device)
+    for q0, q1, key_blocks in _blocks(problem):
+        q_block = q_g[..., q0:q1, :].to(acc) * problem.scale  # (B, Hkv, G, bq, E)
+        row_max = torch.full(q_block.shape[:-1], float("-inf"), dtype=acc, device=q.device)
+        row_sum = torch.zeros_like(row_max)
+        acc_out = torch.zeros(*q_block.shape[:-1], dims.Ev, dtype=acc, device=q.device)
+        for k0, k1 in key_blocks:
+            s = blocks.scores(q_block, k_t, q0, q1, k0, k1)
+            if s is None:
+                continue
+            new_max = torch.maximum(row_max, s.amax(dim=-1))
+            # Rows with nothing allowed yet keep max -inf; shift them by 0 so exp gives 0, not NaN.
+            shift = new_max.masked_fill(torch.isinf(new_max), 0.0)
+            p = s.sub_(shift[..., None]).exp_()
+            rescale = (row_max - shift).exp_()
+            row_sum.mul_(rescale).add_(p.sum(dim=-1))
+            if problem.dropout_p > 0:
+                p = p * blocks.keep(p.shape, q0, k0)
+            acc_out.mul_(rescale[..., None]).add_(p @ v_g[..., k0:k1, :].to(acc))
+            row_max = new_max
+        empty = row_sum == 0
+        out[..., q0:q1, :] = (acc_out / row_sum.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
+        lse[..., q0:q1] = row_max + row_sum.log()
+    return out.flatten(1, 2), lse.flatten(1, 2)
+
+
+def _backward(
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, d_out: Tensor, problem: Problem, seed: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    dims = problem.dims
+    acc = compute_dtype(q.dtype)
+    blocks = _Blocks(problem, acc, q.device, seed)
+    q_g = group_heads(q, dims)
+    k_t = k.transpose(-1, -2)[:, :, None]
+    k_g = k[:, :, None]
+    v_t = v.transpose(-1, -2)[:, :, None]
+    d_out_g = group_heads(d_out, dims)
+    lse_g = group_heads(lse, dims)
+    lse_g = lse_g.masked_fill(torch.isinf(lse_g), 0.0)  # fully masked rows: every p is exp(-inf) = 0
+    delta = (d_out_g.to(acc) * group_heads(out, dims).to(acc)).sum(dim=-1)  # D = rowsum(dO * O)
+    d_q = torch.zeros(q_g.shape, dtype=acc, device=q.device)
+    d_k = torch.zeros(k.shape, dtype=acc, device=q.device)
+    d_v = torch.zeros(v.shape, dtype=acc, device=q.device)
+    for q0, q1, key_blocks in _blocks(problem):
+        q_block = q_g[..., q0:q1, :].to(acc) * problem.scale
+        d_out_block = d_out_g[..., q0:q1, :].to(acc)
+        lse_block = lse_g[..., q0:q1, None]
+        delta_block = delta[..., q0:q1, None]
+        for k0, k1 in key_blocks:
+            s = blocks.scores(q_block, k_t, q0, q1, k0, k1)
+            if s is None:
+                continue
+            p = s.sub_(lse_block).exp_()  # (B, Hkv, G, bq, bk)
+            d_p = d_out_block @ v_t[..., k0:k1].to(acc)
+            if problem.dropout_p > 0:
+                keep = blocks.keep(p.shape, q0, k0)
+                d_v[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", p * keep, d_out_block)
+                d_p *= keep
+            else:
+                d_v[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", p, d_out_block)
+            d_s = p.mul_(d_p.sub_(delta_block))
+            d_q[..., q0:q1, :] += d_s @ k_g[..., k0:k1, :].to(acc)
+            d_k[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", d_s, q_block)
+    d_q = (d_q * problem.scale).flatten(1, 2)
+    return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype)
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, problem, seed):  # noqa: D401 - autograd API
+        out, lse = _forward(q, k, v, problem, seed)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.problem = problem
+        ctx.seed = seed
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out, ctx.problem, ctx.seed)
+        return d_q, d_k, d_v, None, None
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
+    if problem.bias is not None and problem.bias.requires_grad:
+        raise ValueError(
+            "the tiled backend does not propagate gradients to bias; use backend='reference' "
+            "or 'sdpa' for a learned bias"
+        )
+    seed = None
+    if problem.dropout_p > 0:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _TiledAttention.apply(q, k, v, problem, seed)
+    else:
+        out, lse = _forward(q, k, v, problem, seed)
+    return BackendResult(output=out, lse=lse)

@@ -1,0 +1,179 @@
+"""Boolean attention masks. **True means "may attend"** (PyTorch SDPA's convention).
+
+Every function returns a mask already shaped for :func:`attnkit.attention`: ``(L, S)`` for masks
+that are the same for the whole batch, ``(B, 1, 1, S)`` for key padding and ``(B, 1, L, S)`` for
+per-example query masks. Combine them with :func:`and_masks` / :func:`or_masks`.
+
+Causal alignment when L != S:
+
+- ``"top-left"`` (like ``is_causal`` in PyTorch): query i may attend keys j <= i.
+- ``"bottom-right"`` (KV-cache decoding, the last query sees the last key): query i may attend
+  keys j <= i + (S - L).
+
+Shape legend: B batch, H heads, L query length, S key length.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ALIGNMENTS",
+    "causal_offset",
+    "causal",
+    "sliding_window",
+    "padding",
+    "local",
+    "and_masks",
+    "or_masks",
+    "from_key_padding_mask",
+    "from_additive",
+]
+
+ALIGNMENTS = ("top-left", "bottom-right")
+
+
+def causal_offset(L: int, S: int, align: str) -> int:
+    """Key index that query 0 is aligned with: 0 for top-left, S - L for bottom-right."""
+    if align not in ALIGNMENTS:
+        raise ValueError(f"causal_align must be one of {ALIGNMENTS}, got {align!r}")
+    return S - L if align == "bottom-right" else 0
+
+
+def _check_length(name: str, n: int) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+
+
+def _relative_positions(L: int, S: int, align: str, device) -> Tensor:
+    """(L, S) tensor of j - i - offset: 0 on the aligned diagonal, negative in the past."""
+    _check_length("L", L)
+    _check_length("S", S)
+    offset = causal_offset(L, S, align)
+    i = torch.arange(L, device=device)[:, None]
+    j = torch.arange(S, device=device)[None, :]
+    return j - i - offset
+
+
+def causal(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> Tensor:
+    """(L, S) mask where query i may attend key j iff j <= i (+ S - L for bottom-right)."""
+    S = L if S is None else S
+    return _relative_positions(L, S, align, device) <= 0
+
+
+def sliding_window(
+    L: int, S: int | None = None, window: int = 256, *, align: str = "top-left", device=None
+) -> Tensor:
+    """(L, S) causal sliding-window mask (Longformer / Mistral).
+
+    Query i may attend the ``window`` most recent keys up to its aligned position:
+    ``i + offset - window < j <= i + offset``. ``window >= S`` gives the plain causal mask.
+    """
+    S = L if S is None else S
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    rel = _relative_positions(L, S, align, device)
+    return (rel <= 0) & (rel > -window)
+
+
+def padding(lengths: Tensor, S: int) -> Tensor:
+    """(B, 1, 1, S) mask where example b may attend its first ``lengths[b]`` keys."""
+    if not isinstance(lengths, Tensor) or lengths.dim() != 1:
+        shape = tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
+        raise ValueError(f"lengths must be a 1-D tensor of shape (B,), got {shape}")
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
+    _check_length("S", S)
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > S):
+        raise ValueError(
+            f"lengths must lie in [0, S={S}], got values in [{int(lengths.min())}, {int(lengths.max())}]"
+        )
+    j = torch.arange(S, device=lengths.device)
+    return (j[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def local(L: int, S: int, centers: Tensor, width: int) -> Tensor:
+    """Luong et al. (2015) local-attention window: query i may attend keys |j - centers[i]| <= width.
+
+    Args:
+        centers: (L,) or (B, L) window centres (integer or real positions p_t).
+        width: half-width D of the window [p_t - D, p_t + D].
+
+    Returns:
+        (L, S) for (L,) centres, (B, 1, L, S) for (B, L) centres.
+    """
+    _check_length("width", width)
+    _check_length("S", S)
+    if not isinstance(centers, Tensor) or centers.dim() not in (1, 2) or centers.shape[-1] != L:
+        shape = tuple(centers.shape) if isinstance(centers, Tensor) else type(centers).__name__
+        raise ValueError(f"centers must have shape (L,) or (B, L) with L={L}, got {shape}")
+    j = torch.arange(S, device=centers.device)
+    mask = (j - centers[..., None]).abs() <= width  # (..., L, S)
+    return mask if centers.dim() == 1 else mask[:, None]
+
+
+def _combine(op, masks: tuple[Tensor, ...], name: str) -> Tensor:
+    if not masks:
+        raise ValueError(f"{name} needs at least one mask")
+    for index, m in enumerate(masks):
+        if not isinstance(m, Tensor) or m.dtype != torch.bool:
+            got = m.dtype if isinstance(m, Tensor) else type(m).__name__
+            raise TypeError(f"{name}: mask {index} must be a boolean tensor, got {got}")
+    try:
+        shape = torch.broadcast_shapes(*(m.shape for m in masks))
+    except RuntimeError as error:
+        shapes = ", ".join(str(tuple(m.shape)) for m in masks)
+        raise ValueError(f"{name}: masks of shapes {shapes} do not broadcast together") from error
+    out = masks[0].expand(shape)
+    for m in masks[1:]:
+        out = op(out, m)
+    return out.contiguous()
+
+
+def and_masks(*masks: Tensor) -> Tensor:
+    """A key is allowed iff every mask allows it (e.g. causal and padding)."""
+    return _combine(torch.logical_and, masks, "and_masks")
+
+
+def or_masks(*masks: Tensor) -> Tensor:
+    """A key is allowed iff some mask allows it (e.g. a window or a global token)."""
+    return _combine(torch.logical_or, masks, "or_masks")
+
+
+def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """Convert ``nn.MultiheadAttention``'s key_padding_mask (B, S), True = ignore, to (B, 1, 1, S)."""
+    if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dim() != 2:
+        shape = (
+            tuple(key_padding_mask.shape)
+            if isinstance(key_padding_mask, Tensor)
+            else type(key_padding_mask).__name__
+        )
+        raise ValueError(f"key_padding_mask must have shape (B, S), got {shape}")
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(
+            f"key_padding_mask must be boolean (True = ignore), got dtype {key_padding_mask.dtype}; "
+            "use from_additive for float masks"
+        )
+    return ~key_padding_mask[:, None, None, :]
+
+
+def from_additive(additive_mask: Tensor) -> Tensor:
+    """Convert an additive float mask (0 = attend, -inf or a huge negative = masked) to boolean.
+
+    Raises ``ValueError`` if the mask holds other values: those are a bias, not a mask; pass
+    them to :func:`attnkit.attention` as ``bias=`` instead.
+    """
+    if not isinstance(additive_mask, Tensor) or not additive_mask.is_floating_point():
+        got = additive_mask.dtype if isinstance(additive_mask, Tensor) else type(additive_mask).__name__
+        raise TypeError(f"additive_mask must be a float tensor, got {got}")
+    blocked = additive_mask <= torch.finfo(additive_mask.dtype).min / 2
+    allowed = additive_mask == 0
+    bad = ~(blocked | allowed)
+    if bool(bad.any()):
+        example = additive_mask[bad][0].item()
+        raise ValueError(
+            "additive_mask holds values other than 0 and -inf (e.g. "
+            f"{example!r}); it is a bias, pass it to attention(..., bias=...) instead"
+        )
+    return allowed

@@ -1,0 +1,65 @@
+"""Masked softmax: the "normalise" step shared by every mechanism.
+
+A fully masked row gives all-zero weights (never NaN), and masked positions get exactly zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["masked_softmax", "masked_logsumexp"]
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+
+def _check_mask(scores: Tensor, mask: Tensor | None) -> None:
+    if mask is None:
+        return
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    try:
+        shape = torch.broadcast_shapes(mask.shape, scores.shape)
+    except RuntimeError:
+        shape = None
+    if shape != scores.shape:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to scores of shape {tuple(scores.shape)}"
+        )
+
+
+def masked_softmax(
+    scores: Tensor, mask: Tensor | None = None, *, dim: int = -1, temperature: float = 1.0
+) -> Tensor:
+    """softmax(scores / temperature) over ``dim``, restricted to positions where ``mask`` is True.
+
+    Args:
+        scores: (..., L, S) alignment scores.
+        mask: boolean, broadcastable to ``scores``; True = may attend. None attends everywhere.
+        temperature: > 0; as it goes to 0 the weights become one-hot on the arg-max
+            (hard alignment), large values flatten them.
+
+    Returns:
+        Weights of the shape of ``scores``: rows sum to 1 over allowed positions, masked
+        positions are exactly 0, fully masked rows are all 0.
+    """
+    _check_temperature(temperature)
+    _check_mask(scores, mask)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if mask is None:
+        return torch.softmax(scores, dim=dim)
+    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    # A fully masked row is uniform after softmax; zeroing the masked entries makes it all 0.
+    return torch.softmax(filled, dim=dim).masked_fill(~mask, 0.0)
+
+
+def masked_logsumexp(scores: Tensor, mask: Tensor | None = None, *, dim: int = -1) -> Tensor:
+    """log(sum(exp(scores))) over allowed positions; -inf for a fully masked row."""
+    _check_mask(scores, mask)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.logsumexp(scores, dim=dim)
