@@ -15,9 +15,31 @@ The functional core takes (B, H, L, E); the layers take (B, L, D) (batch first).
 Masks are boolean and True means "may attend".
 """
 
-from . import functional, masks, scores
-from .functional import AttentionOutput, attention, masked_softmax
+from . import functional, layers, masks, scores
+from .functional import AttentionOutput, attend, attention, masked_softmax
+from .layers import (
+    BahdanauAttention,
+    KVCache,
+    LuongAttention,
+    MultiHeadAttention,
+    SelfAttention,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "masks", "scores", "attention", "AttentionOutput", "masked_softmax", "__version__"]
+__all__ = [
+    "functional",
+    "layers",
+    "masks",
+    "scores",
+    "attention",
+    "attend",
+    "AttentionOutput",
+    "masked_softmax",
+    "BahdanauAttention",
+    "LuongAttention",
+    "SelfAttention",
+    "MultiHeadAttention",
+    "KVCache",
+    "__version__",
+]

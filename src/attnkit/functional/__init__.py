@@ -5,13 +5,14 @@ Every mechanism is three steps: score (:mod:`.scores`), normalise (:mod:`.softma
 """
 
 from . import masks, scores
-from .attention import BACKEND_NAMES, AttentionOutput, attention, choose_backend
+from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend
 from .softmax import masked_logsumexp, masked_softmax
 
 __all__ = [
     "masks",
     "scores",
     "attention",
+    "attend",
     "AttentionOutput",
     "BACKEND_NAMES",
     "choose_backend",

@@ -12,12 +12,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+import torch.nn.functional as F
+
 from . import masks as _masks
 from ._checks import Dims, check_bias, check_mask, check_qkv
 from .backends import BACKENDS
 from .backends._common import Problem, head_weights
+from .softmax import masked_softmax
 
-__all__ = ["AttentionOutput", "attention", "choose_backend", "BACKEND_NAMES"]
+__all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "BACKEND_NAMES"]
 
 BACKEND_NAMES = ("auto", *BACKENDS)
 
@@ -40,6 +43,35 @@ class AttentionOutput(NamedTuple):
     output: Tensor
     weights: Tensor | None = None
     lse: Tensor | None = None
+
+
+def attend(
+    scores: Tensor,
+    values: Tensor,
+    *,
+    mask: Tensor | None = None,
+    temperature: float = 1.0,
+    dropout_p: float = 0.0,
+    prior: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Normalise and combine: weights = masked_softmax(scores / temperature), context = weights @ values.
+
+    The last two steps of every mechanism, used by the Bahdanau and Luong layers whatever their
+    score function.
+
+    Args:
+        scores: (..., L, S). values: (..., S, Dv). mask: boolean, broadcastable to scores.
+        prior: optional (..., L, S) factor multiplying the normalised weights (Luong local-p's
+            Gaussian); the weights are not renormalised after it, as in the paper.
+
+    Returns:
+        context (..., L, Dv) and weights (..., L, S) (before dropout).
+    """
+    weights = masked_softmax(scores, mask, temperature=temperature)
+    if prior is not None:
+        weights = weights * prior
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return attended @ values, weights
 
 
 def _heads(need_weights: bool | Sequence[int], H: int) -> list[int] | None:

@@ -1,0 +1,33 @@
+"""Layers: ``nn.Module``s that own parameters and call the functional core."""
+
+from .additive import BahdanauAttention
+from .cache import KVCache
+from .multihead import MultiHeadAttention
+from .multiplicative import LuongAttention
+from .positional import (
+    ALiBi,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    sinusoidal_table,
+)
+from .self_attention import SelfAttention
+
+__all__ = [
+    "BahdanauAttention",
+    "LuongAttention",
+    "SelfAttention",
+    "MultiHeadAttention",
+    "KVCache",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "ALiBi",
+    "sinusoidal_table",
+    "apply_rotary",
+    "alibi_slopes",
+    "alibi_bias",
+]

@@ -1,0 +1,90 @@
+"""Key/value cache for incremental (autoregressive) decoding."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..functional._checks import check_rank, check_same
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Keys and values of the positions decoded so far, for one attention layer.
+
+    :meth:`update` appends new keys (B, Hkv, S_new, E) and values (B, Hkv, S_new, Ev) and returns
+    all of them, (B, Hkv, S, E) and (B, Hkv, S, Ev). Storage grows by doubling, so appending one
+    token is amortised O(1) copies. Queries of a step attend with bottom-right causal alignment:
+    the last new query sees every cached key.
+
+    A ``static=True`` cache is for cross attention: the first update stores the projected
+    encoder keys and values, and every later step reuses them without recomputing.
+
+    Example::
+
+        cache = KVCache()
+        for token in ...:
+            out = mha(x_step, is_causal=True, cache=cache)
+    """
+
+    def __init__(self, *, static: bool = False) -> None:
+        self.static = static
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def keys(self) -> Tensor | None:
+        """(B, Hkv, S, E) cached keys, or None before the first update."""
+        return None if self._keys is None else self._keys[:, :, : self.length]
+
+    @property
+    def values(self) -> Tensor | None:
+        """(B, Hkv, S, Ev) cached values, or None before the first update."""
+        return None if self._values is None else self._values[:, :, : self.length]
+
+    def reset(self) -> None:
+        self._keys = self._values = None
+        self.length = 0
+
+    def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, Hkv, S_new, E) keys and (B, Hkv, S_new, Ev) values; return all cached ones."""
+        if self.static and self.length:
+            raise ValueError("this static (cross-attention) cache is already filled; reset() it first")
+        check_rank("keys", keys, 4, "(B, Hkv, S_new, E)")
+        check_rank("values", values, 4, "(B, Hkv, S_new, Ev)")
+        check_same("keys", keys, values=values)
+        if keys.shape[:3] != values.shape[:3]:
+            raise ValueError(
+                f"keys and values must agree in (B, Hkv, S_new), got {tuple(keys.shape)} and {tuple(values.shape)}"
+            )
+        if self._keys is not None:
+            expected_k = (self._keys.shape[0], self._keys.shape[1], self._keys.shape[3])
+            expected_v = (self._values.shape[0], self._values.shape[1], self._values.shape[3])
+            got_k = (keys.shape[0], keys.shape[1], keys.shape[3])
+            got_v = (values.shape[0], values.shape[1], values.shape[3])
+            if got_k != expected_k or got_v != expected_v:
+                raise ValueError(
+                    f"cache holds (B, Hkv, E)={expected_k} keys and (B, Hkv, Ev)={expected_v} values, "
+                    f"got {got_k} and {got_v}"
+                )
+            check_same("cached keys", self._keys, keys=keys)
+        new_length = self.length + keys.shape[2]
+        if self._keys is None or new_length > self._keys.shape[2]:
+            self._grow(keys, values, max(new_length, 2 * self.length, 16))
+        self._keys[:, :, self.length : new_length] = keys
+        self._values[:, :, self.length : new_length] = values
+        self.length = new_length
+        return self.keys, self.values
+
+    def _grow(self, keys: Tensor, values: Tensor, capacity: int) -> None:
+        B, Hkv, _, E = keys.shape
+        new_keys = keys.new_empty(B, Hkv, capacity, E)
+        new_values = values.new_empty(B, Hkv, capacity, values.shape[3])
+        if self._keys is not None:
+            new_keys[:, :, : self.length] = self.keys
+            new_values[:, :, : self.length] = self.values
+        self._keys, self._values = new_keys, new_values

@@ -1,0 +1,158 @@
+"""Multi-head attention (Vaswani et al. 2017) with grouped-query (Ainslie et al. 2023) and
+multi-query (Shazeer 2019) heads, self and cross attention, and a KV cache.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_O,  head_h = Attention(Q W_Q^h, K W_K^g(h), V W_V^g(h))
+
+where query head h uses key/value head g(h) = h // (H / Hkv).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from ..functional import attention
+from ..functional._checks import check_rank
+from ..functional.attention import BACKEND_NAMES, AttentionOutput
+from ..functional.heads import merge_heads, split_heads
+from .cache import KVCache
+from .positional import RotaryEmbedding
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention over (B, L, D) inputs, batch first.
+
+    Args:
+        d_model: D, the model dim (queries' feature size and the output size).
+        num_heads: H query heads; D must be divisible by H (head dim E = D / H).
+        num_kv_heads: Hkv key/value heads, dividing H (default H; 1 is multi-query attention).
+        kdim, vdim: feature sizes of keys and values for cross attention (default D).
+        bias: bias in all four projections.
+        dropout: dropout on the attention weights in training mode.
+        backend: attention backend, see :func:`attnkit.attention`.
+        rotary: a :class:`RotaryEmbedding` applied to queries and keys after projection (Llama).
+
+    Parameters: ``q_proj`` (D -> H E), ``k_proj`` (kdim -> Hkv E), ``v_proj`` (vdim -> Hkv E),
+    ``out_proj`` (H E -> D).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        rotary: RotaryEmbedding | None = None,
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if d_model < 1 or num_heads < 1 or d_model % num_heads:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads must be divisible by num_kv_heads, got num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
+        self.dropout = dropout
+        self.backend = backend
+        if rotary is not None and rotary.head_dim != self.head_dim:
+            raise ValueError(f"rotary.head_dim={rotary.head_dim} does not match head_dim={self.head_dim}")
+        self.rotary = rotary
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        check_rank("query", query, 3, "(B, L, D)")
+        check_rank("key", key, 3, "(B, S, kdim)")
+        check_rank("value", value, 3, "(B, S, vdim)")
+        for name, x, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if x.shape[-1] != width:
+                raise ValueError(f"{name} must have last dim {width}, got shape {tuple(x.shape)}")
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: query {query.shape[0]}, key {key.shape[0]}, value {value.shape[0]}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key and value lengths differ: S={key.shape[1]} and S={value.shape[1]}")
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool | Sequence[int] = False,
+        cache: KVCache | None = None,
+        causal_align: str | None = None,
+    ) -> AttentionOutput:
+        """Attend from query (B, L, D) to key (B, S, kdim) / value (B, S, vdim).
+
+        Self attention when ``key`` and ``value`` are omitted; ``value`` defaults to ``key``.
+        ``mask``, ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in
+        :func:`attnkit.attention`; with a ``cache`` the new keys are appended and causal masks are
+        aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
+
+        Returns:
+            :class:`AttentionOutput` with output (B, L, D), per-head weights (B, H, L, S) or None
+            (average over dim 1 for ``nn.MultiheadAttention``'s averaged weights), lse or None.
+        """
+        if key is None:
+            if value is not None:
+                raise ValueError("value was given without key; pass both for cross attention")
+            key = value = query
+        elif value is None:
+            value = key
+        self._check_inputs(query, key, value)
+        q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
+        offset = 0 if cache is None or cache.static else cache.length
+        if self.rotary is not None:
+            q = self.rotary(q, offset=offset)
+        if cache is not None and cache.static and cache.length:
+            k, v = cache.keys, cache.values  # cross attention: encoder keys projected once
+        else:
+            k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, E)
+            v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, Hkv, S, E)
+            if self.rotary is not None:
+                k = self.rotary(k, offset=offset)
+            if cache is not None:
+                k, v = cache.update(k, v)
+        if causal_align is None:
+            causal_align = "top-left" if cache is None else "bottom-right"
+        result = attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            causal_align=causal_align,
+            window=window,
+            bias=bias,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+            need_weights=need_weights,
+        )
+        output = self.out_proj(merge_heads(result.output))  # (B, L, D)
+        return AttentionOutput(output=output, weights=result.weights, lse=result.lse)

@@ -1,0 +1,176 @@
+"""Positional encodings: sinusoidal, learned, rotary (RoPE) and ALiBi.
+
+- Sinusoidal (Vaswani et al. 2017, section 3.5):
+  PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)), base = 10000.
+- Learned absolute positions (BERT, GPT-2).
+- Rotary (Su et al. 2021, RoFormer): rotate each pair of query/key features by pos * theta_i,
+  theta_i = base^(-2i/E); scores then depend on relative position only.
+- ALiBi (Press et al. 2022): add -m_h * (distance) to the scores of head h, with geometric
+  slopes m_h.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import masks as _masks
+from ..functional._checks import check_rank
+
+__all__ = [
+    "sinusoidal_table",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "alibi_slopes",
+    "alibi_bias",
+    "ALiBi",
+]
+
+
+def sinusoidal_table(length: int, dim: int, base: float = 10000.0, *, device=None, dtype=None) -> Tensor:
+    """(length, dim) table of the Vaswani sinusoids; even columns sin, odd columns cos."""
+    if length < 0 or dim < 1:
+        raise ValueError(f"length must be >= 0 and dim >= 1, got length={length}, dim={dim}")
+    position = torch.arange(length, device=device, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, dim, 2, device=device, dtype=torch.float64)
+    angle = position / base ** (two_i / dim)  # (length, ceil(dim/2))
+    table = torch.empty(length, dim, device=device, dtype=torch.float64)
+    table[:, 0::2] = angle.sin()
+    table[:, 1::2] = angle.cos()[:, : dim // 2]
+    return table.to(dtype or torch.get_default_dtype())
+
+
+def _check_positions(x: Tensor, offset: int, max_len: int) -> None:
+    check_rank("x", x, 3, "(B, L, D)")
+    if offset < 0 or offset + x.shape[1] > max_len:
+        raise ValueError(
+            f"positions [{offset}, {offset + x.shape[1]}) exceed max_len={max_len}; raise max_len"
+        )
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal encoding to (B, L, D) embeddings; no parameters."""
+
+    def __init__(self, d_model: int, max_len: int = 4096, base: float = 10000.0):
+        super().__init__()
+        self.d_model = d_model
+        self.max_len = max_len
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, base), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x (B, L, D) -> x + PE[offset : offset + L]."""
+        _check_positions(x, offset, self.max_len)
+        return x + self.table[offset : offset + x.shape[1]].to(x.dtype)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a learned (max_len, D) position embedding to (B, L, D) embeddings (BERT, GPT-2)."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _check_positions(x, offset, self.max_len)
+        positions = torch.arange(offset, offset + x.shape[1], device=x.device)
+        return x + self.embedding(positions)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+    """Rotate feature pairs of x (..., L, E) by angles with cos/sin of shape (..., L, E/2).
+
+    ``interleaved=False`` pairs feature i with i + E/2 (GPT-NeoX, Hugging Face Llama);
+    ``interleaved=True`` pairs 2i with 2i+1 (RoFormer, GPT-J, Meta's Llama checkpoints).
+    """
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE) for (B, H, L, E) queries or keys.
+
+    Args:
+        head_dim: E, even.
+        base: theta_i = base^(-2i/E); 10000 in RoFormer and Llama 2, 500000 in Llama 3, 100000 in SmolLM2.
+        interleaved: pair layout, see :func:`apply_rotary`.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, *, interleaved: bool = False):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+        if not base > 1:
+            raise ValueError(f"base must be > 1, got {base}")
+        self.head_dim = head_dim
+        self.base = base
+        self.interleaved = interleaved
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2) in float32."""
+        angle = positions.to(torch.float32)[..., None] * self.inv_freq
+        return angle.cos(), angle.sin()
+
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Rotate x (B, H, L, E) for positions offset .. offset+L-1, or explicit (L,)/(B, L) positions."""
+        check_rank("x", x, 4, "(B, H, L, E)")
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"x has head dim {x.shape[-1]}, this RotaryEmbedding has head_dim={self.head_dim}")
+        L = x.shape[2]
+        if positions is None:
+            positions = torch.arange(offset, offset + L, device=x.device)
+        elif positions.shape[-1] != L or positions.dim() not in (1, 2):
+            raise ValueError(f"positions must have shape (L,) or (B, L) with L={L}, got {tuple(positions.shape)}")
+        cos, sin = self.angles(positions)
+        if cos.dim() == 3:  # (B, L, E/2) -> (B, 1, L, E/2)
+            cos, sin = cos[:, None], sin[:, None]
+        return apply_rotary(x.float(), cos, sin, interleaved=self.interleaved).to(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """(H,) ALiBi slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n = H a power of two;
+    otherwise those of the closest smaller power of two followed by every other slope of twice
+    that (Press et al. 2022, and their reference code)."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = power_of_two(closest)
+    if closest < num_heads:
+        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: Tensor, L: int, S: int, *, causal_align: str = "bottom-right", symmetric: bool = False) -> Tensor:
+    """(1, H, L, S) ALiBi bias: -m_h * (i + offset - j) (causal), or -m_h * |i + offset - j|
+    with ``symmetric=True`` for bidirectional encoders. Pass it as ``bias=`` to attention."""
+    offset = _masks.causal_offset(L, S, causal_align)
+    distance = torch.arange(L, device=slopes.device)[:, None] + offset - torch.arange(S, device=slopes.device)[None, :]
+    if symmetric:
+        distance = distance.abs()
+    return -slopes[None, :, None, None] * distance.to(slopes.dtype)
+
+
+class ALiBi(nn.Module):
+    """ALiBi bias generator for ``num_heads`` heads; forward(L, S) -> (1, H, L, S)."""
+
+    def __init__(self, num_heads: int, *, symmetric: bool = False):
+        super().__init__()
+        self.symmetric = symmetric
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def forward(self, L: int, S: int, *, causal_align: str = "bottom-right") -> Tensor:
+        return alibi_bias(self.slopes, L, S, causal_align=causal_align, symmetric=self.symmetric)
