@@ -129,7 +129,7 @@ def attention(
                 keys = np.flatnonzero(allowed[b, h, i])
                 if keys.size == 0:
                     continue
-                s = np.array([q[b, h, i] @ k[b, kv, j] * scale + bias[b, h, i, j] for j in keys])
+                s = k[b, kv, keys] @ q[b, h, i] * scale + bias[b, h, i, keys]  # scores of allowed keys
                 lse[b, h, i] = _logsumexp(s)
                 a = np.exp(s - lse[b, h, i])
                 weights[b, h, i, keys] = a

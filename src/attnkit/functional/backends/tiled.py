@@ -26,10 +26,12 @@ from torch import Tensor
 
 from ._common import BackendResult, Problem, compute_dtype, group_heads, slice_block
 
-__all__ = ["forward", "BLOCK_Q", "SCORE_BLOCK_ELEMENTS"]
+__all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS"]
 
 BLOCK_Q = 256
 """Queries per block."""
+MIN_BLOCK_K = 64
+"""Fewest keys per block."""
 SCORE_BLOCK_ELEMENTS = 1 << 22
 """Upper bound on B x H x block_q x block_k, the size of one score block (16 MiB in float32)."""
 
@@ -37,7 +39,7 @@ SCORE_BLOCK_ELEMENTS = 1 << 22
 def _block_k(problem: Problem) -> int:
     dims = problem.dims
     per_key = dims.B * dims.H * min(BLOCK_Q, max(1, dims.L))
-    return max(64, SCORE_BLOCK_ELEMENTS // max(1, per_key))
+    return max(MIN_BLOCK_K, SCORE_BLOCK_ELEMENTS // max(1, per_key))
 
 
 def _blocks(problem: Problem) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:

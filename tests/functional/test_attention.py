@@ -1,0 +1,335 @@
+"""attention(): every backend against the float64 oracle, PyTorch SDPA, and each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import attnkit
+from attnkit import masks, reference
+from attnkit.functional.attention import choose_backend
+from attnkit.functional.backends._common import Problem
+from attnkit.functional._checks import Dims
+from conftest import DTYPES, assert_close, numpy, randn
+
+BACKENDS = ["reference", "sdpa", "tiled", "auto"]
+
+# (B, H, Hkv, L, S, E, Ev): MHA with odd head dim and length 97; GQA with L != S; MQA with L > S.
+CASES = {
+    "mha-97-e59": (2, 4, 4, 97, 97, 59, 59),
+    "gqa-33x97": (2, 6, 2, 33, 97, 64, 48),
+    "mqa-97x50": (1, 4, 1, 97, 50, 16, 16),
+}
+MASKINGS = [
+    "none",
+    "causal-top-left",
+    "causal-bottom-right",
+    "window-top-left",
+    "window-bottom-right",
+    "padding",
+    "random",
+    "bias+padding",
+]
+
+
+def make_call(case: str, masking: str, dtype: torch.dtype, generator: torch.Generator):
+    """Random q, k, v and attention() keyword arguments for one case and one masking."""
+    B, H, Hkv, L, S, E, Ev = CASES[case]
+    q, k, v = randn(B, H, L, E, dtype=dtype, generator=generator), randn(B, Hkv, S, E, dtype=dtype, generator=generator), randn(B, Hkv, S, Ev, dtype=dtype, generator=generator)
+    kwargs: dict = {}
+    if masking.startswith("causal"):
+        kwargs = {"is_causal": True, "causal_align": masking.removeprefix("causal-")}
+    elif masking.startswith("window"):
+        kwargs = {"window": 7, "causal_align": masking.removeprefix("window-")}
+    elif masking == "padding":
+        lengths = torch.tensor([S - 5, 0][:B] if B == 2 else [S // 3])  # B=2: one example fully padded
+        kwargs = {"mask": masks.padding(lengths, S)}
+    elif masking == "random":
+        mask = torch.rand(B, H, L, S, generator=generator) < 0.7
+        mask[:, :, 3] = False  # a fully masked query row in every head
+        kwargs = {"mask": mask}
+    elif masking == "bias+padding":
+        kwargs = {
+            "bias": randn(1, H, L, S, dtype=dtype, generator=generator),
+            "mask": masks.padding(torch.tensor([S - 1] * B), S),
+        }
+    return q, k, v, kwargs
+
+
+def oracle(q, k, v, kwargs):
+    numpy_kwargs = {name: numpy(x) if isinstance(x, torch.Tensor) else x for name, x in kwargs.items()}
+    return reference.attention(numpy(q), numpy(k), numpy(v), **numpy_kwargs)
+
+
+@pytest.mark.parametrize("masking", MASKINGS)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_matches_float64_oracle(backend, dtype, case, masking, rng, small_tiles):
+    q, k, v, kwargs = make_call(case, masking, dtype, rng)
+    result = attnkit.attention(q, k, v, backend=backend, need_weights=True, **kwargs)
+    expected_out, expected_weights, expected_lse = oracle(q, k, v, kwargs)
+    assert result.output.dtype == dtype and result.weights.dtype == dtype
+    assert_close(result.output, expected_out, dtype, "output")
+    assert_close(result.weights, expected_weights, dtype, "weights")
+    if result.lse is not None:
+        lse = numpy(result.lse)
+        assert (np.isneginf(lse) == np.isneginf(expected_lse)).all(), "lse is -inf exactly on fully masked rows"
+        finite = np.isfinite(expected_lse)
+        assert np.allclose(lse[finite], expected_lse[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_for_chosen_heads_only(backend, rng, small_tiles):
+    q, k, v, kwargs = make_call("gqa-33x97", "random", torch.float64, rng)
+    full = attnkit.attention(q, k, v, backend="reference", need_weights=True, **kwargs)
+    some = attnkit.attention(q, k, v, backend=backend, need_weights=[4, 1], **kwargs)
+    assert some.weights.shape == (2, 2, 33, 97)
+    torch.testing.assert_close(some.weights, full.weights[:, [4, 1]])
+    torch.testing.assert_close(some.output, full.output)
+    assert attnkit.attention(q, k, v, backend=backend, **kwargs).weights is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fully_masked_rows_give_zero_output_and_finite_gradients(backend, small_tiles):
+    q = torch.randn(2, 2, 5, 8, requires_grad=True)
+    k = torch.randn(2, 2, 6, 8, requires_grad=True)
+    v = torch.randn(2, 2, 6, 8, requires_grad=True)
+    mask = torch.ones(2, 1, 5, 6, dtype=torch.bool)
+    mask[0, :, 2] = False
+    mask[1] = False
+    result = attnkit.attention(q, k, v, mask=mask, backend=backend, need_weights=True)
+    assert (result.output[0, :, 2] == 0).all() and (result.output[1] == 0).all()
+    assert (result.weights[0, :, 2] == 0).all() and (result.weights[1] == 0).all()
+    result.output.sum().backward()
+    for x in (q, k, v):
+        assert torch.isfinite(x.grad).all()
+    assert (q.grad[1] == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"is_causal": True}, {"mask": "bool"}, {"scale": 0.3}, {"gqa": True}],
+    ids=["dense", "causal", "bool-mask", "scale", "gqa"],
+)
+def test_equals_torch_sdpa_where_both_apply(backend, kwargs, rng, small_tiles):
+    kwargs = dict(kwargs)
+    Hkv = 2 if kwargs.pop("gqa", False) else 4
+    q, k, v = randn(2, 4, 37, 24, generator=rng), randn(2, Hkv, 45, 24, generator=rng), randn(2, Hkv, 45, 24, generator=rng)
+    if kwargs.get("mask") == "bool":
+        kwargs["mask"] = torch.rand(2, 4, 37, 45, generator=rng) < 0.8
+    torch_kwargs = {"attn_mask" if name == "mask" else name: x for name, x in kwargs.items()}
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=Hkv != 4, **torch_kwargs)
+    got = attnkit.attention(q, k, v, backend=backend, **kwargs).output
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("masking", ["none", "causal-bottom-right", "window-top-left", "random", "bias+padding"])
+@pytest.mark.parametrize("backend", ["sdpa", "tiled"])
+def test_gradients_match_reference_backend(backend, masking, rng, small_tiles):
+    q, k, v, kwargs = make_call("gqa-33x97", masking, torch.float64, rng)
+    grads = {}
+    for name in ("reference", backend):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = attnkit.attention(*inputs, backend=name, **kwargs).output
+        out.backward(torch.sin(torch.arange(out.numel(), dtype=out.dtype)).view_as(out))
+        grads[name] = [x.grad for x in inputs]
+    for got, expected in zip(grads[backend], grads["reference"]):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"is_causal": True, "causal_align": "bottom-right"}, {"window": 3}, {"mask": "padding"}, {"bias": True}],
+    ids=["dense", "causal-br", "window", "padding", "bias"],
+)
+def test_tiled_backward_gradcheck(kwargs, small_tiles):
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, 9, 5, dtype=torch.float64, generator=generator, requires_grad=True)
+    k = torch.randn(1, 2, 11, 5, dtype=torch.float64, generator=generator, requires_grad=True)
+    v = torch.randn(1, 2, 11, 3, dtype=torch.float64, generator=generator, requires_grad=True)
+    kwargs = dict(kwargs)
+    if kwargs.get("mask") == "padding":
+        kwargs["mask"] = masks.padding(torch.tensor([6]), 11)
+    if kwargs.get("bias"):
+        kwargs["bias"] = torch.randn(9, 11, dtype=torch.float64, generator=generator)
+    assert torch.autograd.gradcheck(lambda q, k, v: attnkit.attention(q, k, v, backend="tiled", **kwargs).output, (q, k, v))
+
+
+def test_tiled_backward_with_dropout_gradcheck(small_tiles):
+    """The backward regenerates the forward's dropout masks block by block."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 10, 4, dtype=torch.float64, generator=generator, requires_grad=True) for _ in range(3))
+
+    def run(q, k, v):
+        torch.manual_seed(11)  # same dropout masks on every evaluation
+        return attnkit.attention(q, k, v, backend="tiled", dropout_p=0.4, is_causal=True).output
+
+    assert torch.autograd.gradcheck(run, (q, k, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_is_unbiased_and_random(backend, small_tiles):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    exact = attnkit.attention(q, k, v, backend=backend).output
+    first = attnkit.attention(q, k, v, backend=backend, dropout_p=0.5).output
+    second = attnkit.attention(q, k, v, backend=backend, dropout_p=0.5).output
+    assert not torch.allclose(first, second)
+    mean = torch.stack([attnkit.attention(q, k, v, backend=backend, dropout_p=0.5).output for _ in range(3000)]).mean(0)
+    torch.testing.assert_close(mean, exact, atol=0.06, rtol=0)
+
+
+# Invariants -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_sum_to_one_and_masked_keys_get_exactly_zero(backend, rng, small_tiles):
+    q, k, v, kwargs = make_call("mha-97-e59", "random", torch.float32, rng)
+    weights = attnkit.attention(q, k, v, backend=backend, need_weights=True, **kwargs).weights
+    mask = kwargs["mask"]
+    assert (weights[~mask] == 0).all()
+    sums = weights.sum(-1)
+    has_key = mask.any(-1)
+    torch.testing.assert_close(sums[has_key], torch.ones_like(sums[has_key]))
+    assert (sums[~has_key] == 0).all()
+
+
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_changing_future_tokens_leaves_causal_outputs_unchanged(backend, align, rng, small_tiles):
+    q, k, v = randn(1, 2, 40, 16, generator=rng), randn(1, 2, 50, 16, generator=rng), randn(1, 2, 50, 16, generator=rng)
+    before = attnkit.attention(q, k, v, is_causal=True, causal_align=align, backend=backend).output
+    cut = 20 + (10 if align == "bottom-right" else 0)  # query 20 is aligned with key `cut`
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, cut + 1 :] = torch.randn_like(k2[:, :, cut + 1 :]) * 5
+    v2[:, :, cut + 1 :] = torch.randn_like(v2[:, :, cut + 1 :]) * 5
+    after = attnkit.attention(q, k2, v2, is_causal=True, causal_align=align, backend=backend).output
+    torch.testing.assert_close(after[:, :, :21], before[:, :, :21], rtol=0, atol=0)
+    assert not torch.allclose(after[:, :, 21:], before[:, :, 21:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_output_is_a_convex_combination_of_values(backend, rng, small_tiles):
+    q, k, v, kwargs = make_call("gqa-33x97", "window-bottom-right", torch.float64, rng)
+    out = attnkit.attention(q, k, v, backend=backend, **kwargs).output
+    v_per_head = v.repeat_interleave(3, dim=1)  # (B, H, S, Ev)
+    low, high = v_per_head.amin(2, keepdim=True), v_per_head.amax(2, keepdim=True)
+    assert ((out >= low - 1e-12) & (out <= high + 1e-12)).all()
+
+
+# Property tests across backends -----------------------------------------------------------------
+
+
+@st.composite
+def attention_calls(draw):
+    B = draw(st.integers(1, 2))
+    Hkv = draw(st.integers(1, 3))
+    H = Hkv * draw(st.integers(1, 3))
+    L, S = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    E, Ev = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    seed = draw(st.integers(0, 2**31 - 1))
+    structure = draw(st.sampled_from(["none", "causal", "window", "mask"]))
+    align = draw(st.sampled_from(["top-left", "bottom-right"]))
+    window = draw(st.integers(1, 10))
+    return B, H, Hkv, L, S, E, Ev, seed, structure, align, window
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(call=attention_calls())
+def test_all_backends_agree_with_the_oracle_on_random_shapes(call, small_tiles):
+    B, H, Hkv, L, S, E, Ev, seed, structure, align, window = call
+    generator = torch.Generator().manual_seed(seed)
+    q = randn(B, H, L, E, dtype=torch.float64, generator=generator)
+    k = randn(B, Hkv, S, E, dtype=torch.float64, generator=generator)
+    v = randn(B, Hkv, S, Ev, dtype=torch.float64, generator=generator)
+    kwargs = {
+        "none": {},
+        "causal": {"is_causal": True, "causal_align": align},
+        "window": {"window": window, "causal_align": align},
+        "mask": {"mask": torch.rand(B, 1, L, S, generator=generator) < 0.5},
+    }[structure]
+    expected_out, expected_weights, _ = oracle(q, k, v, kwargs)
+    for backend in BACKENDS:
+        result = attnkit.attention(q, k, v, backend=backend, need_weights=True, **kwargs)
+        assert_close(result.output, expected_out, torch.float64, backend)
+        assert_close(result.weights, expected_weights, torch.float64, backend)
+
+
+# Backend choice ---------------------------------------------------------------------------------
+
+
+def _problem(S, window=None):
+    return Problem(dims=Dims(1, 8, 8, S, S, 64, 64), scale=0.125, is_causal=window is not None, window=window)
+
+
+def test_auto_prefers_tiled_only_for_long_sliding_windows():
+    assert choose_backend(_problem(16384)) == "sdpa"
+    assert choose_backend(_problem(16384, window=256)) == "tiled"
+    assert choose_backend(_problem(512, window=256)) == "sdpa"
+
+
+# Bad input --------------------------------------------------------------------------------------
+
+
+def _qkv(H=4, Hkv=2, L=5, S=6, E=8):
+    return torch.randn(2, H, L, E), torch.randn(2, Hkv, S, E), torch.randn(2, Hkv, S, E)
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: (torch.randn(4, 5, 8), *_qkv()[1:]), ValueError, ["q must have 4 dimensions", "(4, 5, 8)"]),
+        (lambda: (_qkv()[0], torch.randn(3, 2, 6, 8), _qkv()[2]), ValueError, ["batch sizes differ", "B=3"]),
+        (lambda: _qkv(H=4, Hkv=3), ValueError, ["H=4", "Hkv=3"]),
+        (lambda: (_qkv()[0], torch.randn(2, 2, 6, 7), _qkv()[2]), ValueError, ["E=8", "E=7"]),
+        (lambda: (*_qkv()[:2], torch.randn(2, 2, 9, 8)), ValueError, ["S=6", "S=9"]),
+        (lambda: (*_qkv()[:2], torch.randn(2, 2, 6, 8, dtype=torch.float64)), TypeError, ["v has dtype torch.float64"]),
+        (lambda: (*_qkv()[:2], torch.randn(2, 2, 6, 8, device="meta")), TypeError, ["v is on meta"]),
+    ],
+)
+def test_bad_qkv_raise_with_names_and_shapes(make, error, words):
+    q, k, v = make()
+    with pytest.raises(error) as info:
+        attnkit.attention(q, k, v)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "mask, error, words",
+    [
+        (torch.ones(2, 5, 6, dtype=torch.bool), ValueError, ["mask must have shape", "3 dimensions"]),
+        (torch.ones(5, 7, dtype=torch.bool), ValueError, ["(5, 7)", "(2, 4, 5, 6)"]),
+        (torch.ones(2, 3, 5, 6, dtype=torch.bool), ValueError, ["(2, 3, 5, 6)"]),
+        (torch.ones(5, 6), TypeError, ["boolean", "torch.float32"]),
+    ],
+)
+def test_masks_that_do_not_broadcast_are_rejected(mask, error, words):
+    with pytest.raises(error) as info:
+        attnkit.attention(*_qkv(), mask=mask)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"backend": "flash"}, ["backend", "'flash'"]),
+        ({"causal_align": "center"}, ["causal_align", "'center'"]),
+        ({"window": 0}, ["window", "0"]),
+        ({"dropout_p": 1.0}, ["dropout_p", "1.0"]),
+        ({"need_weights": [4]}, ["need_weights", "[0, 4)"]),
+        ({"bias": torch.ones(5, 6, dtype=torch.float64)}, ["bias has dtype torch.float64"]),
+    ],
+)
+def test_bad_options_are_rejected(kwargs, words):
+    with pytest.raises((ValueError, TypeError)) as info:
+        attnkit.attention(*_qkv(), **kwargs)
+    for word in words:
+        assert word in str(info.value)
