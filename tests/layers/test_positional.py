@@ -1,0 +1,71 @@
+"""Positional encodings against the oracle and their defining properties."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit import reference
+from attnkit.layers import (
+    ALiBi,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_slopes,
+    sinusoidal_table,
+)
+from conftest import assert_close, numpy, randn
+
+
+def test_sinusoidal_matches_the_vaswani_formula_and_lies_in_unit_range():
+    table = sinusoidal_table(100, 512, dtype=torch.float64)
+    assert table.shape == (100, 512)
+    assert table.min() >= -1 and table.max() <= 1
+    assert_close(table[:, :64], reference.sinusoidal(100, 512)[:, :64], torch.float64)
+    assert_close(sinusoidal_table(7, 5, dtype=torch.float64), reference.sinusoidal(7, 5), torch.float64)
+
+
+def test_sinusoidal_module_adds_the_table_at_an_offset():
+    module = SinusoidalPositionalEncoding(16, max_len=50)
+    x = torch.zeros(2, 5, 16)
+    torch.testing.assert_close(module(x, offset=3)[1], sinusoidal_table(50, 16)[3:8])
+    with pytest.raises(ValueError, match="max_len=50"):
+        module(torch.zeros(1, 60, 16))
+
+
+def test_learned_positions_are_parameters():
+    module = LearnedPositionalEmbedding(10, 4)
+    assert sum(p.numel() for p in module.parameters()) == 40
+    x = torch.zeros(1, 3, 4)
+    torch.testing.assert_close(module(x, offset=2)[0], module.embedding.weight[2:5])
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_matches_the_oracle(interleaved, rng):
+    rope = RotaryEmbedding(10, base=500.0, interleaved=interleaved)
+    x = randn(2, 3, 7, 10, dtype=torch.float64, generator=rng)
+    got = rope(x, offset=4)
+    assert_close(got, reference.rope(numpy(x), range(4, 11), base=500.0, interleaved=interleaved), torch.float32)
+
+
+def test_rotary_scores_depend_only_on_relative_position(rng):
+    rope = RotaryEmbedding(16)
+    q, k = randn(1, 1, 1, 16, generator=rng), randn(1, 1, 1, 16, generator=rng)
+    def score(i, j):
+        return (rope(q, offset=i) * rope(k, offset=j)).sum().item()
+    assert score(3, 1) == pytest.approx(score(103, 101), rel=1e-4)
+    assert score(3, 1) != pytest.approx(score(3, 2), rel=1e-3)
+
+
+def test_alibi_slopes_from_the_paper():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(k + 1) for k in range(8)]))
+    for heads in (1, 6, 12, 16):
+        assert_close(alibi_slopes(heads), reference.alibi_slopes(heads), torch.float32)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_alibi_bias_matches_the_oracle(symmetric):
+    module = ALiBi(6, symmetric=symmetric)
+    got = module(4, 9)
+    assert got.shape == (1, 6, 4, 9)
+    assert_close(got, reference.alibi_bias(reference.alibi_slopes(6), 4, 9, symmetric=symmetric), torch.float32)
