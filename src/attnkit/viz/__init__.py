@@ -1,0 +1,5 @@
+"""Pictures of attention: matplotlib heatmaps (PNG, SVG)."""
+
+from .heatmap import plot_heads, plot_heatmap
+
+__all__ = ["plot_heatmap", "plot_heads"]

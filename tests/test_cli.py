@@ -1,0 +1,27 @@
+"""The ``attnkit`` command line: the tour runs every mechanism and writes its pictures."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_tour_prints_every_mechanism_and_writes_one_png_each(tmp_path, capsys):
+    assert main(["tour", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    pictures = sorted(tmp_path.glob("*.png"))
+    assert len(pictures) == 13
+    assert all(p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5000 for p in pictures)
+    for mechanism in ("Bahdanau", "Luong concat", "local-p", "GQA 8/2", "sliding-window", "ALiBi", "sinusoidal"):
+        assert mechanism in printed
+    # The content-based scores recover the gold word alignment of the sentence pair.
+    assert printed.count("argmax = gold alignment: 14/14") == 3
+    assert not list(tmp_path.glob(".*")), "no temporary files left behind"
+
+
+def test_unknown_command_exits_with_usage():
+    with pytest.raises(SystemExit):
+        main(["nope"])
