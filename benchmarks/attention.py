@@ -34,6 +34,7 @@ IMPLEMENTATIONS = ("torch-sdpa", "reference", "sdpa", "tiled", "auto")
 MASKS = ("dense", "causal", "window")
 REFERENCE_MAX_BYTES = 6 << 30  # reference materialises ~3 (B, H, n, n) float32 tensors
 MIN_SECONDS = 1.0  # keep repeating short calls until this much time is measured
+WARMUP_SECONDS = 0.5
 
 
 def _status_mb(key: str) -> float:
@@ -65,7 +66,10 @@ def worker(impl: str, mask_kind: str, n: int, window: int, repeats: int, heads: 
             return attnkit.attention(q, k, v, backend=impl, **kwargs).output
 
     with torch.no_grad():
-        run()  # warm-up
+        warm_until = time.perf_counter() + WARMUP_SECONDS
+        run()  # warm-up: thread pools, allocator, caches of a fresh process
+        while time.perf_counter() < warm_until:
+            run()
         baseline_mb = _status_mb("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak resident set (VmHWM)

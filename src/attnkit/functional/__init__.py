@@ -6,6 +6,7 @@ Every mechanism is three steps: score (:mod:`.scores`), normalise (:mod:`.softma
 
 from . import masks, scores
 from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend
+from .heads import merge_heads, split_heads
 from .softmax import masked_logsumexp, masked_softmax
 
 __all__ = [
@@ -18,4 +19,6 @@ __all__ = [
     "choose_backend",
     "masked_softmax",
     "masked_logsumexp",
+    "split_heads",
+    "merge_heads",
 ]

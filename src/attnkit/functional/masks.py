@@ -21,6 +21,7 @@ from torch import Tensor
 __all__ = [
     "ALIGNMENTS",
     "causal_offset",
+    "causal_block",
     "causal",
     "sliding_window",
     "padding",
@@ -46,20 +47,28 @@ def _check_length(name: str, n: int) -> None:
         raise ValueError(f"{name} must be a non-negative int, got {n!r}")
 
 
-def _relative_positions(L: int, S: int, align: str, device) -> Tensor:
-    """(L, S) tensor of j - i - offset: 0 on the aligned diagonal, negative in the past."""
-    _check_length("L", L)
-    _check_length("S", S)
-    offset = causal_offset(L, S, align)
-    i = torch.arange(L, device=device)[:, None]
-    j = torch.arange(S, device=device)[None, :]
-    return j - i - offset
+def causal_block(
+    q0: int, q1: int, k0: int, k1: int, offset: int, window: int | None = None, *, device=None
+) -> Tensor:
+    """(q1-q0, k1-k0) block of the causal (or causal sliding-window) mask with the given offset.
+
+    Query i may attend key j iff ``j <= i + offset`` and, with a window, ``j > i + offset - window``.
+    The comparison broadcasts a column against a row, never building an (L, S) integer matrix.
+    """
+    aligned = torch.arange(q0 + offset, q1 + offset, device=device)[:, None]  # (bq, 1)
+    keys = torch.arange(k0, k1, device=device)[None, :]  # (1, bk)
+    allowed = keys <= aligned
+    if window is not None:
+        allowed &= keys > aligned - window
+    return allowed
 
 
 def causal(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> Tensor:
     """(L, S) mask where query i may attend key j iff j <= i (+ S - L for bottom-right)."""
     S = L if S is None else S
-    return _relative_positions(L, S, align, device) <= 0
+    _check_length("L", L)
+    _check_length("S", S)
+    return causal_block(0, L, 0, S, causal_offset(L, S, align), device=device)
 
 
 def sliding_window(
@@ -73,8 +82,9 @@ def sliding_window(
     S = L if S is None else S
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
-    rel = _relative_positions(L, S, align, device)
-    return (rel <= 0) & (rel > -window)
+    _check_length("L", L)
+    _check_length("S", S)
+    return causal_block(0, L, 0, S, causal_offset(L, S, align), window, device=device)
 
 
 def padding(lengths: Tensor, S: int) -> Tensor:

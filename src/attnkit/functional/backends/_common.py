@@ -67,12 +67,7 @@ class Problem:
         inside_window = self.window is None or k0 > q1 - 1 + offset - self.window
         if fully_past and inside_window:
             return None
-        rel = torch.arange(k0, k1, device=device)[None, :] - torch.arange(q0, q1, device=device)[:, None]
-        rel = rel - offset
-        allowed = rel <= 0
-        if self.window is not None:
-            allowed &= rel > -self.window
-        return allowed
+        return _masks.causal_block(q0, q1, k0, k1, offset, self.window, device=device)
 
     def dense_mask(self, device) -> Tensor | None:
         """The whole boolean mask, user mask and structure combined; None if nothing is masked."""
