@@ -1,8 +1,11 @@
 """Time and peak memory of attnkit's attention backends against PyTorch SDPA, same run.
 
-Each point (mask, n, implementation) runs in a fresh process: inputs are allocated, the peak
-resident set is reset (/proc/self/clear_refs), the call is timed (median of --repeats after one
-warm-up) and the peak extra memory is the high-water mark minus the resident set before the call.
+Time: for each (mask, n) one process builds the inputs and times every implementation
+round-robin (one call of each in turn, after a warm-up), so that a slow spell of the machine hits
+all of them alike; the table reports medians and the ratio to torch-sdpa from the same rounds.
+Peak memory: each (mask, n, implementation) runs in a fresh process; the peak resident set is
+reset (/proc/self/clear_refs) after a warm-up and the peak extra memory of one call is the
+high-water mark minus the resident set before it.
 
 Implementations:
     torch-sdpa  F.scaled_dot_product_attention called directly (the baseline; a sliding window is
@@ -33,7 +36,7 @@ from pathlib import Path
 IMPLEMENTATIONS = ("torch-sdpa", "reference", "sdpa", "tiled", "auto")
 MASKS = ("dense", "causal", "window")
 REFERENCE_MAX_BYTES = 6 << 30  # reference materialises ~3 (B, H, n, n) float32 tensors
-MIN_SECONDS = 1.0  # keep repeating short calls until this much time is measured
+MIN_SECONDS = 1.0  # keep repeating short calls until each implementation has this much time
 WARMUP_SECONDS = 0.5
 
 
@@ -45,7 +48,7 @@ def _status_mb(key: str) -> float:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def worker(impl: str, mask_kind: str, n: int, window: int, repeats: int, heads: int, head_dim: int) -> dict:
+def _callables(impls, mask_kind: str, n: int, window: int, heads: int, head_dim: int) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -54,50 +57,88 @@ def worker(impl: str, mask_kind: str, n: int, window: int, repeats: int, heads: 
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, head_dim) for _ in range(3))
-    if impl == "torch-sdpa":
-        bool_mask = masks.sliding_window(n, n, window) if mask_kind == "window" else None
+    bool_mask = masks.sliding_window(n, n, window) if mask_kind == "window" and "torch-sdpa" in impls else None
+    kwargs = {"dense": {}, "causal": {"is_causal": True}, "window": {"window": window}}[mask_kind]
 
-        def run():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, is_causal=mask_kind == "causal")
-    else:
-        kwargs = {"dense": {}, "causal": {"is_causal": True}, "window": {"window": window}}[mask_kind]
+    def make(impl):
+        if impl == "torch-sdpa":
+            return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, is_causal=mask_kind == "causal")
+        return lambda: attnkit.attention(q, k, v, backend=impl, **kwargs).output
 
-        def run():
-            return attnkit.attention(q, k, v, backend=impl, **kwargs).output
+    return {impl: make(impl) for impl in impls}
 
+
+def time_worker(impls, mask_kind: str, n: int, window: int, repeats: int, heads: int, head_dim: int) -> dict:
+    """Median seconds per call of each implementation, timed round-robin in this process."""
+    import torch
+
+    calls = _callables(impls, mask_kind, n, window, heads, head_dim)
+    times = {impl: [] for impl in calls}
     with torch.no_grad():
         warm_until = time.perf_counter() + WARMUP_SECONDS
-        run()  # warm-up: thread pools, allocator, caches of a fresh process
-        while time.perf_counter() < warm_until:
-            run()
+        while True:
+            for run in calls.values():
+                run()
+            if time.perf_counter() >= warm_until:
+                break
+        while True:
+            for impl, run in calls.items():
+                start = time.perf_counter()
+                run()
+                times[impl].append(time.perf_counter() - start)
+            done = [len(t) >= repeats and (sum(t) >= MIN_SECONDS or len(t) >= 200) for t in times.values()]
+            if all(done):
+                break
+    return {impl: {"time_s": statistics.median(t), "repeats": len(t)} for impl, t in times.items()}
+
+
+def memory_worker(impl: str, mask_kind: str, n: int, window: int, heads: int, head_dim: int) -> dict:
+    """Peak extra resident memory (MB) of one call in this fresh process."""
+    import torch
+
+    run = _callables([impl], mask_kind, n, window, heads, head_dim)[impl]
+    with torch.no_grad():
+        run()  # warm-up
         baseline_mb = _status_mb("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak resident set (VmHWM)
-        times = []
-        while len(times) < repeats or (sum(times) < MIN_SECONDS and len(times) < 200):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
+        run()
         peak_mb = _status_mb("VmHWM")
-    return {
-        "time_s": statistics.median(times),
-        "repeats": len(times),
-        "peak_extra_mb": max(0.0, peak_mb - baseline_mb),
-    }
+    return {"peak_extra_mb": max(0.0, peak_mb - baseline_mb)}
 
 
-def run_point(impl: str, mask_kind: str, n: int, args) -> dict:
-    if impl == "reference" and 3 * 4 * args.heads * n * n > REFERENCE_MAX_BYTES:
-        return {"skipped": "reference would need > 6 GiB"}
+def _subprocess(args, *worker_args) -> dict:
     command = [
-        sys.executable, __file__, "--worker", impl, mask_kind, str(n),
+        sys.executable, __file__, *worker_args,
         "--window", str(args.window), "--repeats", str(args.repeats),
         "--heads", str(args.heads), "--head-dim", str(args.head_dim),
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        return {"skipped": f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"}
+        lines = done.stderr.strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _fits(impl: str, n: int, heads: int) -> bool:
+    return impl != "reference" or 3 * 4 * heads * n * n <= REFERENCE_MAX_BYTES
+
+
+def run_size(mask_kind: str, n: int, args) -> list[dict]:
+    impls = [impl for impl in args.impls if _fits(impl, n, args.heads)]
+    timed = _subprocess(args, "--time-worker", mask_kind, str(n), ",".join(impls))
+    rows = []
+    for impl in args.impls:
+        row = {"mask": mask_kind, "n": n, "impl": impl}
+        if impl not in impls:
+            row["skipped"] = "reference would need > 6 GiB"
+        elif "error" in timed:
+            row["skipped"] = f"failed: {timed['error']}"
+        else:
+            row.update(timed[impl])
+            row.update(_subprocess(args, "--memory-worker", mask_kind, str(n), impl))
+        rows.append(row)
+    return rows
 
 
 def machine() -> dict:
@@ -125,9 +166,8 @@ def format_table(results: list[dict]) -> str:
             continue
         base = baseline.get((r["mask"], r["n"]))
         ratio = f"{base / r['time_s']:.2f}" if base else "-"
-        lines.append(
-            f"{r['mask']:<7} {r['n']:>6} {r['impl']:<10} {1000 * r['time_s']:>10.1f} {ratio:>7} {r['peak_extra_mb']:>9.0f}"
-        )
+        peak = f"{r['peak_extra_mb']:>9.0f}" if "peak_extra_mb" in r else f"{'?':>9}"
+        lines.append(f"{r['mask']:<7} {r['n']:>6} {r['impl']:<10} {1000 * r['time_s']:>10.1f} {ratio:>7} {peak}")
     lines.append("x sdpa = torch-sdpa time / this time (throughput ratio, higher is faster)")
     return "\n".join(lines)
 
@@ -142,20 +182,27 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "attention.json")
-    parser.add_argument("--worker", nargs=3, metavar=("IMPL", "MASK", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--time-worker", nargs=3, metavar=("MASK", "N", "IMPLS"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", nargs=3, metavar=("MASK", "N", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    if args.worker:
-        impl, mask_kind, n = args.worker
-        print(json.dumps(worker(impl, mask_kind, int(n), args.window, args.repeats, args.heads, args.head_dim)))
+    shape = (args.window, args.heads, args.head_dim)
+    if args.time_worker:
+        mask_kind, n, impls = args.time_worker
+        result = time_worker(impls.split(","), mask_kind, int(n), shape[0], args.repeats, *shape[1:])
+        print(json.dumps(result))
+        return 0
+    if args.memory_worker:
+        mask_kind, n, impl = args.memory_worker
+        print(json.dumps(memory_worker(impl, mask_kind, int(n), *shape)))
         return 0
 
     from tqdm import tqdm
 
-    points = [(m, n, i) for m in args.masks for n in args.sizes for i in args.impls]
     results = []
-    for mask_kind, n, impl in tqdm(points, desc="attention benchmark", unit="point"):
-        results.append({"mask": mask_kind, "n": n, "impl": impl, **run_point(impl, mask_kind, n, args)})
+    points = [(m, n) for m in args.masks for n in args.sizes]
+    for mask_kind, n in tqdm(points, desc="attention benchmark", unit="size"):
+        results.extend(run_size(mask_kind, n, args))
     table = format_table(results)
     print(table)
     report = {

@@ -272,7 +272,8 @@ def _problem(S, window=None):
 def test_auto_prefers_tiled_only_for_long_sliding_windows():
     assert choose_backend(_problem(16384)) == "sdpa"
     assert choose_backend(_problem(16384, window=256)) == "tiled"
-    assert choose_backend(_problem(512, window=256)) == "sdpa"
+    assert choose_backend(_problem(1024, window=256)) == "sdpa"
+    assert choose_backend(_problem(2048, window=256)) == "tiled"
 
 
 # Bad input --------------------------------------------------------------------------------------
