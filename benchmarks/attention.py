@@ -1,7 +1,8 @@
 """Time and peak memory of attnkit's attention backends against PyTorch SDPA, same run.
 
 Time: for each (mask, n) one process builds the inputs and times every implementation
-round-robin (one call of each in turn, after a warm-up), so that a slow spell of the machine hits
+round-robin (one call of each in turn, the order rotating every round, after a warm-up), so that
+a slow spell of the machine or a position in the round hits
 all of them alike; the table reports medians and the ratio to torch-sdpa from the same rounds.
 Peak memory: each (mask, n, implementation) runs in a fresh process; the peak resident set is
 reset (/proc/self/clear_refs) after a warm-up and the peak extra memory of one call is the
@@ -81,8 +82,10 @@ def time_worker(impls, mask_kind: str, n: int, window: int, repeats: int, heads:
                 run()
             if time.perf_counter() >= warm_until:
                 break
+        order = list(calls.items())
         while True:
-            for impl, run in calls.items():
+            order = order[1:] + order[:1]  # rotate: no implementation always runs first
+            for impl, run in order:
                 start = time.perf_counter()
                 run()
                 times[impl].append(time.perf_counter() - start)
