@@ -175,6 +175,26 @@ def format_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(results: list[dict]) -> str:
+    """The results as a markdown table: one row per (mask, n), time and ratio per implementation."""
+    impls = list(dict.fromkeys(r["impl"] for r in results))
+    header = "| mask | n | " + " | ".join(f"{i} ms (x sdpa, MB)" for i in impls) + " |"
+    lines = [header, "|" + "---|" * (2 + len(impls))]
+    for key in dict.fromkeys((r["mask"], r["n"]) for r in results):
+        rows = {r["impl"]: r for r in results if (r["mask"], r["n"]) == key}
+        base = rows.get("torch-sdpa", {}).get("time_s")
+        cells = []
+        for impl in impls:
+            r = rows.get(impl, {})
+            if "time_s" not in r:
+                cells.append("-")
+                continue
+            ratio = f"{base / r['time_s']:.2f}" if base else "-"
+            cells.append(f"{1000 * r['time_s']:.1f} ({ratio}, {r.get('peak_extra_mb', float('nan')):.0f})")
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
@@ -185,10 +205,14 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "attention.json")
+    parser.add_argument("--render", type=Path, help="print a results JSON as a markdown table and exit")
     parser.add_argument("--time-worker", nargs=3, metavar=("MASK", "N", "IMPLS"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-worker", nargs=3, metavar=("MASK", "N", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.render:
+        print(format_markdown(json.loads(args.render.read_text())["results"]))
+        return 0
     shape = (args.window, args.heads, args.head_dim)
     if args.time_worker:
         mask_kind, n, impls = args.time_worker
