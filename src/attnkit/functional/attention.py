@@ -9,7 +9,6 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
 import torch.nn.functional as F

@@ -167,7 +167,7 @@ def _backward(
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, problem, seed):  # noqa: D401 - autograd API
+    def forward(ctx, q, k, v, problem, seed):
         out, lse = _forward(q, k, v, problem, seed)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
