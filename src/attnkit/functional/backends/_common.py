@@ -123,7 +123,7 @@ def head_weights(
     acc = compute_dtype(q.dtype)
     index = torch.tensor(heads, device=q.device)
     q_sel = q.index_select(1, index)  # (B, h, L, E)
-    k_sel = k.index_select(1, torch.div(index, dims.groups, rounding_mode="floor"))  # (B, h, S, E)
+    k_sel = k.index_select(1, torch.div(index, dims.groups, rounding_mode="floor")).to(acc)  # (B, h, S, E)
     mask = _select_heads(problem.mask, heads)
     bias = _select_heads(problem.bias, heads)
     lse_sel = None if lse is None else lse.index_select(1, index)
@@ -131,7 +131,7 @@ def head_weights(
     block = max(1, (1 << 22) // max(1, dims.B * len(heads) * dims.S))
     for q0 in range(0, dims.L, block):
         q1 = min(dims.L, q0 + block)
-        scores = (q_sel[:, :, q0:q1].to(acc) @ k_sel.to(acc).transpose(-1, -2)) * problem.scale
+        scores = (q_sel[:, :, q0:q1].to(acc) @ k_sel.transpose(-1, -2)) * problem.scale
         if bias is not None:
             scores = scores + slice_block(bias, q0, q1, 0, dims.S).to(acc)
         allowed = problem.structural_block(q0, q1, 0, dims.S, q.device)

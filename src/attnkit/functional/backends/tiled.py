@@ -67,11 +67,13 @@ class _Blocks:
         self.bias = group_heads(problem.bias, problem.dims)
 
     def scores(self, q_block: Tensor, k_t: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
-        """(B, Hkv, G, bq, bk) scores with -inf where masked; None if the block is fully masked."""
+        """(B, Hkv, G, bq, bk) scores with -inf where masked; None if the block is fully masked.
+
+        ``q_block`` is scaled and ``k_t`` (B, Hkv, 1, E, S) already in the accumulation dtype."""
         user = None if self.mask is None else slice_block(self.mask, q0, q1, k0, k1)
         if user is not None and not bool(user.any()):
             return None
-        s = q_block @ k_t[..., k0:k1].to(self.acc)
+        s = q_block @ k_t[..., k0:k1]
         if self.bias is not None:
             s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc)
         structure = self.problem.structural_block(q0, q1, k0, k1, self.device)
@@ -95,8 +97,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
     acc = compute_dtype(q.dtype)
     blocks = _Blocks(problem, acc, q.device, seed)
     q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
-    k_t = k.transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S)
-    v_g = v[:, :, None]  # (B, Hkv, 1, S, Ev)
+    k_t = k.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S); half types converted once
+    v_g = v.to(acc)[:, :, None]  # (B, Hkv, 1, S, Ev)
     out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
     lse = torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc, device=q.device)
     for q0, q1, key_blocks in _blocks(problem):
@@ -116,7 +118,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
             row_sum.mul_(rescale).add_(p.sum(dim=-1))
             if problem.dropout_p > 0:
                 p = p * blocks.keep(p.shape, q0, k0)
-            acc_out.mul_(rescale[..., None]).add_(p @ v_g[..., k0:k1, :].to(acc))
+            acc_out.mul_(rescale[..., None]).add_(p @ v_g[..., k0:k1, :])
             row_max = new_max
         empty = row_sum == 0
         out[..., q0:q1, :] = (acc_out / row_sum.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
@@ -131,9 +133,9 @@ def _backward(
     acc = compute_dtype(q.dtype)
     blocks = _Blocks(problem, acc, q.device, seed)
     q_g = group_heads(q, dims)
-    k_t = k.transpose(-1, -2)[:, :, None]
-    k_g = k[:, :, None]
-    v_t = v.transpose(-1, -2)[:, :, None]
+    k_g = k.to(acc)[:, :, None]  # (B, Hkv, 1, S, E)
+    k_t = k_g.transpose(-1, -2)  # (B, Hkv, 1, E, S)
+    v_t = v.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, Ev, S)
     d_out_g = group_heads(d_out, dims)
     lse_g = group_heads(lse, dims)
     lse_g = lse_g.masked_fill(torch.isinf(lse_g), 0.0)  # fully masked rows: every p is exp(-inf) = 0
@@ -151,7 +153,7 @@ def _backward(
             if s is None:
                 continue
             p = s.sub_(lse_block).exp_()  # (B, Hkv, G, bq, bk)
-            d_p = d_out_block @ v_t[..., k0:k1].to(acc)
+            d_p = d_out_block @ v_t[..., k0:k1]
             if problem.dropout_p > 0:
                 keep = blocks.keep(p.shape, q0, k0)
                 d_v[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", p * keep, d_out_block)
@@ -159,7 +161,7 @@ def _backward(
             else:
                 d_v[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", p, d_out_block)
             d_s = p.mul_(d_p.sub_(delta_block))
-            d_q[..., q0:q1, :] += d_s @ k_g[..., k0:k1, :].to(acc)
+            d_q[..., q0:q1, :] += d_s @ k_g[..., k0:k1, :]
             d_k[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", d_s, q_block)
     d_q = (d_q * problem.scale).flatten(1, 2)
     return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype)
