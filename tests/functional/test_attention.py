@@ -335,3 +335,23 @@ def test_bad_options_are_rejected(kwargs, words):
         attnkit.attention(*_qkv(), **kwargs)
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("masking", ["none", "causal-bottom-right", "padding"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_error_at_most_twice_plain_pytorch_in_bfloat16(backend, masking, rng, small_tiles):
+    """FlashAttention's rule: a low-precision result may be at most twice as far from the exact
+    answer as the plain three-line implementation computed in the same dtype."""
+    q, k, v, kwargs = make_call("gqa-33x97", masking, torch.bfloat16, rng)
+    exact, _, _ = oracle(q, k, v, kwargs)
+    mask = kwargs.get("mask")
+    if kwargs.get("is_causal"):
+        mask = masks.causal(33, 97, align=kwargs["causal_align"])
+    k_heads, v_heads = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    scores = (q @ k_heads.transpose(-1, -2)) / 8.0  # all in bfloat16, E = 64
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    plain = torch.nan_to_num(torch.softmax(scores, dim=-1)) @ v_heads
+    plain_error = np.abs(numpy(plain) - exact).max()
+    error = np.abs(numpy(attnkit.attention(q, k, v, backend=backend, **kwargs).output) - exact).max()
+    assert error <= 2 * plain_error, f"{backend}: {error:.3g} vs plain bfloat16 {plain_error:.3g}"
