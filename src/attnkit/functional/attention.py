@@ -9,9 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from torch import Tensor
-
 import torch.nn.functional as F
+from torch import Tensor
 
 from . import masks as _masks
 from ._checks import Dims, check_bias, check_mask, check_qkv

@@ -63,12 +63,15 @@ def causal_block(
     return allowed
 
 
-def causal(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> Tensor:
-    """(L, S) mask where query i may attend key j iff j <= i (+ S - L for bottom-right)."""
-    S = L if S is None else S
+def _whole_causal(L: int, S: int, align: str, window: int | None, device) -> Tensor:
     _check_length("L", L)
     _check_length("S", S)
-    return causal_block(0, L, 0, S, causal_offset(L, S, align), device=device)
+    return causal_block(0, L, 0, S, causal_offset(L, S, align), window, device=device)
+
+
+def causal(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> Tensor:
+    """(L, S) mask where query i may attend key j iff j <= i (+ S - L for bottom-right)."""
+    return _whole_causal(L, L if S is None else S, align, None, device)
 
 
 def sliding_window(
@@ -79,12 +82,9 @@ def sliding_window(
     Query i may attend the ``window`` most recent keys up to its aligned position:
     ``i + offset - window < j <= i + offset``. ``window >= S`` gives the plain causal mask.
     """
-    S = L if S is None else S
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
-    _check_length("L", L)
-    _check_length("S", S)
-    return causal_block(0, L, 0, S, causal_offset(L, S, align), window, device=device)
+    return _whole_causal(L, L if S is None else S, align, window, device)
 
 
 def padding(lengths: Tensor, S: int) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import attend, scores
+from ..functional._checks import check_rank
 from ._alignment import alignment_inputs, finish
 
 __all__ = ["BahdanauAttention"]
@@ -40,8 +41,9 @@ class BahdanauAttention(nn.Module):
 
     def project_keys(self, keys: Tensor) -> Tensor:
         """U_a h_j for keys (B, S, Dk) -> (B, S, A); reuse it across decoding steps."""
-        if keys.dim() != 3 or keys.shape[-1] != self.key_dim:
-            raise ValueError(f"keys must have shape (B, S, {self.key_dim}), got {tuple(keys.shape)}")
+        check_rank("keys", keys, 3, "(B, S, Dk)")
+        if keys.shape[-1] != self.key_dim:
+            raise ValueError(f"keys must have last dim {self.key_dim}, got shape {tuple(keys.shape)}")
         return self.key_proj(keys)
 
     def forward(
