@@ -50,6 +50,12 @@ class KVCache:
         self._keys = self._values = None
         self.length = 0
 
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B_new,) in that order, e.g. the surviving beams of a beam search."""
+        if self._keys is not None:
+            self._keys = self._keys.index_select(0, index)
+            self._values = self._values.index_select(0, index)
+
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, Hkv, S_new, E) keys and (B, Hkv, S_new, Ev) values; return all cached ones."""
         if self.static and self.length:

@@ -1,0 +1,17 @@
+"""Data: the bundled parallel corpus, user pair files, generated tasks, tokenisers, batching."""
+
+from .batching import Batch, BatchSampler, collate
+from .corpus import Pair, bible_corpus, read_pairs
+from .synthetic import number_phrases
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "Pair",
+    "bible_corpus",
+    "read_pairs",
+    "number_phrases",
+    "Tokenizer",
+    "Batch",
+    "BatchSampler",
+    "collate",
+]

@@ -1,0 +1,200 @@
+"""RNN encoder-decoder, with and without attention.
+
+- ``attention="none"``: Sutskever, Vinyals and Le (2014). The whole source reaches the decoder
+  through one fixed-length vector, the encoder's final state (the bottleneck).
+- ``"bahdanau"``: Bahdanau, Cho and Bengio (2014). At step i the previous state s_{i-1} scores
+  every annotation h_j (additive score); the context c_i enters the recurrence:
+  s_i = RNN(s_{i-1}, [y_{i-1}; c_i]).
+- ``"luong-*"``: Luong, Pham and Manning (2015). The new state h_t scores the annotations (dot,
+  general, concat; global or local-p); the attentional vector h~_t = tanh(W_c [c_t; h_t]) predicts
+  the word and, with input feeding, enters the next step.
+
+Shapes: B batch, S source length, T target length, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..data.tokenizer import PAD
+from ..functional._checks import check_rank
+from ..layers import BahdanauAttention, LuongAttention
+from .config import Seq2SeqConfig
+
+__all__ = ["Seq2Seq", "TranslationOutput", "StepOutput", "check_source"]
+
+
+class TranslationOutput(NamedTuple):
+    logits: Tensor  # (B, T, V)
+    weights: Tensor | None  # (B, T, S) alignment, None without attention
+
+
+class StepOutput(NamedTuple):
+    logits: Tensor  # (B, V)
+    weights: Tensor | None  # (B, S)
+
+
+def check_source(source: Tensor, source_lengths: Tensor) -> None:
+    """source (B, S) long ids, source_lengths (B,) with 1 <= length <= S."""
+    check_rank("source", source, 2, "(B, S)")
+    if source.dtype != torch.long:
+        raise TypeError(f"source must hold int64 token ids, got {source.dtype}")
+    if tuple(source_lengths.shape) != (source.shape[0],):
+        raise ValueError(f"source_lengths must have shape (B,) = ({source.shape[0]},), got {tuple(source_lengths.shape)}")
+    if source_lengths.numel() and (source_lengths.min() < 1 or source_lengths.max() > source.shape[1]):
+        raise ValueError(f"source_lengths must lie in [1, S={source.shape[1]}], got {source_lengths.tolist()}")
+
+
+@dataclass
+class Seq2SeqState:
+    """What the decoder carries between steps; :meth:`reorder` follows beams."""
+
+    memory: Tensor  # (B, S, A_enc) encoder annotations (attention values)
+    keys: Tensor | None  # (B, S, .) precomputed attention keys: U_a h_j (Bahdanau), projected h_j (Luong)
+    mask: Tensor  # (B, S) True at real source tokens
+    hidden: Tensor | tuple[Tensor, Tensor]  # (layers, B, hidden) (and the LSTM cell)
+    feed: Tensor | None  # (B, hidden) Luong input feeding: previous attentional vector
+
+    def reorder(self, index: Tensor) -> None:
+        pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
+        self.memory, self.keys, self.mask, self.feed = (pick(x) for x in (self.memory, self.keys, self.mask, self.feed))
+        if isinstance(self.hidden, tuple):
+            self.hidden = tuple(h.index_select(1, index) for h in self.hidden)
+        else:
+            self.hidden = self.hidden.index_select(1, index)
+
+
+class Seq2Seq(nn.Module):
+    """RNN encoder-decoder; see the module docstring for the attention variants.
+
+    Parameters: ``source_embedding``, ``target_embedding``, ``encoder`` (GRU/LSTM), ``bridge``
+    (encoder final state -> decoder initial state), ``decoder``, ``attention`` (absent for "none"),
+    ``key_proj`` (Luong with a bidirectional encoder: annotations -> decoder width for scoring),
+    ``combine`` (attentional / output vector), ``generator`` (-> V logits).
+    """
+
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = c = config
+        rnn = nn.GRU if c.cell == "gru" else nn.LSTM
+        between = c.dropout if c.num_layers > 1 else 0.0
+        memory_dim = c.hidden_size * (2 if c.bidirectional else 1)
+        self.source_embedding = nn.Embedding(c.source_vocab, c.embedding_dim, padding_idx=PAD)
+        self.target_embedding = nn.Embedding(c.target_vocab, c.embedding_dim, padding_idx=PAD)
+        self.encoder = rnn(c.embedding_dim, c.hidden_size, c.num_layers, batch_first=True,
+                           bidirectional=c.bidirectional, dropout=between)
+        self.bridge = nn.Linear(memory_dim, c.hidden_size)
+        if c.cell == "lstm":
+            self.bridge_cell = nn.Linear(memory_dim, c.hidden_size)
+        self.style = c.attention.split("-")[0]  # "none" | "bahdanau" | "luong"
+        decoder_input = c.embedding_dim
+        if self.style == "bahdanau":
+            self.attention = BahdanauAttention(c.hidden_size, memory_dim, c.attention_dim)
+            decoder_input += memory_dim
+        elif self.style == "luong":
+            score = "general" if c.attention == "luong-local-p" else c.attention.split("-")[1]
+            mode = "local-p" if c.attention == "luong-local-p" else "global"
+            self.attention = LuongAttention(c.hidden_size, score=score, mode=mode, window=c.local_window)
+            if memory_dim != c.hidden_size:
+                self.key_proj = nn.Linear(memory_dim, c.hidden_size, bias=False)
+            if c.input_feeding:
+                decoder_input += c.hidden_size
+        self.decoder = rnn(decoder_input, c.hidden_size, c.num_layers, batch_first=True, dropout=between)
+        self.combine = nn.Linear(c.hidden_size + (0 if self.style == "none" else memory_dim), c.hidden_size)
+        self.generator = nn.Linear(c.hidden_size, c.target_vocab)
+        self.dropout = nn.Dropout(c.dropout)
+
+    @property
+    def parallel_decoding(self) -> bool:
+        """Whether teacher forcing can run the decoder RNN over all steps at once."""
+        return self.style == "none" or (self.style == "luong" and not self.config.input_feeding)
+
+    # -- encoder --------------------------------------------------------------------------------
+
+    def _initial_state(self, final: Tensor, bridge: nn.Linear) -> Tensor:
+        """Encoder final states (layers * dirs, B, hidden) -> decoder initial state (layers, B, hidden)."""
+        c = self.config
+        if c.bidirectional:
+            final = final.view(c.num_layers, 2, *final.shape[1:])  # (layers, dirs, B, hidden)
+            final = torch.cat([final[:, 0], final[:, 1]], dim=-1)  # (layers, B, 2 hidden)
+        return torch.tanh(bridge(final))
+
+    def encode(self, source: Tensor, source_lengths: Tensor) -> Seq2SeqState:
+        """Read source (B, S) with lengths (B,); return the decoder's initial state."""
+        check_source(source, source_lengths)
+        S = source.shape[1]
+        embedded = self.dropout(self.source_embedding(source))  # (B, S, emb)
+        packed = pack_padded_sequence(embedded, source_lengths.cpu(), batch_first=True, enforce_sorted=False)
+        packed_out, final = self.encoder(packed)
+        memory, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=S)  # (B, S, memory_dim)
+        if isinstance(final, tuple):  # LSTM: (h_n, c_n)
+            hidden = (self._initial_state(final[0], self.bridge), self._initial_state(final[1], self.bridge_cell))
+        else:
+            hidden = self._initial_state(final, self.bridge)
+        mask = torch.arange(S, device=source.device) < source_lengths.to(source.device)[:, None]  # (B, S)
+        keys = feed = None
+        if self.style == "bahdanau":
+            keys = self.attention.project_keys(memory)  # U_a h_j once per sentence
+        elif self.style == "luong":
+            keys = self.key_proj(memory) if hasattr(self, "key_proj") else memory
+            if self.config.input_feeding:
+                feed = memory.new_zeros(source.shape[0], self.config.hidden_size)
+        return Seq2SeqState(memory, keys, mask, hidden, feed)
+
+    # -- decoder --------------------------------------------------------------------------------
+
+    def _top(self, hidden) -> Tensor:
+        return (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]  # (B, hidden)
+
+    def step(self, state: Seq2SeqState, tokens: Tensor) -> StepOutput:
+        """One decoder step from the previous tokens (B,); updates ``state`` in place."""
+        embedded = self.dropout(self.target_embedding(tokens))  # (B, emb)
+        weights = None
+        if self.style == "bahdanau":
+            context, weights = self.attention(
+                self._top(state.hidden), state.memory, mask=state.mask, projected_keys=state.keys
+            )
+            output, state.hidden = self.decoder(torch.cat([embedded, context], -1)[:, None], state.hidden)
+            features = torch.cat([output[:, 0], context], -1)
+        elif self.style == "luong":
+            inputs = embedded if state.feed is None else torch.cat([embedded, state.feed], -1)
+            output, state.hidden = self.decoder(inputs[:, None], state.hidden)
+            context, weights = self.attention(output[:, 0], state.keys, state.memory, mask=state.mask)
+            features = torch.cat([output[:, 0], context], -1)
+        else:
+            output, state.hidden = self.decoder(embedded[:, None], state.hidden)
+            features = output[:, 0]
+        attentional = torch.tanh(self.combine(features))  # (B, hidden)
+        if state.feed is not None:
+            state.feed = attentional
+        return StepOutput(self.generator(self.dropout(attentional)), weights)
+
+    def _decode_all(self, state: Seq2SeqState, target_in: Tensor) -> TranslationOutput:
+        """Teacher forcing in one RNN call (no attention, or Luong without input feeding)."""
+        output, state.hidden = self.decoder(self.dropout(self.target_embedding(target_in)), state.hidden)
+        weights = None
+        if self.style == "luong":
+            context, weights = self.attention(output, state.keys, state.memory, mask=state.mask)  # (B, T, .)
+            output = torch.cat([output, context], -1)
+        attentional = torch.tanh(self.combine(output))  # (B, T, hidden)
+        return TranslationOutput(self.generator(self.dropout(attentional)), weights)
+
+    def forward(self, source: Tensor, source_lengths: Tensor, target_in: Tensor, *, stepwise: bool = False) -> TranslationOutput:
+        """Teacher-forced logits (B, T, V) and alignment (B, T, S) for target_in (B, T) = <bos> y_1 ...
+
+        ``stepwise=True`` runs the step-by-step decoder even where one RNN call would do (the two
+        give the same numbers; the tests check it).
+        """
+        check_rank("target_in", target_in, 2, "(B, T)")
+        state = self.encode(source, source_lengths)
+        if self.parallel_decoding and not stepwise:
+            return self._decode_all(state, target_in)
+        steps = [self.step(state, target_in[:, t]) for t in range(target_in.shape[1])]
+        logits = torch.stack([s.logits for s in steps], 1)
+        weights = None if self.style == "none" else torch.stack([s.weights for s in steps], 1)
+        return TranslationOutput(logits, weights)
