@@ -1,0 +1,154 @@
+"""Decoding for encoder-decoder models: greedy and beam search, batched, with alignments.
+
+Works with any model that has ``encode(source, source_lengths) -> state``,
+``step(state, tokens) -> StepOutput(logits (B, V), weights (B, S) | None)`` and a state with
+``reorder(index)`` (:class:`~attnkit.models.Seq2Seq`, :class:`~attnkit.models.TransformerEncoderDecoder`).
+
+Beam search keeps ``beam_size`` hypotheses per sentence, ranked by summed log-probability; a
+hypothesis that has produced <eos> is frozen. The final choice divides each score by
+``length ** length_penalty`` (length counts <eos>), so longer translations are not penalised
+for having more factors below one (Wu et al. 2016 use a similar normalisation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .data.batching import collate
+from .data.tokenizer import BOS, EOS, PAD, Tokenizer
+
+__all__ = ["Hypothesis", "Translation", "beam_search", "translate"]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]  # target ids without <bos>, ending before <eos>
+    score: float  # summed log-probability including <eos>
+    normalized_score: float  # score / (len(tokens) + 1) ** length_penalty
+    weights: Tensor | None  # (steps, S) alignment: one row per output token (and <eos> if finished)
+    finished: bool  # produced <eos> within max_length
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    source: Tensor,
+    source_lengths: Tensor,
+    *,
+    beam_size: int = 5,
+    max_length: int | None = None,
+    length_penalty: float = 1.0,
+) -> list[Hypothesis]:
+    """The best hypothesis per source sentence; ``beam_size=1`` is greedy decoding.
+
+    Args:
+        source: (B, S) ids, source_lengths: (B,).
+        max_length: most output tokens (default 2 S + 10); unfinished hypotheses stop there.
+        length_penalty: alpha in score / length ** alpha; 0 ranks by raw log-probability.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    B, S = source.shape
+    K = beam_size
+    max_length = 2 * S + 10 if max_length is None else max_length
+    state = model.encode(source, source_lengths)
+    state.reorder(torch.arange(B, device=source.device).repeat_interleave(K))  # (B K) rows
+    scores = torch.full((B, K), float("-inf"), device=source.device)
+    scores[:, 0] = 0.0  # K identical start beams: keep one so the first step does not repeat it
+    tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=source.device)
+    finished = torch.zeros(B, K, dtype=torch.bool, device=source.device)
+    lengths = torch.zeros(B, K, dtype=torch.long, device=source.device)
+    history: Tensor | None = None  # (B K, t, S) alignment rows
+    for _ in range(max_length):
+        step = model.step(state, tokens[:, -1])
+        log_probs = torch.log_softmax(step.logits.float(), dim=-1).view(B, K, -1)  # (B, K, V)
+        V = log_probs.shape[-1]
+        # A finished hypothesis can only continue with <pad>, at no cost.
+        frozen = torch.full_like(log_probs[0, 0], float("-inf"))
+        frozen[PAD] = 0.0
+        log_probs = torch.where(finished[..., None], frozen, log_probs)
+        candidates = (scores[..., None] + log_probs).view(B, K * V)
+        scores, flat = candidates.topk(K, dim=-1)  # (B, K)
+        origin, token = flat // V, flat % V
+        rows = (origin + torch.arange(B, device=source.device)[:, None] * K).view(-1)  # (B K,)
+        state.reorder(rows)
+        was_finished = finished.gather(1, origin)
+        lengths = lengths.gather(1, origin) + (~was_finished).long()
+        finished = was_finished | (token == EOS)
+        tokens = torch.cat([tokens.index_select(0, rows), token.view(-1, 1)], 1)
+        if step.weights is not None:
+            new = step.weights.float().index_select(0, rows)[:, None]  # (B K, 1, S)
+            history = new if history is None else torch.cat([history.index_select(0, rows), new], 1)
+        if finished.all():
+            break
+    normalized = scores / lengths.clamp(min=1).float() ** length_penalty
+    best = normalized.argmax(-1)  # (B,)
+    results = []
+    for b in range(B):
+        row = b * K + int(best[b])
+        n = int(lengths[b, best[b]])
+        ids = tokens[row, 1 : n + 1].tolist()
+        done = bool(ids) and ids[-1] == EOS
+        if done:
+            ids = ids[:-1]
+        weights = None if history is None else history[row, :n, : int(source_lengths[b])].cpu()
+        results.append(Hypothesis(ids, float(scores[b, best[b]]), float(normalized[b, best[b]]), weights, done))
+    return results
+
+
+@dataclass(frozen=True)
+class Translation:
+    source: str
+    text: str
+    source_tokens: list[str]  # subword pieces of the source
+    target_tokens: list[str]  # pieces of the output, then "</s>" if it ended
+    weights: Tensor | None  # (len(target_tokens), len(source_tokens))
+    score: float
+
+
+def translate(
+    model,
+    texts: Sequence[str],
+    source_tokenizer: Tokenizer,
+    target_tokenizer: Tokenizer,
+    *,
+    beam_size: int = 5,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    length_penalty: float = 1.0,
+    progress=None,
+) -> list[Translation]:
+    """Translate ``texts`` in batches of similar length; results come back in input order."""
+    was_training = model.training
+    model.eval()
+    try:
+        encoded = source_tokenizer.encode_batch(list(texts))
+        for text, ids in zip(texts, encoded):
+            if not ids:
+                raise ValueError(f"source text has no tokens: {text!r}")
+        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+        results: list[Translation | None] = [None] * len(texts)
+        device = next(model.parameters()).device
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            batch = collate([encoded[i] for i in chunk])
+            hyps = beam_search(model, batch.source.to(device), batch.source_lengths.to(device), beam_size=beam_size,
+                               max_length=max_length, length_penalty=length_penalty)
+            for i, hyp in zip(chunk, hyps):
+                results[i] = Translation(
+                    source=texts[i],
+                    text=target_tokenizer.decode(hyp.tokens),
+                    source_tokens=[source_tokenizer.id_to_token(t) for t in encoded[i]],
+                    target_tokens=[target_tokenizer.id_to_token(t) for t in hyp.tokens] + (["</s>"] if hyp.finished else []),
+                    weights=hyp.weights,
+                    score=hyp.normalized_score,
+                )
+            if progress is not None:
+                progress(len(chunk))
+        return results
+    finally:
+        model.train(was_training)

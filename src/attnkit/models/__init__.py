@@ -1,0 +1,27 @@
+"""Models composed from the layers: RNN encoder-decoders and Transformers."""
+
+from .config import PRESETS, Seq2SeqConfig, TransformerConfig, preset
+from .seq2seq import Seq2Seq, StepOutput, TranslationOutput
+from .transformer import TransformerEncoderDecoder, count_parameters
+
+__all__ = [
+    "Seq2Seq",
+    "Seq2SeqConfig",
+    "TransformerEncoderDecoder",
+    "TransformerConfig",
+    "PRESETS",
+    "preset",
+    "build_model",
+    "count_parameters",
+    "StepOutput",
+    "TranslationOutput",
+]
+
+
+def build_model(config):
+    """The model a config describes (randomly initialised)."""
+    if isinstance(config, Seq2SeqConfig):
+        return Seq2Seq(config)
+    if isinstance(config, TransformerConfig):
+        return TransformerEncoderDecoder(config)
+    raise TypeError(f"config must be a Seq2SeqConfig or TransformerConfig, got {type(config).__name__}")

@@ -1,0 +1,71 @@
+"""Model weights as safetensors: save, and load with a clear error for any mismatch.
+
+Tied parameters (e.g. shared embeddings and output layer) are stored once, under the first name
+``state_dict()`` gives them. Loading never unpickles: safetensors holds tensors and a JSON header.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor, nn
+
+from .._files import atomic_path
+
+__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors"]
+
+
+def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """``state_dict()`` without the second and later names of tied (same storage) tensors."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor
+    return out
+
+
+def check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], source: str) -> None:
+    """Raise ``ValueError`` listing missing, unexpected and mis-shaped tensors (name, expected, found)."""
+    problems = []
+    for name in sorted(set(expected) - set(found)):
+        problems.append(f"missing tensor {name!r} (expected shape {expected[name]})")
+    for name in sorted(set(found) - set(expected)):
+        problems.append(f"unexpected tensor {name!r} (shape {found[name]})")
+    for name in sorted(set(expected) & set(found)):
+        if tuple(expected[name]) != tuple(found[name]):
+            problems.append(f"tensor {name!r}: expected shape {tuple(expected[name])}, found {tuple(found[name])}")
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        raise ValueError(f"{source} does not match the model:\n  " + "\n  ".join(shown))
+
+
+def save_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().contiguous().cpu() for name, t in unique_state_dict(model).items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load safetensors weights into ``model`` in place; any mismatch raises ``ValueError``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights file not found: {path}") from None
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
+    expected = {name: tuple(t.shape) for name, t in unique_state_dict(model).items()}
+    check_tensors(expected, {name: tuple(t.shape) for name, t in tensors.items()}, str(path))
+    with torch.no_grad():
+        state = model.state_dict()
+        for name, tensor in tensors.items():
+            state[name].copy_(tensor)

@@ -1,0 +1,20 @@
+"""Tools that drive models: the training loop, checkpoints, data parallelism, metrics."""
+
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, load_trainer_state, save_checkpoint
+from .loop import TrainingConfig, TrainingResult, encode_pairs, evaluate_loss, train
+from .metrics import bleu_by_length, corpus_scores
+
+__all__ = [
+    "TrainingConfig",
+    "TrainingResult",
+    "train",
+    "encode_pairs",
+    "evaluate_loss",
+    "Checkpoint",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "load_trainer_state",
+    "corpus_scores",
+    "bleu_by_length",
+]

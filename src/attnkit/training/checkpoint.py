@@ -1,0 +1,193 @@
+"""Checkpoints: one folder of safetensors + JSON + tokenisers, replaced atomically.
+
+    <folder>/
+      checkpoint.json          format, version, SHA-256 of every other file (written last)
+      config.json              the model config (kind + fields)
+      model.safetensors        weights
+      source_tokenizer.json    tokenisers, as the ``tokenizers`` package writes them
+      target_tokenizer.json
+      trainer.json             training progress, hyper-parameters, history  (training checkpoints)
+      trainer.safetensors      optimiser moments and the RNG state           (training checkpoints)
+
+The folder is written under a temporary name and swapped in with renames, so a crash or Ctrl-C
+leaves either the old checkpoint or the new one, never a mixture. Loading checks the hashes: a
+truncated or edited file gets a clear error. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..data.tokenizer import Tokenizer
+from ..models import build_model
+from ..models.config import config_from_dict, config_to_dict
+from ..models.weights import load_weights, save_weights
+
+__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "load_trainer_state", "CheckpointError"]
+
+FORMAT = "attnkit-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing, incomplete, corrupt, or does not fit the model."""
+
+
+@dataclass
+class Checkpoint:
+    model: nn.Module
+    source_tokenizer: Tokenizer
+    target_tokenizer: Tokenizer
+    folder: Path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
+    """Split an optimiser state dict into tensors (for safetensors) and JSON-able rest."""
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, entries in state["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, Tensor):
+                tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{index}.{key}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def save_checkpoint(
+    folder: str | os.PathLike,
+    model: nn.Module,
+    source_tokenizer: Tokenizer,
+    target_tokenizer: Tokenizer,
+    *,
+    trainer: dict | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Path:
+    """Write a checkpoint folder atomically; ``trainer`` (JSON-able) and ``optimizer`` make it resumable."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_json(tmp / "config.json", config_to_dict(model.config))
+        save_weights(model, tmp / "model.safetensors")
+        source_tokenizer.save(tmp / "source_tokenizer.json")
+        target_tokenizer.save(tmp / "target_tokenizer.json")
+        if trainer is not None:
+            from safetensors.torch import save_file
+
+            tensors = {"rng.torch": torch.get_rng_state()}
+            extra = {}
+            if optimizer is not None:
+                optimizer_tensors, extra = _optimizer_tensors(optimizer)
+                tensors |= optimizer_tensors
+            save_file(tensors, str(tmp / "trainer.safetensors"))
+            _write_json(tmp / "trainer.json", {**trainer, "optimizer": extra})
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        _write_json(tmp / "checkpoint.json", {"format": FORMAT, "version": VERSION, "files": files})
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def _verified(folder: Path) -> dict:
+    if not folder.is_dir():
+        # A crash between the two renames leaves the previous checkpoint under .<name>.old-<pid>.
+        olds = sorted(folder.parent.glob(f".{folder.name}.old-*"))
+        if olds:
+            raise CheckpointError(f"checkpoint folder {folder} is missing; a previous one survives at {olds[-1]}")
+        raise CheckpointError(f"checkpoint folder not found: {folder}")
+    manifest_path = folder / "checkpoint.json"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} is not an attnkit checkpoint (no checkpoint.json)") from None
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{manifest_path} is corrupt ({error})") from error
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise CheckpointError(
+            f"{manifest_path}: expected format {FORMAT!r} version {VERSION}, "
+            f"got {manifest.get('format')!r} version {manifest.get('version')!r}"
+        )
+    for name, digest in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {folder} is incomplete: {name} is missing")
+        if _sha256(path) != digest:
+            raise CheckpointError(f"checkpoint {folder} is corrupt: {name} does not match its recorded SHA-256")
+    return manifest
+
+
+def load_checkpoint(folder: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Rebuild the model from ``config.json`` and load weights and tokenisers."""
+    folder = Path(folder)
+    _verified(folder)
+    try:
+        config = config_from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        model = build_model(config)
+        load_weights(model, folder / "model.safetensors")
+        source = Tokenizer.load(folder / "source_tokenizer.json")
+        target = Tokenizer.load(folder / "target_tokenizer.json")
+    except ValueError as error:
+        raise CheckpointError(f"cannot load checkpoint {folder}: {error}") from error
+    for side, tokenizer, size in (("source", source, config.source_vocab), ("target", target, config.target_vocab)):
+        if tokenizer.vocab_size != size:
+            raise CheckpointError(
+                f"checkpoint {folder}: {side} tokenizer has {tokenizer.vocab_size} entries, config says {size}"
+            )
+    return Checkpoint(model.to(map_location), source, target, folder)
+
+
+def load_trainer_state(folder: str | os.PathLike, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Restore the optimiser and the RNG from a training checkpoint; return trainer.json."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    manifest = _verified(folder)
+    if "trainer.json" not in manifest["files"]:
+        raise CheckpointError(f"{folder} holds a model only (no trainer state); it cannot be resumed")
+    trainer = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
+    tensors = load_file(str(folder / "trainer.safetensors"))
+    if optimizer is not None:
+        extra = trainer["optimizer"]
+        state: dict[int, dict] = {}
+        for name, tensor in tensors.items():
+            if name.startswith("optimizer."):
+                _, index, key = name.split(".", 2)
+                state.setdefault(int(index), {})[key] = tensor
+        for name, value in extra.get("scalars", {}).items():
+            index, key = name.split(".", 1)
+            state.setdefault(int(index), {})[key] = value
+        try:
+            optimizer.load_state_dict({"state": state, "param_groups": extra["param_groups"]})
+        except (ValueError, KeyError) as error:
+            raise CheckpointError(f"{folder}: optimiser state does not fit the model ({error})") from error
+    torch.set_rng_state(tensors["rng.torch"])
+    return trainer
