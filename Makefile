@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/attnkit tour --out out/tour
+	$(BIN)/attnkit demo --out out/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

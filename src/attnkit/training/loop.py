@@ -213,7 +213,7 @@ def train(
                     nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                loss = all_sum(float(loss_sum)) / global_tokens
+                loss = all_sum(float(loss_sum.detach())) / global_tokens
                 progress_state.update(batch=index + 1, step=step)
                 rate = global_tokens / max(time.perf_counter() - tick, 1e-9)
                 history["steps"].append({"step": step, "epoch": epoch + 1, "loss": loss, "tokens_per_s": rate})

@@ -1,5 +1,6 @@
 """Pictures of attention: matplotlib heatmaps (PNG, SVG)."""
 
+from .curves import plot_lines
 from .heatmap import plot_heads, plot_heatmap
 
-__all__ = ["plot_heatmap", "plot_heads"]
+__all__ = ["plot_heatmap", "plot_heads", "plot_lines"]

@@ -1,0 +1,35 @@
+"""Line plots: loss curves and scores by source length, one line per model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from .heatmap import _pyplot, _save
+
+__all__ = ["plot_lines"]
+
+
+def plot_lines(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | os.PathLike,
+    *,
+    x_title: str,
+    y_title: str,
+    title: str = "",
+    x_ticks: Sequence[str] | None = None,
+    markers: bool = True,
+) -> None:
+    """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o" if markers else None, markersize=4, linewidth=1.5, label=label)
+    if x_ticks is not None:
+        ax.set_xticks(range(len(x_ticks)), list(x_ticks))
+    ax.set_xlabel(x_title)
+    ax.set_ylabel(y_title)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, path)

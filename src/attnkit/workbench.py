@@ -1,0 +1,215 @@
+"""The translation workbench: data selection, evaluation, and the main job (``attnkit demo``).
+
+The main job retells the founding story of attention on the bundled KJV -> Louis Segond corpus: an
+RNN encoder-decoder whose whole source passes through one fixed-length vector (the bottleneck) is
+trained next to the same network with Bahdanau attention, both are evaluated on held-out books,
+and a report shows BLEU overall and by source length, loss curves and learned alignments.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ._files import atomic_path
+from .data import Pair, Tokenizer, bible_corpus, read_pairs
+from .decoding import Translation, translate
+from .models import Seq2Seq, Seq2SeqConfig
+from .training import TrainingConfig, bleu_by_length, corpus_scores, load_checkpoint, train
+
+__all__ = ["load_split", "build_tokenizers", "evaluate_model", "run_demo", "plot_alignment", "DEMO_MODELS"]
+
+DEMO_MODELS = {"bottleneck": "none", "bahdanau": "bahdanau", "luong": "luong-general"}
+
+
+def load_split(data: str, split: str, *, direction: str = "en-fr", valid_fraction: float = 0.05) -> list[Pair]:
+    """Pairs of ``split`` from ``data``: "bible" (the bundled corpus) or a ``source<TAB>target`` file.
+
+    A user file has no splits of its own: "valid" is every 20th pair (``valid_fraction``), "train"
+    the rest, "test" all of it; pass a separate file for a real test set.
+    """
+    if data == "bible":
+        return bible_corpus(split, direction=direction)
+    pairs = read_pairs(data)
+    if split == "test":
+        return pairs
+    every = max(2, round(1 / valid_fraction))
+    held = [p for i, p in enumerate(pairs) if i % every == every - 1]
+    if split == "valid":
+        return held
+    return [p for i, p in enumerate(pairs) if i % every != every - 1]
+
+
+def build_tokenizers(pairs: Sequence[Pair], *, kind: str = "bpe", vocab_size: int = 4000) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenisers learnt on the training pairs."""
+    source = Tokenizer.train([p.source for p in pairs], kind=kind, vocab_size=vocab_size)
+    target = Tokenizer.train([p.target for p in pairs], kind=kind, vocab_size=vocab_size)
+    return source, target
+
+
+def evaluate_model(
+    model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Sequence[Pair], *, beam_size: int = 5,
+    progress: bool = False,
+) -> tuple[dict, list[Translation]]:
+    """BLEU, chrF and BLEU by source length of ``model`` on ``pairs``; also the translations."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(pairs), desc="translating", unit="sent", leave=False, dynamic_ncols=True)
+    started = time.perf_counter()
+    outputs = translate(model, [p.source for p in pairs], source_tokenizer, target_tokenizer, beam_size=beam_size,
+                        progress=bar.update if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    hypotheses = [o.text for o in outputs]
+    references = [p.target for p in pairs]
+    scores = corpus_scores(hypotheses, references)
+    return {
+        "bleu": scores.bleu,
+        "chrf": scores.chrf,
+        "sentences": scores.sentences,
+        "signature": scores.signature,
+        "beam_size": beam_size,
+        "seconds": time.perf_counter() - started,
+        "by_length": bleu_by_length([p.source for p in pairs], hypotheses, references),
+    }, outputs
+
+
+def plot_alignment(translation: Translation, path: str | Path, title: str = "") -> None:
+    """The alignment of one translation as a heatmap: source pieces across, output pieces down."""
+    from .viz import plot_heatmap
+
+    if translation.weights is None:
+        raise ValueError("this translation has no alignment (a model without attention)")
+    plot_heatmap(translation.weights, path, x_labels=translation.source_tokens, y_labels=translation.target_tokens,
+                 title=title, x_title="source", y_title="output", cmap="Greys")
+
+
+def _write_json(path: Path, data) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], examples: dict[str, list[Translation]],
+            test: Sequence[Pair], settings: dict) -> Path:
+    from .viz import plot_lines
+
+    report = out / "report"
+    names = list(results)
+    buckets = [row["bucket"] for row in results[names[0]]["by_length"]]
+    plot_lines({n: (range(len(buckets)), [r["bleu"] for r in results[n]["by_length"]]) for n in names},
+               report / "bleu_by_length.png", x_ticks=[f"{b} words" for b in buckets], x_title="source length",
+               y_title="BLEU", title="Test BLEU by source length")
+    plot_lines({f"{n} (train)": ([s["step"] for s in histories[n]["steps"]], _smooth([s["loss"] for s in histories[n]["steps"]]))
+                for n in names} | {f"{n} (valid)": (_epoch_ends(histories[n]), [e["valid_loss"] for e in histories[n]["epochs"]])
+                                   for n in names},
+               report / "loss_curves.png", x_title="optimiser step", y_title="cross entropy (nats per token)",
+               title="Training and validation loss", markers=False)
+    pictures = []
+    for name, translations in examples.items():
+        for translation, pair in zip(translations, test):
+            if translation.weights is None:
+                continue
+            path = report / "alignments" / f"{name}-{pair.reference.replace(':', '_')}.png"
+            plot_alignment(translation, path, title=f"{name}: {pair.reference}")
+            pictures.append((name, pair, translation, path.relative_to(report)))
+    lines = ["# attnkit demo: does attention beat the fixed-length bottleneck?", "",
+             f"Corpus: bundled KJV -> Louis Segond, {settings['train_pairs']:,} training pairs, "
+             f"{settings['test_pairs']} test verses (held-out books). Beam {settings['beam_size']}, sacreBLEU.", "",
+             "| model | attention | parameters | epochs | train time | test BLEU | chrF | BLEU, longest sources |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        r = results[name]
+        lines.append(f"| {name} | {r['attention']} | {r['parameters']:,} | {r['epochs']} | {r['train_seconds']:.0f} s | "
+                     f"{r['bleu']:.2f} | {r['chrf']:.2f} | {r['by_length'][-1]['bleu']:.2f} |")
+    lines += ["", "## BLEU by source length (words)", "", "| bucket | sentences | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for i, bucket in enumerate(buckets):
+        row = results[names[0]]["by_length"][i]
+        lines.append(f"| {bucket} | {row['sentences']} | " + " | ".join(f"{results[n]['by_length'][i]['bleu']:.2f}" for n in names) + " |")
+    lines += ["", "![BLEU by source length](bleu_by_length.png)", "", "![loss curves](loss_curves.png)", "",
+              "## Alignments learnt by attention", ""]
+    for name, pair, translation, path in pictures:
+        lines += [f"**{name}, {pair.reference}**: {pair.source}", "", f"- output: {translation.text}",
+                  f"- reference: {pair.target}", "", f"![{name} {pair.reference}]({path})", ""]
+    lines += [f"sacreBLEU signature: `{results[names[0]]['signature']}`", ""]
+    with atomic_path(report / "README.md") as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    _write_json(report / "results.json", {"settings": settings, "results": results})
+    return report
+
+
+def _smooth(values: list[float], window: int = 20) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _epoch_ends(history: dict) -> list[int]:
+    ends = {}
+    for s in history["steps"]:
+        ends[s["epoch"]] = s["step"]
+    return [ends[e["epoch"]] for e in history["epochs"]]
+
+
+def run_demo(
+    out: str | Path,
+    *,
+    models: Sequence[str] = ("bottleneck", "bahdanau"),
+    epochs: int = 3,
+    train_limit: int | None = None,
+    test_limit: int | None = None,
+    beam_size: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Train the named models of :data:`DEMO_MODELS` on the bundled corpus, evaluate, write the report."""
+    unknown = [m for m in models if m not in DEMO_MODELS]
+    if unknown:
+        raise ValueError(f"unknown demo models {unknown}; choose from {sorted(DEMO_MODELS)}")
+    out = Path(out)
+    torch.manual_seed(seed)
+    train_pairs = bible_corpus("train")[:train_limit]
+    valid_pairs = bible_corpus("valid")
+    test_pairs = bible_corpus("test")[:test_limit]
+    source_tokenizer, target_tokenizer = build_tokenizers(train_pairs, vocab_size=4000)
+    training = TrainingConfig(epochs=epochs, batch_size=64, lr=2e-3, patience=0, seed=seed)
+    results, histories, examples = {}, {}, {}
+    shown = [i for i, p in enumerate(test_pairs) if 12 <= len(p.source.split()) <= 20][:3]
+    for name in models:
+        attention = DEMO_MODELS[name]
+        config = Seq2SeqConfig(source_tokenizer.vocab_size, target_tokenizer.vocab_size, embedding_dim=128,
+                               hidden_size=256, attention=attention, dropout=0.2)
+        torch.manual_seed(seed)
+        model = Seq2Seq(config)
+        parameters = sum(p.numel() for p in model.parameters())
+        log(f"== {name} ({attention}): {parameters:,} parameters, {epochs} epochs on {len(train_pairs):,} pairs")
+        started = time.perf_counter()
+        result = train(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, training,
+                       out / "runs" / name, progress=progress, log=log)
+        train_seconds = time.perf_counter() - started
+        best = load_checkpoint(out / "runs" / name / "best")
+        scores, translations = evaluate_model(best.model, best.source_tokenizer, best.target_tokenizer, test_pairs,
+                                              beam_size=beam_size, progress=progress)
+        log(f"   test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}; by source length: "
+            + ", ".join(f"{r['bucket']}: {r['bleu']:.2f}" for r in scores["by_length"]))
+        results[name] = {"attention": attention, "parameters": parameters, "epochs": result.epochs_done,
+                         "train_seconds": train_seconds, "best_valid_loss": result.best_valid_loss,
+                         "config": asdict(config), **scores}
+        histories[name] = result.history
+        examples[name] = [translations[i] for i in shown]
+    settings = {"train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "test_pairs": len(test_pairs),
+                "beam_size": beam_size, "vocab_size": 4000, "training": asdict(training),
+                "threads": torch.get_num_threads(), "torch": torch.__version__}
+    report = _report(out, results, histories, examples, [test_pairs[i] for i in shown], settings)
+    log(f"report: {report.resolve()}/README.md")
+    return report
