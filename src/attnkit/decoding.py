@@ -65,7 +65,7 @@ def beam_search(
     history: Tensor | None = None  # (B K, t, S) alignment rows
     for _ in range(max_length):
         step = model.step(state, tokens[:, -1])
-        log_probs = torch.log_softmax(step.logits.float(), dim=-1).view(B, K, -1)  # (B, K, V)
+        log_probs = torch.log_softmax(step.logits.to(torch.promote_types(step.logits.dtype, torch.float32)), -1).view(B, K, -1)
         V = log_probs.shape[-1]
         # A finished hypothesis can only continue with <pad>, at no cost.
         frozen = torch.full_like(log_probs[0, 0], float("-inf"))
