@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from attnkit.functional.backends import tiled
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per xdist worker: two workers with two threads each would oversubscribe 2 cores.
+    torch.set_num_threads(1)
 
 # Tolerances against the float64 oracle, by input dtype: (rtol, atol).
 TOLERANCES = {

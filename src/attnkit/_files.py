@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path"]
+__all__ = ["atomic_path", "write_json", "read_json"]
 
 
 @contextlib.contextmanager
@@ -25,3 +25,24 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    """Write ``data`` as indented UTF-8 JSON, atomically."""
+    import json
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_json(path: str | os.PathLike, what: str = "file"):
+    """Parse a JSON file; a missing file or bad JSON raises an error naming ``what`` and the path."""
+    import json
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {path}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from error

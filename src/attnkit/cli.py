@@ -104,8 +104,6 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    import json
-
     from .training import load_checkpoint
     from .workbench import evaluate_model, load_split
 
@@ -117,10 +115,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     for row in scores["by_length"]:
         print(f"  source {row['bucket']:>5} words: BLEU {row['bleu']:6.2f}  ({row['sentences']} sentences)")
     if args.json is not None:
-        from ._files import atomic_path
+        from ._files import write_json
 
-        with atomic_path(args.json) as tmp:
-            tmp.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, scores)
     return 0
 
 

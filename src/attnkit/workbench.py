@@ -8,7 +8,6 @@ and a report shows BLEU overall and by source length, loss curves and learned al
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ._files import atomic_path
+from ._files import atomic_path, write_json
 from .data import Pair, Tokenizer, bible_corpus, read_pairs
 from .decoding import Translation, translate
 from .models import Seq2Seq, Seq2SeqConfig
@@ -91,11 +90,6 @@ def plot_alignment(translation: Translation, path: str | Path, title: str = "") 
                  title=title, x_title="source", y_title="output", cmap="Greys")
 
 
-def _write_json(path: Path, data) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], examples: dict[str, list[Translation]],
             test: Sequence[Pair], settings: dict) -> Path:
     from .viz import plot_lines
@@ -141,7 +135,7 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
     lines += [f"sacreBLEU signature: `{results[names[0]]['signature']}`", ""]
     with atomic_path(report / "README.md") as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
-    _write_json(report / "results.json", {"settings": settings, "results": results})
+    write_json(report / "results.json", {"settings": settings, "results": results})
     return report
 
 

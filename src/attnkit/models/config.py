@@ -6,13 +6,11 @@ Named presets reproduce the papers' tables (see :data:`PRESETS`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-from .._files import atomic_path
+from .._files import read_json, write_json
 
 __all__ = [
     "Seq2SeqConfig",
@@ -153,16 +151,8 @@ def config_from_dict(data: dict):
 
 
 def save_config(config, path: str | os.PathLike) -> None:
-    with atomic_path(path) as tmp:
-        Path(tmp).write_text(json.dumps(config_to_dict(config), indent=2) + "\n", encoding="utf-8")
+    write_json(path, config_to_dict(config))
 
 
 def load_config(path: str | os.PathLike):
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file not found: {path}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from error
-    return config_from_dict(data)
+    return config_from_dict(read_json(path, "config file"))

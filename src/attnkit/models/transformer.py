@@ -222,7 +222,10 @@ class TransformerEncoderDecoder(nn.Module):
         for name, parameter in self.named_parameters():
             if parameter.dim() > 1 and "tokens" not in name:
                 nn.init.xavier_uniform_(parameter)
-        for embedding in {self.source_embedding.tokens, self.target_embedding.tokens}:
+        embeddings = [self.source_embedding.tokens]
+        if self.target_embedding.tokens is not self.source_embedding.tokens:
+            embeddings.append(self.target_embedding.tokens)
+        for embedding in embeddings:  # a list, not a set: the init order must not depend on ids
             nn.init.normal_(embedding.weight, std=self.config.d_model**-0.5)
             with torch.no_grad():
                 embedding.weight[PAD].zero_()

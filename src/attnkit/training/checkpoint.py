@@ -17,7 +17,6 @@ truncated or edited file gets a clear error. Nothing is unpickled.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .._files import read_json, write_json
 from ..data.tokenizer import Tokenizer
 from ..models import build_model
 from ..models.config import config_from_dict, config_to_dict
@@ -57,10 +57,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
     """Split an optimiser state dict into tensors (for safetensors) and JSON-able rest."""
     state = optimizer.state_dict()
@@ -90,7 +86,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_json(tmp / "config.json", config_to_dict(model.config))
+        write_json(tmp / "config.json", config_to_dict(model.config))
         save_weights(model, tmp / "model.safetensors")
         source_tokenizer.save(tmp / "source_tokenizer.json")
         target_tokenizer.save(tmp / "target_tokenizer.json")
@@ -103,9 +99,9 @@ def save_checkpoint(
                 optimizer_tensors, extra = _optimizer_tensors(optimizer)
                 tensors |= optimizer_tensors
             save_file(tensors, str(tmp / "trainer.safetensors"))
-            _write_json(tmp / "trainer.json", {**trainer, "optimizer": extra})
+            write_json(tmp / "trainer.json", {**trainer, "optimizer": extra})
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
-        _write_json(tmp / "checkpoint.json", {"format": FORMAT, "version": VERSION, "files": files})
+        write_json(tmp / "checkpoint.json", {"format": FORMAT, "version": VERSION, "files": files})
         old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
         if folder.exists():
             os.replace(folder, old)
@@ -125,11 +121,11 @@ def _verified(folder: Path) -> dict:
             raise CheckpointError(f"checkpoint folder {folder} is missing; a previous one survives at {olds[-1]}")
         raise CheckpointError(f"checkpoint folder not found: {folder}")
     manifest_path = folder / "checkpoint.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{folder} is not an attnkit checkpoint (no checkpoint.json)")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{folder} is not an attnkit checkpoint (no checkpoint.json)") from None
-    except json.JSONDecodeError as error:
+        manifest = read_json(manifest_path)
+    except ValueError as error:
         raise CheckpointError(f"{manifest_path} is corrupt ({error})") from error
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise CheckpointError(
@@ -150,7 +146,7 @@ def load_checkpoint(folder: str | os.PathLike, *, map_location: str | torch.devi
     folder = Path(folder)
     _verified(folder)
     try:
-        config = config_from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        config = config_from_dict(read_json(folder / "config.json"))
         model = build_model(config)
         load_weights(model, folder / "model.safetensors")
         source = Tokenizer.load(folder / "source_tokenizer.json")
@@ -165,15 +161,19 @@ def load_checkpoint(folder: str | os.PathLike, *, map_location: str | torch.devi
     return Checkpoint(model.to(map_location), source, target, folder)
 
 
-def load_trainer_state(folder: str | os.PathLike, optimizer: torch.optim.Optimizer | None) -> dict:
-    """Restore the optimiser and the RNG from a training checkpoint; return trainer.json."""
+def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Restore the weights, the optimiser and the RNG from a training checkpoint; return trainer.json."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     manifest = _verified(folder)
     if "trainer.json" not in manifest["files"]:
         raise CheckpointError(f"{folder} holds a model only (no trainer state); it cannot be resumed")
-    trainer = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
+    try:
+        load_weights(model, folder / "model.safetensors")
+    except ValueError as error:
+        raise CheckpointError(f"cannot resume from {folder}: {error}") from error
+    trainer = read_json(folder / "trainer.json")
     tensors = load_file(str(folder / "trainer.safetensors"))
     if optimizer is not None:
         extra = trainer["optimizer"]

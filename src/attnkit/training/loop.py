@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._files import atomic_path
+from .._files import write_json
 from ..data.batching import BatchSampler, collate
 from ..data.corpus import Pair
 from ..data.tokenizer import PAD, Tokenizer
@@ -161,7 +161,7 @@ def train(
     progress_state = {"epoch": 0, "batch": 0, "step": 0, "best_valid_loss": math.inf, "bad_epochs": 0}
     history: dict[str, list] = {"steps": [], "epochs": []}
     if resume:
-        trainer = load_trainer_state(folder / "last", optimizer)
+        trainer = load_trainer_state(folder / "last", model, optimizer)
         progress_state = trainer["progress"]
         history = trainer["history"]
         log(f"resuming from {folder / 'last'} at epoch {progress_state['epoch'] + 1}, step {progress_state['step']}")
@@ -176,10 +176,7 @@ def train(
         trainer = {"progress": progress_state, "history": history, "training_config": asdict(config)}
         save_checkpoint(folder / name, model, source_tokenizer, target_tokenizer,
                         trainer=trainer if with_trainer else None, optimizer=optimizer if with_trainer else None)
-        with atomic_path(folder / "history.json") as tmp:
-            import json
-
-            tmp.write_text(json.dumps(history, indent=1), encoding="utf-8")
+        write_json(folder / "history.json", history)
 
     stopped = "epochs"
     model.train()

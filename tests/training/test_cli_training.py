@@ -1,0 +1,94 @@
+"""The train / translate / evaluate commands on a user's file, Ctrl-C, and torchrun data parallelism."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnkit.cli import main
+
+TINY = ["--embedding-dim", "16", "--hidden-size", "32", "--vocab-size", "100", "--tokenizer", "word", "--quiet"]
+
+
+def _run(*args, **kwargs):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "attnkit.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=240, **kwargs)
+
+
+def test_train_translate_evaluate_on_a_user_file(phrase_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(phrase_file), "--out", str(run), "--epochs", "1", "--attention", "bahdanau",
+                 *TINY]) == 0
+    assert (run / "best" / "model.safetensors").is_file() and (run / "last" / "trainer.json").is_file()
+    heatmap = tmp_path / "align.png"
+    assert main(["translate", "--checkpoint", str(run), "--heatmap", str(heatmap), "three red cats"]) == 0
+    assert heatmap.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["evaluate", "--checkpoint", str(run), "--data", str(phrase_file), "--limit", "50", "--beam", "2",
+                 "--json", str(tmp_path / "scores.json"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU" in out and "source  1-10 words" in out
+    assert (tmp_path / "scores.json").is_file()
+
+
+def test_malformed_file_is_reported_with_its_line(tmp_path, capsys):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tb\nno tab\n", encoding="utf-8")
+    assert main(["train", "--data", str(bad), "--out", str(tmp_path / "run"), *TINY]) == 2
+    assert "bad.tsv:2: expected 'source<TAB>target'" in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(phrase_file, tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "attnkit.cli", "train", "--data", str(phrase_file), "--out",
+                                str(run), "--epochs", "50", "--patience", "0", "--batch-size", "8", *TINY],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in process.stdout:  # wait for the first epoch to finish: training is under way
+        if line.startswith("epoch 1:"):
+            break
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, rest
+    assert "interrupted: checkpoint saved" in rest
+    import json
+
+    progress = json.loads((run / "last" / "trainer.json").read_text())["progress"]
+    assert progress["epoch"] >= 1 and progress["step"] > 0
+    resumed = _run("train", "--data", str(phrase_file), "--out", str(run), "--epochs", str(progress["epoch"] + 1),
+                   "--patience", "0", "--batch-size", "8", "--resume", *TINY)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout
+    assert json.loads((run / "last" / "trainer.json").read_text())["progress"]["epoch"] == progress["epoch"] + 1
+
+
+def test_two_process_data_parallel_step_equals_one_process_on_the_same_global_batch(phrase_file, tmp_path):
+    args = ["train", "--data", str(phrase_file), "--max-steps", "1", "--batch-size", "16", "--dropout", "0",
+            "--attention", "luong-general", *TINY]
+    single = _run(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "attnkit.cli", *args, "--out", str(tmp_path / "ddp")],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    a = load_file(tmp_path / "single" / "last" / "model.safetensors")
+    b = load_file(tmp_path / "ddp" / "last" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("command", [["translate", "--checkpoint", "missing-run", "x"],
+                                     ["evaluate", "--checkpoint", "missing-run"]])
+def test_missing_checkpoint_is_a_clear_error(command, capsys):
+    assert main(command) == 2
+    assert "checkpoint folder not found" in capsys.readouterr().err

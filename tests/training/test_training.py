@@ -1,0 +1,129 @@
+"""Training: a tiny model learns a generated task and its alignment; resume is bit-identical;
+checkpoints are atomic and checked; warm-up schedule; metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnkit.decoding import translate
+from attnkit.models import Seq2Seq, Seq2SeqConfig, TransformerConfig, TransformerEncoderDecoder
+from attnkit.training import (
+    CheckpointError,
+    TrainingConfig,
+    bleu_by_length,
+    corpus_scores,
+    load_checkpoint,
+    save_checkpoint,
+    train,
+)
+
+
+def _seq2seq(source, target, attention="luong-dot", **changes):
+    torch.manual_seed(0)
+    return Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, embedding_dim=32, hidden_size=64,
+                                 attention=attention, attention_dim=32, **({"dropout": 0.0} | changes)))
+
+
+def test_tiny_attention_model_learns_the_task_and_the_known_alignment(phrases, tmp_path):
+    """Acceptance: >= 95% exact match and attention argmax on the gold source word for >= 90% of
+    target words, trained on 2 CPU threads in well under a minute."""
+    train_pairs, valid, test, source, target = phrases
+    model = _seq2seq(source, target, bidirectional=False)
+    train(model, source, target, train_pairs, valid, TrainingConfig(epochs=8, batch_size=32, lr=3e-3,
+          label_smoothing=0.0, patience=0), tmp_path, progress=False, log=lambda _: None)
+    outputs = translate(model, [p.source for p in test], source, target, beam_size=1)
+    exact = sum(o.text == p.target for o, p in zip(outputs, test)) / len(test)
+    agree = total = 0
+    for output, pair in zip(outputs, test):
+        if output.text != pair.target:
+            continue  # the alignment of a wrong output has no gold standard
+        for s, t in pair.alignment:  # word-level tokens: token index == word index
+            agree += int(output.weights[t].argmax()) == s
+            total += 1
+    assert exact >= 0.95, f"exact match {exact:.3f}"
+    assert agree / total >= 0.90, f"alignment agreement {agree / total:.3f}"
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "transformer"])
+def test_resume_continues_bit_identically(phrases, tmp_path, kind):
+    train_pairs, valid, _, source, target = phrases
+    train_pairs = train_pairs[:400]
+
+    def model():
+        if kind == "seq2seq":
+            return _seq2seq(source, target, attention="bahdanau", dropout=0.3)
+        torch.manual_seed(0)
+        return TransformerEncoderDecoder(TransformerConfig(source.vocab_size, target.vocab_size, d_model=32, num_heads=4,
+                                                           d_ff=64, encoder_layers=1, decoder_layers=1, dropout=0.3))
+
+    config = TrainingConfig(epochs=2, batch_size=32, lr=2e-3, warmup_steps=5, seed=3, patience=0)
+    quiet = {"progress": False, "log": lambda _: None}
+    whole = train(model(), source, target, train_pairs, valid, config, tmp_path / "whole", **quiet)
+    first = train(model(), source, target, train_pairs, valid, TrainingConfig(**{**config.__dict__, "max_steps": 17}),
+                  tmp_path / "split", **quiet)
+    assert first.stopped == "max-steps" and first.steps == 17
+    fresh = model()  # resume restores weights, optimiser moments, RNG (dropout) and the batch position
+    rest = train(fresh, source, target, train_pairs, valid, config, tmp_path / "split", resume=True, **quiet)
+    assert rest.steps == whole.steps
+    assert [s["loss"] for s in rest.history["steps"]] == [s["loss"] for s in whole.history["steps"]]
+    assert rest.history["epochs"][-1]["valid_loss"] == whole.history["epochs"][-1]["valid_loss"]
+    ours, theirs = load_checkpoint(tmp_path / "split" / "last").model, load_checkpoint(tmp_path / "whole" / "last").model
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoint_round_trip_and_clear_errors(phrases, tmp_path):
+    _, _, test, source, target = phrases
+    model = _seq2seq(source, target, attention="bahdanau").eval()
+    folder = save_checkpoint(tmp_path / "ckpt", model, source, target)
+    loaded = load_checkpoint(folder)
+    texts = [p.source for p in test[:5]]
+    assert [o.text for o in translate(loaded.model, texts, source, target)] == [o.text for o in translate(model, texts, source, target)]
+    assert not list(tmp_path.glob(".ckpt*")), "temporary folders left behind"
+    # Saving again replaces the folder whole.
+    save_checkpoint(folder, model, source, target)
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.json", "config.json", "model.safetensors",
+                                                        "source_tokenizer.json", "target_tokenizer.json"]
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="corrupt: model.safetensors does not match its recorded SHA-256"):
+        load_checkpoint(folder)
+    with pytest.raises(CheckpointError, match="checkpoint folder not found"):
+        load_checkpoint(tmp_path / "nowhere")
+    # A config that does not fit the weights: the error names the tensor and both shapes.
+    other = save_checkpoint(tmp_path / "other", model, source, target)
+    config = json.loads((other / "config.json").read_text())
+    config["hidden_size"] = 48
+    manifest = json.loads((other / "checkpoint.json").read_text())
+    (other / "config.json").write_text(json.dumps(config))
+    import hashlib
+
+    manifest["files"]["config.json"] = hashlib.sha256((other / "config.json").read_bytes()).hexdigest()
+    (other / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"tensor 'bridge.weight': expected shape \(48, 96\), found \(64, 128\)"):
+        load_checkpoint(other)
+
+
+def test_warmup_then_inverse_square_root_schedule():
+    config = TrainingConfig(lr=1e-3, warmup_steps=100)
+    assert config.learning_rate(1) == pytest.approx(1e-5)
+    assert config.learning_rate(100) == pytest.approx(1e-3)
+    assert config.learning_rate(400) == pytest.approx(5e-4)
+    assert TrainingConfig(lr=2e-3).learning_rate(7) == 2e-3
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        TrainingConfig(label_smoothing=1.0)
+
+
+def test_metrics_use_sacrebleu():
+    refs = ["the cat sat on the mat today", "a dog barked at the moon loudly", "short one here ok", "x y z w v"]
+    perfect = corpus_scores(refs, refs)
+    assert perfect.bleu == pytest.approx(100.0) and perfect.chrf == pytest.approx(100.0)
+    assert "13a" in perfect.signature
+    worse = corpus_scores(["the cat sat on a hat", "a dog barked", "short one", "x"], refs)
+    assert 0 < worse.bleu < 100
+    rows = bleu_by_length(["one two", "one two three four five six seven eight nine ten eleven twelve"] * 2,
+                          refs, refs)
+    assert [(r["bucket"], r["sentences"]) for r in rows] == [("1-10", 2), ("11-15", 2)]
