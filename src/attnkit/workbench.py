@@ -100,11 +100,17 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
     plot_lines({n: (range(len(buckets)), [r["bleu"] for r in results[n]["by_length"]]) for n in names},
                report / "bleu_by_length.png", x_ticks=[f"{b} words" for b in buckets], x_title="source length",
                y_title="BLEU", title="Test BLEU by source length")
-    plot_lines({f"{n} (train)": ([s["step"] for s in histories[n]["steps"]], _smooth([s["loss"] for s in histories[n]["steps"]]))
-                for n in names} | {f"{n} (valid)": (_epoch_ends(histories[n]), [e["valid_loss"] for e in histories[n]["epochs"]])
-                                   for n in names},
-               report / "loss_curves.png", x_title="optimiser step", y_title="cross entropy (nats per token)",
-               title="Training and validation loss", markers=False)
+    train_curves = {f"{n} (train)": ([s["step"] for s in histories[n]["steps"]], _smooth([s["loss"] for s in histories[n]["steps"]]))
+                    for n in names}
+    valid_curves = {f"{n} (valid)": (_epoch_ends(histories[n]), [e["valid_loss"] for e in histories[n]["epochs"]])
+                    for n in names}
+    styles = {}
+    for i, n in enumerate(names):
+        styles[f"{n} (train)"] = {"color": f"C{i}"}
+        styles[f"{n} (valid)"] = {"color": f"C{i}", "linestyle": "--", "marker": "o"}
+    plot_lines(train_curves | valid_curves, report / "loss_curves.png", x_title="optimiser step",
+               y_title="cross entropy (nats per token)", markers=False, styles=styles,
+               title="Loss: training (label smoothing 0.1, running mean) and validation (end of epoch)")
     pictures = []
     for name, translations in examples.items():
         for translation, pair in zip(translations, test):

@@ -19,12 +19,15 @@ def plot_lines(
     title: str = "",
     x_ticks: Sequence[str] | None = None,
     markers: bool = True,
+    styles: Mapping[str, dict] | None = None,
 ) -> None:
-    """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers."""
+    """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers;
+    ``styles`` maps a label to matplotlib line options (color, linestyle, ...)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), marker="o" if markers else None, markersize=4, linewidth=1.5, label=label)
+        style = {"marker": "o" if markers else None, "markersize": 4, "linewidth": 1.5} | dict((styles or {}).get(label, {}))
+        ax.plot(list(xs), list(ys), label=label, **style)
     if x_ticks is not None:
         ax.set_xticks(range(len(x_ticks)), list(x_ticks))
     ax.set_xlabel(x_title)

@@ -1,0 +1,26 @@
+"""The main job's report, on a small slice of the bundled corpus."""
+
+from __future__ import annotations
+
+import json
+
+from attnkit.cli import main
+
+
+def test_demo_writes_the_report(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--epochs", "1", "--train-limit", "150", "--test-limit", "60",
+                 "--beam", "2", "--quiet"]) == 0
+    report = tmp_path / "report"
+    assert f"report: {report.resolve()}/README.md" in capsys.readouterr().out
+    for name in ("bleu_by_length.png", "loss_curves.png"):
+        assert (report / name).read_bytes()[:4] == b"\x89PNG"
+    pictures = sorted(p.name for p in (report / "alignments").iterdir())
+    assert pictures and all(p.startswith("bahdanau-") for p in pictures)  # the bottleneck has no alignment
+    results = json.loads((report / "results.json").read_text())
+    assert list(results["results"]) == ["bottleneck", "bahdanau"]
+    assert results["settings"]["train_pairs"] == 150 and results["settings"]["test_pairs"] == 60
+    for result in results["results"].values():
+        assert 0 <= result["bleu"] <= 100 and sum(r["sentences"] for r in result["by_length"]) == 60
+    text = (report / "README.md").read_text()
+    assert "| bottleneck | none |" in text and "| bahdanau | bahdanau |" in text and "![BLEU by source length]" in text
+    assert (tmp_path / "runs" / "bahdanau" / "best" / "model.safetensors").is_file()
