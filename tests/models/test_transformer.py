@@ -74,8 +74,7 @@ def test_encoder_stack_equals_torch_nn_transformer_encoder(rng, norm):
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_decoder_layer_equals_torch_nn_transformer_decoder_layer(rng, norm):
-    config = TransformerConfig(50, 50, d_model=24, num_heads=4, d_ff=40, dropout=0.0, norm=norm)
-    ours = DecoderLayer(config).double().eval()
+    ours = DecoderLayer(24, 4, 40, norm_first=norm == "pre").double().eval()
     theirs = nn.TransformerDecoderLayer(24, 4, 40, dropout=0.0, batch_first=True, norm_first=norm == "pre").double().eval()
     for p in theirs.parameters():
         nn.init.normal_(p, generator=rng)

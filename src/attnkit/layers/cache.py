@@ -17,6 +17,11 @@ class KVCache:
     token is amortised O(1) copies. Queries of a step attend with bottom-right causal alignment:
     the last new query sees every cached key.
 
+    ``window=W`` makes it a rolling cache for sliding-window attention (Mistral): after each
+    update only the last W positions are kept, so memory stays constant however long the output.
+    ``position`` counts every position ever appended (the offset for rotary embeddings);
+    ``length`` counts those held.
+
     A ``static=True`` cache is for cross attention: the first update stores the projected
     encoder keys and values, and every later step reuses them without recomputing.
 
@@ -27,11 +32,21 @@ class KVCache:
             out = mha(x_step, is_causal=True, cache=cache)
     """
 
-    def __init__(self, *, static: bool = False) -> None:
+    def __init__(self, *, static: bool = False, window: int | None = None) -> None:
+        if window is not None and (static or window < 1):
+            raise ValueError(f"window must be a positive int on a non-static cache, got window={window!r}, static={static}")
         self.static = static
+        self.window = window
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
-        self.length = 0
+        self._start = 0  # first held position in storage
+        self._end = 0  # one past the last held position in storage
+        self.position = 0
+
+    @property
+    def length(self) -> int:
+        """Positions held (and attended to by the next step, besides its own)."""
+        return self._end - self._start
 
     def __len__(self) -> int:
         return self.length
@@ -39,16 +54,16 @@ class KVCache:
     @property
     def keys(self) -> Tensor | None:
         """(B, Hkv, S, E) cached keys, or None before the first update."""
-        return None if self._keys is None else self._keys[:, :, : self.length]
+        return None if self._keys is None else self._keys[:, :, self._start : self._end]
 
     @property
     def values(self) -> Tensor | None:
         """(B, Hkv, S, Ev) cached values, or None before the first update."""
-        return None if self._values is None else self._values[:, :, : self.length]
+        return None if self._values is None else self._values[:, :, self._start : self._end]
 
     def reset(self) -> None:
         self._keys = self._values = None
-        self.length = 0
+        self._start = self._end = self.position = 0
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B_new,) in that order, e.g. the surviving beams of a beam search."""
@@ -57,7 +72,8 @@ class KVCache:
             self._values = self._values.index_select(0, index)
 
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Append (B, Hkv, S_new, E) keys and (B, Hkv, S_new, Ev) values; return all cached ones."""
+        """Append (B, Hkv, S_new, E) keys and (B, Hkv, S_new, Ev) values; return all held ones
+        (for a rolling cache: the last ``window`` before this step, plus the new ones)."""
         if self.static and self.length:
             raise ValueError("this static (cross-attention) cache is already filled; reset() it first")
         check_rank("keys", keys, 4, "(B, Hkv, S_new, E)")
@@ -78,15 +94,20 @@ class KVCache:
                     f"got {got_k} and {got_v}"
                 )
             check_same("cached keys", self._keys, keys=keys)
-        new_length = self.length + keys.shape[2]
-        if self._keys is None or new_length > self._keys.shape[2]:
-            self._grow(keys, values, max(new_length, 2 * self.length, 16))
-        self._keys[:, :, self.length : new_length] = keys
-        self._values[:, :, self.length : new_length] = values
-        self.length = new_length
-        return self.keys, self.values
+        new = keys.shape[2]
+        if self._keys is None or self._end + new > self._keys.shape[2]:
+            self._grow(keys, values, max(self.length + new, 2 * self.length, 16))
+        self._keys[:, :, self._end : self._end + new] = keys
+        self._values[:, :, self._end : self._end + new] = values
+        self._end += new
+        self.position += new
+        held_keys, held_values = self.keys, self.values
+        if self.window is not None:
+            self._start = max(self._start, self._end - self.window)
+        return held_keys, held_values
 
     def _grow(self, keys: Tensor, values: Tensor, capacity: int) -> None:
+        """New storage of ``capacity`` positions holding the current ones at its front."""
         B, Hkv, _, E = keys.shape
         new_keys = keys.new_empty(B, Hkv, capacity, E)
         new_values = values.new_empty(B, Hkv, capacity, values.shape[3])
@@ -94,3 +115,4 @@ class KVCache:
             new_keys[:, :, : self.length] = self.keys
             new_values[:, :, : self.length] = self.values
         self._keys, self._values = new_keys, new_values
+        self._start, self._end = 0, self.length

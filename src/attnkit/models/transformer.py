@@ -9,10 +9,12 @@ Shapes: B batch, S source length, T target length, D model dim, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.tokenizer import PAD
@@ -24,6 +26,8 @@ from .seq2seq import StepOutput, TranslationOutput, check_source
 
 __all__ = [
     "FeedForward",
+    "GatedFeedForward",
+    "Residual",
     "EncoderLayer",
     "DecoderLayer",
     "TransformerEncoder",
@@ -38,25 +42,48 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (eq. 2)."""
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": F.gelu,  # exact (erf) GELU: BERT
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
+}
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (Vaswani et al. eq. 2 with ReLU; GELU in BERT and GPT-2)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, *, activation: str = "relu", bias: bool = True):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
-class _Residual(nn.Module):
+class GatedFeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020), as in Llama: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Residual(nn.Module):
     """One sub-layer connection: the norm, the residual and its dropout, placed pre or post."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+    def __init__(self, norm: nn.Module, dropout: float, norm_first: bool):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -67,34 +94,52 @@ class _Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Self attention then feed-forward, each wrapped in a residual connection and LayerNorm."""
+    """Self attention then feed-forward, each wrapped in a residual connection and LayerNorm
+    (the Transformer encoder; BERT with ``activation="gelu"``, ``norm_eps=1e-12``)."""
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        activation: str = "relu",
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+    ):
         super().__init__()
-        c = config
-        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias, dropout=c.dropout)
-        self.feed_forward = FeedForward(c.d_model, c.d_ff, c.dropout)
-        self.attn_block = _Residual(c.d_model, c.dropout, c.norm == "pre")
-        self.ff_block = _Residual(c.d_model, c.dropout, c.norm == "pre")
+        self.self_attn = MultiHeadAttention(d_model, num_heads, bias=bias, dropout=dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation=activation)
+        self.attn_block = Residual(nn.LayerNorm(d_model, eps=norm_eps), dropout, norm_first)
+        self.ff_block = Residual(nn.LayerNorm(d_model, eps=norm_eps), dropout, norm_first)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D)."""
-        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask).output)
-        return self.ff_block(x, self.feed_forward)
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D) and, with
+        ``need_weights``, the attention weights (B, H, S, S)."""
+        weights = []
+
+        def attend(h: Tensor) -> Tensor:
+            result = self.self_attn(h, mask=mask, need_weights=need_weights)
+            weights.append(result.weights)
+            return result.output
+
+        return self.ff_block(self.attn_block(x, attend), self.feed_forward), weights[0]
 
 
 class DecoderLayer(nn.Module):
     """Causal self attention, cross attention to the encoder output, then feed-forward."""
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0, norm_first: bool = False,
+                 bias: bool = True):
         super().__init__()
-        c = config
-        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias, dropout=c.dropout)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias, dropout=c.dropout)
-        self.feed_forward = FeedForward(c.d_model, c.d_ff, c.dropout)
-        self.self_block = _Residual(c.d_model, c.dropout, c.norm == "pre")
-        self.cross_block = _Residual(c.d_model, c.dropout, c.norm == "pre")
-        self.ff_block = _Residual(c.d_model, c.dropout, c.norm == "pre")
+        self.self_attn = MultiHeadAttention(d_model, num_heads, bias=bias, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, bias=bias, dropout=dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.self_block = Residual(nn.LayerNorm(d_model), dropout, norm_first)
+        self.cross_block = Residual(nn.LayerNorm(d_model), dropout, norm_first)
+        self.ff_block = Residual(nn.LayerNorm(d_model), dropout, norm_first)
 
     def forward(
         self,
@@ -143,12 +188,16 @@ class TransformerEncoder(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        c = config
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, norm_first=c.norm == "pre", bias=c.bias)
+            for _ in range(c.encoder_layers)
+        )
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
-            x = layer(x, mask)
+            x, _ = layer(x, mask)
         return self.norm(x)
 
 
@@ -157,7 +206,11 @@ class TransformerDecoder(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
+        c = config
+        self.layers = nn.ModuleList(
+            DecoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, norm_first=c.norm == "pre", bias=c.bias)
+            for _ in range(c.decoder_layers)
+        )
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(

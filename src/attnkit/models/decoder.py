@@ -1,0 +1,133 @@
+"""Decoder-only language models: GPT-2 (Radford et al. 2019) and Llama (Touvron et al. 2023)
+styles, optionally with Mistral's sliding-window attention (Jiang et al. 2023).
+
+    x_0 = E_token[ids] (+ E_position),  x_l = x + MLP(Norm(x)) after x = x + Attn(Norm(x)),
+    logits = Norm(x_L) W_out   (W_out tied to E_token when ``tie_embeddings``)
+
+GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, biases. Llama: RoPE on queries and keys,
+RMSNorm, SwiGLU MLP, grouped-query attention, no biases. Every attention is the core's
+:class:`~attnkit.MultiHeadAttention` with ``is_causal=True`` (and ``window`` for Mistral).
+
+Shapes: B batch, L new tokens, S all tokens attended (cached + new), D model dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..functional._checks import check_rank
+from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding
+from .config import DecoderConfig
+from .transformer import FeedForward, GatedFeedForward, Residual
+
+__all__ = ["DecoderLM", "DecoderBlock", "LMOutput"]
+
+
+class LMOutput(NamedTuple):
+    logits: Tensor  # (B, L, V)
+    hidden_states: Tensor  # (B, L, D) after the final norm
+    attentions: list[Tensor] | None  # per layer (B, H, L, S), when asked for
+
+
+def _norm(config: DecoderConfig) -> nn.Module:
+    if config.norm == "layernorm":
+        return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+    return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: causal (windowed) self attention, then the MLP, each with a residual."""
+
+    def __init__(self, config: DecoderConfig, rotary: RotaryEmbedding | None = None):
+        super().__init__()
+        c = config
+        self.window = c.window
+        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, bias=c.bias, dropout=c.dropout,
+                                            rotary=rotary)
+        if c.mlp == "gelu":
+            self.mlp = FeedForward(c.d_model, c.d_ff, activation="gelu_tanh", bias=c.bias)
+        else:
+            self.mlp = GatedFeedForward(c.d_model, c.d_ff, bias=c.bias)
+        self.attn_block = Residual(_norm(c), c.dropout, norm_first=True)
+        self.mlp_block = Residual(_norm(c), c.dropout, norm_first=True)
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        weights = []
+
+        def attend(h: Tensor) -> Tensor:
+            result = self.self_attn(h, mask=mask, is_causal=True, window=self.window, cache=cache,
+                                    need_weights=need_weights)
+            weights.append(result.weights)
+            return result.output
+
+        return self.mlp_block(self.attn_block(x, attend), self.mlp), weights[0]
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only LM. Parameters: ``tokens``, ``positions`` (learned only), ``layers``,
+    ``norm``, ``lm_head`` (its weight is ``tokens.weight`` when tied)."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.config = c = config
+        self.tokens = nn.Embedding(c.vocab_size, c.d_model)
+        self.positions = LearnedPositionalEmbedding(c.max_len, c.d_model) if c.positional == "learned" else None
+        rotary = RotaryEmbedding(c.head_dim, c.rope_base) if c.positional == "rope" else None
+        self.layers = nn.ModuleList(DecoderBlock(c, rotary) for _ in range(c.num_layers))
+        self.norm = _norm(c)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tokens.weight
+        self.dropout = nn.Dropout(c.dropout)
+
+    def new_cache(self) -> list[KVCache]:
+        """One KV cache per layer; rolling (the last ``window`` positions) for sliding windows."""
+        return [KVCache(window=self.config.window) for _ in self.layers]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        cache: list[KVCache] | None = None,
+        need_weights: bool = False,
+    ) -> LMOutput:
+        """Logits for input_ids (B, L).
+
+        Args:
+            attention_mask: (B, S) True (or 1) at real tokens, S = cached + new positions; padded
+                positions are never attended to. Positions still count from 0 at the first column
+                (pad on the right, or give each row its own call).
+            cache: from :meth:`new_cache`; the new tokens continue the cached ones.
+            need_weights: also return each layer's attention weights (B, H, L, S).
+        """
+        check_rank("input_ids", input_ids, 2, "(B, L)")
+        B, L = input_ids.shape
+        offset = 0 if cache is None else cache[0].position
+        if self.positions is not None and offset + L > self.config.max_len:
+            raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
+        mask = None
+        if attention_mask is not None:
+            S = L + (0 if cache is None else cache[0].length)
+            if tuple(attention_mask.shape) != (B, S):
+                raise ValueError(
+                    f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        x = self.tokens(input_ids)
+        if self.positions is not None:
+            x = self.positions(x, offset)
+        x = self.dropout(x)
+        attentions = [] if need_weights else None
+        for i, layer in enumerate(self.layers):
+            x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights)
+            if attentions is not None:
+                attentions.append(weights)
+        x = self.norm(x)
+        return LMOutput(self.lm_head(x), x, attentions)
