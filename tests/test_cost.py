@@ -1,0 +1,55 @@
+"""The cost calculator: analytic parameter counts equal real modules; pinned literature values."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.cli import main
+from attnkit.cost import estimate, parameter_breakdown
+from attnkit.models import build_model, count_parameters, preset
+from attnkit.models.config import DecoderConfig, TransformerConfig
+from attnkit.models.decoder import DecoderLM
+from attnkit.models.encoder import EncoderModel
+
+
+@pytest.mark.parametrize("config", [
+    preset("gpt2-small"), preset("bert-base"), preset("minilm-l6"), preset("smollm2-135m"), preset("transformer-small"),
+    preset("transformer-base", norm="pre", positional="learned", share_embeddings=False, source_vocab=900, target_vocab=700),
+    DecoderConfig(vocab_size=50, d_model=48, num_layers=3, num_heads=6, num_kv_heads=2, d_ff=80, positional="rope",
+                  norm="rmsnorm", mlp="swiglu", bias=True, tie_embeddings=False, window=8),
+], ids=lambda c: type(c).__name__)
+def test_analytic_parameters_equal_the_built_model(config):
+    if isinstance(config, TransformerConfig):
+        model = build_model(config)
+    else:
+        model = DecoderLM(config) if isinstance(config, DecoderConfig) else EncoderModel(config)
+    assert parameter_breakdown(config)["total"] == count_parameters(model)
+
+
+def test_pinned_values():
+    assert [estimate(preset("gpt2-small"), n).attention_matrix_entries for n in (512, 4096, 32768)] == [
+        262_144, 16_777_216, 1_073_741_824]
+    assert parameter_breakdown(preset("gpt2-small"))["total"] == 124_439_808
+    assert parameter_breakdown(preset("llama3-8b"))["total"] == 8_030_261_248
+    assert parameter_breakdown(preset("llama3-70b"))["total"] == 70_553_706_496
+    assert parameter_breakdown(preset("gpt3-175b"))["total"] == 174_604_259_328
+    # Llama 3 8B keeps 2 x 32 layers x 8 KV heads x 128 x 2 bytes = 128 KiB per token in bf16.
+    assert estimate(preset("llama3-8b"), 8192, "bf16").kv_cache_bytes_per_token == 131_072
+    # GQA shrinks the cache by H / Hkv against MHA; a sliding window caps it.
+    mha = estimate(preset("llama3-8b", num_kv_heads=None), 4096, "bf16")
+    assert mha.kv_cache_bytes == 4 * estimate(preset("llama3-8b"), 4096, "bf16").kv_cache_bytes
+    mistral = estimate(preset("mistral-7b"), 32768, "bf16")
+    assert mistral.kv_cache_bytes == 4096 * mistral.kv_cache_bytes_per_token
+    # FLOPs: rest = 2 x matmul parameters per token; attention grows with the context.
+    gpt2 = estimate(preset("gpt2-small"), 1024, "fp32")
+    assert gpt2.flops_per_token_rest == 2 * (124_439_808 - 1024 * 768 - 38_400)  # all but positions and norms
+    assert gpt2.flops_per_token_attention == 4 * 12 * 768 * 1024
+    assert gpt2.flops_per_sequence_attention == 4 * 12 * 768 * 1024 * 1025 // 2
+
+
+def test_cost_cli(capsys, tmp_path):
+    assert main(["cost", "--model", "gpt2-small", "--seq", "4096", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 124,439,808" in out and "16,777,216 entries per head per layer" in out
+    assert main(["cost", "--model", "nope", "--seq", "10"]) == 2
+    assert "--model must be a preset" in capsys.readouterr().err
