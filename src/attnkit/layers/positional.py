@@ -115,6 +115,15 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
+    def _table(self, length: int, device) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions 0 .. >= length-1, computed once and grown by doubling (decoding
+        one token at a time would otherwise recompute them in every layer at every step)."""
+        cached = getattr(self, "_cached", None)
+        if cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device):
+            size = max(length, 2 * (0 if cached is None else cached[0].shape[0]), 256)
+            self._cached = self.angles(torch.arange(size, device=device))
+        return self._cached
+
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2) in float32."""
         angle = positions.to(torch.float32)[..., None] * self.inv_freq
@@ -127,10 +136,12 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"x has head dim {x.shape[-1]}, this RotaryEmbedding has head_dim={self.head_dim}")
         L = x.shape[2]
         if positions is None:
-            positions = torch.arange(offset, offset + L, device=x.device)
+            cos, sin = self._table(offset + L, x.device)
+            cos, sin = cos[offset : offset + L], sin[offset : offset + L]
         elif positions.shape[-1] != L or positions.dim() not in (1, 2):
             raise ValueError(f"positions must have shape (L,) or (B, L) with L={L}, got {tuple(positions.shape)}")
-        cos, sin = self.angles(positions)
+        else:
+            cos, sin = self.angles(positions)
         if cos.dim() == 3:  # (B, L, E/2) -> (B, 1, L, E/2)
             cos, sin = cos[:, None], sin[:, None]
         return apply_rotary(x.float(), cos, sin, interleaved=self.interleaved).to(x.dtype)
