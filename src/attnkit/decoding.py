@@ -220,7 +220,7 @@ def generate(
     stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=input_ids.device)
     cache = model.new_cache() if use_cache else None
     sequence = input_ids
-    logits = model(input_ids, cache=cache).logits[:, -1]
+    logits = model(input_ids, cache=cache, last_only=True).logits[:, -1]
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     lengths = [max_new_tokens] * B
     new = []
@@ -241,7 +241,7 @@ def generate(
                 logits = model(token[:, None], cache=cache).logits[:, -1]
             else:
                 sequence = torch.cat([input_ids, torch.stack(new, 1)], 1)
-                logits = model(sequence).logits[:, -1]
+                logits = model(sequence, last_only=True).logits[:, -1]
     finally:
         model.train(was_training)
     tokens = torch.stack(new, 1)

@@ -68,3 +68,10 @@ def test_smollm2_logits_equal_transformers_llama_on_a_real_prompt(smollm2):
         expected, got = hf(input_ids=x).logits, model(x).logits
     assert (got - expected).abs().max() <= 1e-4
     assert tokenizer.decode([int(got[0, -1].argmax())]).strip() == "The"
+
+
+def test_generate_cli_streams_an_answer(capsys):
+    from attnkit.cli import main
+
+    assert main(["generate", "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "12"]) == 0
+    assert "Paris" in capsys.readouterr().out

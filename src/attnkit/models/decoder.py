@@ -96,6 +96,7 @@ class DecoderLM(nn.Module):
         *,
         cache: list[KVCache] | None = None,
         need_weights: bool = False,
+        last_only: bool = False,
     ) -> LMOutput:
         """Logits for input_ids (B, L).
 
@@ -105,6 +106,8 @@ class DecoderLM(nn.Module):
                 (pad on the right, or give each row its own call).
             cache: from :meth:`new_cache`; the new tokens continue the cached ones.
             need_weights: also return each layer's attention weights (B, H, L, S).
+            last_only: logits (B, 1, V) of the last position only (generation needs no more; the
+                output layer is the largest matrix of a small LM).
         """
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
@@ -130,4 +133,4 @@ class DecoderLM(nn.Module):
             if attentions is not None:
                 attentions.append(weights)
         x = self.norm(x)
-        return LMOutput(self.lm_head(x), x, attentions)
+        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, attentions)
