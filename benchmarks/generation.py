@@ -17,7 +17,6 @@ Prints a table and writes JSON (default benchmarks/results/generation.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics

@@ -2,6 +2,7 @@
 
 from .additive import BahdanauAttention
 from .cache import KVCache
+from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .multihead import MultiHeadAttention
 from .multiplicative import LuongAttention
 from .positional import (
@@ -22,6 +23,9 @@ __all__ = [
     "SelfAttention",
     "MultiHeadAttention",
     "KVCache",
+    "LinearAttention",
+    "PerformerAttention",
+    "LinformerAttention",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
 from torch import Tensor, nn
 
 from ..functional._checks import check_rank
