@@ -23,7 +23,7 @@ from .._files import atomic_path, read_json
 from .config import DecoderConfig, EncoderConfig
 from .decoder import DecoderLM
 from .encoder import EncoderModel
-from .weights import check_tensors, unique_state_dict
+from .weights import check_tensors
 
 __all__ = [
     "FAMILIES",
@@ -194,7 +194,7 @@ def load_hf_state_dict(model: nn.Module, hf_state: Mapping[str, Tensor], family:
     _check_family(family)
     config = model.config
     found = _normalise_names(family, hf_state, config)
-    expected = to_hf(family, unique_state_dict(model) | dict(model.state_dict()), config)
+    expected = to_hf(family, model.state_dict(), config)
     check_tensors({k: tuple(v.shape) for k, v in expected.items()}, {k: tuple(v.shape) for k, v in found.items()},
                   source)
     converted = from_hf(family, found, config)
