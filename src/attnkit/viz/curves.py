@@ -20,6 +20,8 @@ def plot_lines(
     x_ticks: Sequence[str] | None = None,
     markers: bool = True,
     styles: Mapping[str, dict] | None = None,
+    log_x: bool = False,
+    log_y: bool = False,
 ) -> None:
     """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers;
     ``styles`` maps a label to matplotlib line options (color, linestyle, ...)."""
@@ -28,6 +30,10 @@ def plot_lines(
     for label, (xs, ys) in series.items():
         style = {"marker": "o" if markers else None, "markersize": 4, "linewidth": 1.5} | dict((styles or {}).get(label, {}))
         ax.plot(list(xs), list(ys), label=label, **style)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
     if x_ticks is not None:
         ax.set_xticks(range(len(x_ticks)), list(x_ticks))
     ax.set_xlabel(x_title)
