@@ -12,6 +12,8 @@ Conventions (stated so the numbers can be checked by hand):
 - Attention matrix: n x n entries per head per layer (what a plain implementation materialises;
   the fused and tiled backends do not), times H heads for one layer.
 - KV cache: 2 (keys and values) x layers x Hkv x E x n values.
+- For a Transformer encoder-decoder, attention FLOPs and the KV cache cover the decoder's self
+  attention only; the encoder's and the cross attention are not counted.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
                y_title="BLEU", title="Test BLEU by source length")
     train_curves = {f"{n} (train)": ([s["step"] for s in histories[n]["steps"]], _smooth([s["loss"] for s in histories[n]["steps"]]))
                     for n in names}
-    valid_curves = {f"{n} (valid)": (_epoch_ends(histories[n]), [e["valid_loss"] for e in histories[n]["epochs"]])
+    valid_curves = {f"{n} (valid)": ([e["step"] for e in histories[n]["epochs"]], [e["valid_loss"] for e in histories[n]["epochs"]])
                     for n in names}
     styles = {}
     for i, n in enumerate(names):
@@ -151,13 +151,6 @@ def _smooth(values: list[float], window: int = 20) -> list[float]:
         total += v - (values[i - window] if i >= window else 0.0)
         out.append(total / min(i + 1, window))
     return out
-
-
-def _epoch_ends(history: dict) -> list[int]:
-    ends = {}
-    for s in history["steps"]:
-        ends[s["epoch"]] = s["step"]
-    return [ends[e["epoch"]] for e in history["epochs"]]
 
 
 def run_demo(

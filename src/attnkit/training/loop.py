@@ -176,7 +176,8 @@ def train(
         trainer = {"progress": progress_state, "history": history, "training_config": asdict(config)}
         save_checkpoint(folder / name, model, source_tokenizer, target_tokenizer,
                         trainer=trainer if with_trainer else None, optimizer=optimizer if with_trainer else None)
-        write_json(folder / "history.json", history)
+        if with_trainer:
+            write_json(folder / "history.json", history)
 
     stopped = "epochs"
     model.train()
@@ -190,7 +191,7 @@ def train(
 
                 bar = tqdm(total=len(batches), initial=progress_state["batch"], desc=f"epoch {epoch + 1}/{config.epochs}",
                            unit="batch", leave=False, dynamic_ncols=True)
-            started, epoch_loss, epoch_tokens = time.perf_counter(), 0.0, 0
+            started = time.perf_counter()
             for index in range(progress_state["batch"], len(batches)):
                 if all_sum(float(interrupt.requested)) > 0:
                     stopped = "interrupted"
@@ -213,9 +214,8 @@ def train(
                 loss = all_sum(float(loss_sum.detach())) / global_tokens
                 progress_state.update(batch=index + 1, step=step)
                 rate = global_tokens / max(time.perf_counter() - tick, 1e-9)
-                history["steps"].append({"step": step, "epoch": epoch + 1, "loss": loss, "tokens_per_s": rate})
-                epoch_loss += loss * global_tokens
-                epoch_tokens += global_tokens
+                history["steps"].append({"step": step, "epoch": epoch + 1, "loss": loss, "tokens": global_tokens,
+                                         "tokens_per_s": rate})
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
@@ -230,7 +230,10 @@ def train(
                 break
             valid_loss = evaluate_loss(model, valid_data, config.eval_batch_size)
             seconds = time.perf_counter() - started
-            history["epochs"].append({"epoch": epoch + 1, "train_loss": epoch_loss / max(epoch_tokens, 1),
+            # From the step records, so an epoch resumed halfway still counts all its batches.
+            steps = [s for s in history["steps"] if s["epoch"] == epoch + 1]
+            train_loss = sum(s["loss"] * s["tokens"] for s in steps) / max(sum(s["tokens"] for s in steps), 1)
+            history["epochs"].append({"epoch": epoch + 1, "step": progress_state["step"], "train_loss": train_loss,
                                       "valid_loss": valid_loss, "seconds": seconds})
             improved = valid_loss < progress_state["best_valid_loss"] - 1e-4
             progress_state.update(epoch=epoch + 1, batch=0)
@@ -240,7 +243,7 @@ def train(
             else:
                 progress_state["bad_epochs"] += 1
             if main:
-                log(f"epoch {epoch + 1}: train loss {epoch_loss / max(epoch_tokens, 1):.3f}, valid loss "
+                log(f"epoch {epoch + 1}: train loss {train_loss:.3f}, valid loss "
                     f"{valid_loss:.3f} (ppl {math.exp(min(valid_loss, 50)):.1f}){' *' if improved else ''}, {seconds:.0f}s")
             if config.patience and progress_state["bad_epochs"] >= config.patience:
                 stopped = "early-stopping"
