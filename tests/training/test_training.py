@@ -70,6 +70,8 @@ def test_resume_continues_bit_identically(phrases, tmp_path, kind):
     assert rest.steps == whole.steps
     assert [s["loss"] for s in rest.history["steps"]] == [s["loss"] for s in whole.history["steps"]]
     assert rest.history["epochs"][-1]["valid_loss"] == whole.history["epochs"][-1]["valid_loss"]
+    # Step 17 is halfway through epoch 2: its train loss still counts the batches before the stop.
+    assert [e["train_loss"] for e in rest.history["epochs"]] == [e["train_loss"] for e in whole.history["epochs"]]
     ours, theirs = load_checkpoint(tmp_path / "split" / "last").model, load_checkpoint(tmp_path / "whole" / "last").model
     for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
         assert torch.equal(a, b), name
