@@ -143,6 +143,24 @@ def test_gradients_match_reference_backend(backend, masking, rng, small_tiles):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("magnitude", [0.5, 2.5, 12.0], ids=["small", "near-bound", "past-bound"])
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"mask": "random"}], ids=["dense", "causal", "mask"])
+def test_tiled_is_exact_whether_or_not_it_can_skip_the_running_max(magnitude, kwargs, rng, small_tiles):
+    """Scores up to ~+-10 (no shift needed), ~+-30 (bound just holds) and ~+-500 (e^s would
+    overflow float32 without the running max): float32 output against the float64 oracle."""
+    q, k, v = (randn(2, 4, 45, 16, generator=rng) for _ in range(3))
+    q, k = q * magnitude, k * magnitude
+    kwargs = dict(kwargs)
+    if kwargs.get("mask") == "random":
+        kwargs["mask"] = torch.rand(2, 4, 45, 45, generator=rng) < 0.6
+    out = attnkit.attention(q, k, v, backend="tiled", **kwargs).output
+    expected, _, _ = oracle(q, k, v, kwargs)
+    # Scores of size ~m^2 carry float32 rounding ~1e-7 m^2 into the exponent.
+    rtol = max(1e-5, 1e-6 * magnitude**2 * 16)
+    assert torch.isfinite(out).all()
+    np.testing.assert_allclose(numpy(out), expected, rtol=rtol, atol=rtol)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"is_causal": True, "causal_align": "bottom-right"}, {"window": 3}, {"mask": "padding"}, {"bias": True}],

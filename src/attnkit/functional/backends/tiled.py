@@ -26,7 +26,17 @@ from torch import Tensor
 
 from ._common import BackendResult, Problem, compute_dtype, group_heads, slice_block
 
-__all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS"]
+__all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS", "NO_SHIFT_BOUND"]
+
+LOG2E = 1.4426950408889634
+"""Scores are kept in log2 units (q pre-multiplied by scale x log2 e) because 2^x is about twice
+as fast as e^x in PyTorch's CPU kernels; the log-sum-exp is returned in natural units."""
+NO_SHIFT_BOUND = 40.0
+"""When every score of a query block is provably in [-40, 40] (|q_i . k_j| scale <=
+||q_i|| max_j ||k_j|| scale, checked in O((L + S) E)), e^s neither overflows nor underflows in
+float32 (e^40 = 2.4e17, and a sum over 10^9 keys stays below 1e27), so the running max and its
+rescaling are skipped: p = e^s, exactly as softmax without the shift. Otherwise (or with a
+bias) the usual online max is kept."""
 
 BLOCK_Q = 256
 """Queries per block."""
@@ -67,15 +77,17 @@ class _Blocks:
         self.bias = group_heads(problem.bias, problem.dims)
 
     def scores(self, q_block: Tensor, k_t: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
-        """(B, Hkv, G, bq, bk) scores with -inf where masked; None if the block is fully masked.
+        """(B, Hkv, G, bq, bk) scores in log2 units (times log2 e) with -inf where masked; None if
+        the block is fully masked.
 
-        ``q_block`` is scaled and ``k_t`` (B, Hkv, 1, E, S) already in the accumulation dtype."""
+        ``q_block`` is scaled by scale x log2 e and ``k_t`` (B, Hkv, 1, E, S) already in the
+        accumulation dtype."""
         user = None if self.mask is None else slice_block(self.mask, q0, q1, k0, k1)
         if user is not None and not bool(user.any()):
             return None
         s = q_block @ k_t[..., k0:k1]
         if self.bias is not None:
-            s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc)
+            s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc) * LOG2E
         structure = self.problem.structural_block(q0, q1, k0, k1, self.device)
         if user is not None:
             s.masked_fill_(~user, float("-inf"))
@@ -99,30 +111,39 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
     q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
     k_t = k.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S); half types converted once
     v_g = v.to(acc)[:, :, None]  # (B, Hkv, 1, S, Ev)
+    key_norm = None if problem.bias is not None else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1)
     out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
     lse = torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc, device=q.device)
     for q0, q1, key_blocks in _blocks(problem):
-        q_block = q_g[..., q0:q1, :].to(acc) * problem.scale  # (B, Hkv, G, bq, E)
-        row_max = torch.full(q_block.shape[:-1], float("-inf"), dtype=acc, device=q.device)
-        row_sum = torch.zeros_like(row_max)
+        q_block = q_g[..., q0:q1, :].to(acc) * (problem.scale * LOG2E)  # (B, Hkv, G, bq, E), log2 units
+        row_sum = torch.zeros(q_block.shape[:-1], dtype=acc, device=q.device)
         acc_out = torch.zeros(*q_block.shape[:-1], dims.Ev, dtype=acc, device=q.device)
+        bounded = key_norm is not None and bool(
+            (q_block.norm(dim=-1) * key_norm[..., None] <= NO_SHIFT_BOUND * LOG2E).all()
+        )
+        row_max = None if bounded else torch.full_like(row_sum, float("-inf"))
         for k0, k1 in key_blocks:
             s = blocks.scores(q_block, k_t, q0, q1, k0, k1)
             if s is None:
                 continue
-            new_max = torch.maximum(row_max, s.amax(dim=-1))
-            # Rows with nothing allowed yet keep max -inf; shift them by 0 so exp gives 0, not NaN.
-            shift = new_max.masked_fill(torch.isinf(new_max), 0.0)
-            p = s.sub_(shift[..., None]).exp_()
-            rescale = (row_max - shift).exp_()
-            row_sum.mul_(rescale).add_(p.sum(dim=-1))
+            if bounded:  # |s| <= NO_SHIFT_BOUND: 2^s neither overflows nor underflows, no max needed
+                p = s.exp2_()
+                row_sum.add_(p.sum(dim=-1))
+            else:
+                new_max = torch.maximum(row_max, s.amax(dim=-1))
+                # Rows with nothing allowed yet keep max -inf; shift them by 0 so exp gives 0, not NaN.
+                shift = new_max.masked_fill(torch.isinf(new_max), 0.0)
+                p = s.sub_(shift[..., None]).exp2_()
+                rescale = (row_max - shift).exp2_()
+                row_sum.mul_(rescale).add_(p.sum(dim=-1))
+                acc_out.mul_(rescale[..., None])
+                row_max = new_max
             if problem.dropout_p > 0:
                 p = p * blocks.keep(p.shape, q0, k0)
-            acc_out.mul_(rescale[..., None]).add_(p @ v_g[..., k0:k1, :])
-            row_max = new_max
+            acc_out.add_(p @ v_g[..., k0:k1, :])
         empty = row_sum == 0
         out[..., q0:q1, :] = (acc_out / row_sum.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
-        lse[..., q0:q1] = row_max + row_sum.log()
+        lse[..., q0:q1] = row_sum.log() if bounded else row_max / LOG2E + row_sum.log()
     return out.flatten(1, 2), lse.flatten(1, 2)
 
 
@@ -138,13 +159,14 @@ def _backward(
     v_t = v.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, Ev, S)
     d_out_g = group_heads(d_out, dims)
     lse_g = group_heads(lse, dims)
-    lse_g = lse_g.masked_fill(torch.isinf(lse_g), 0.0)  # fully masked rows: every p is exp(-inf) = 0
+    lse_g = lse_g.masked_fill(torch.isinf(lse_g), 0.0) * LOG2E  # fully masked rows: every p is 2^-inf = 0
     delta = (d_out_g.to(acc) * group_heads(out, dims).to(acc)).sum(dim=-1)  # D = rowsum(dO * O)
     d_q = torch.zeros(q_g.shape, dtype=acc, device=q.device)
     d_k = torch.zeros(k.shape, dtype=acc, device=q.device)
     d_v = torch.zeros(v.shape, dtype=acc, device=q.device)
     for q0, q1, key_blocks in _blocks(problem):
-        q_block = q_g[..., q0:q1, :].to(acc) * problem.scale
+        q_raw = q_g[..., q0:q1, :].to(acc)
+        q_block = q_raw * (problem.scale * LOG2E)
         d_out_block = d_out_g[..., q0:q1, :].to(acc)
         lse_block = lse_g[..., q0:q1, None]
         delta_block = delta[..., q0:q1, None]
@@ -152,7 +174,7 @@ def _backward(
             s = blocks.scores(q_block, k_t, q0, q1, k0, k1)
             if s is None:
                 continue
-            p = s.sub_(lse_block).exp_()  # (B, Hkv, G, bq, bk)
+            p = s.sub_(lse_block).exp2_()  # (B, Hkv, G, bq, bk)
             d_p = d_out_block @ v_t[..., k0:k1]
             if problem.dropout_p > 0:
                 keep = blocks.keep(p.shape, q0, k0)
@@ -162,8 +184,9 @@ def _backward(
                 d_v[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", p, d_out_block)
             d_s = p.mul_(d_p.sub_(delta_block))
             d_q[..., q0:q1, :] += d_s @ k_g[..., k0:k1, :]
-            d_k[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", d_s, q_block)
+            d_k[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", d_s, q_raw)
     d_q = (d_q * problem.scale).flatten(1, 2)
+    d_k *= problem.scale
     return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype)
 
 
