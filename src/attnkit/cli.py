@@ -216,6 +216,43 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from . import bench
+    from ._files import read_json, write_json
+
+    if args.render:
+        report = read_json(args.render, "benchmark results")
+        print(bench.format_markdown(report["results"]))
+        return 0
+    config = bench.AttentionBench(
+        sizes=tuple(args.sizes), masks=tuple(args.masks), modes=tuple(args.modes), dtypes=tuple(args.dtypes),
+        impls=tuple(args.impls), batch=args.batch, heads=args.heads, head_dim=args.head_dim, window=args.window,
+        device=args.device, repeats=args.repeats, min_seconds=args.min_seconds,
+        max_call_seconds=args.max_call_seconds, max_memory_gb=args.max_memory_gb, memory=not args.no_memory,
+    )
+    out = args.out / "attention.json"
+    report: dict = {}
+
+    def save(rows):  # after every point: an interrupted run keeps what it finished
+        write_json(out, dict(report, results=rows))
+
+    def progress(points):
+        return tqdm(list(points), desc="attnkit bench", unit="point", disable=args.quiet)
+
+    try:
+        report = bench.run(config, on_point=lambda rows: save(rows), progress=progress)
+    finally:
+        if out.exists():
+            report = read_json(out)
+            print(bench.format_table(report["results"]))
+            pictures = bench.plot_attention(report["results"], args.out)
+            print(f"wrote {out} and {len(pictures)} plots in {args.out}")
+    save(report["results"])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description="Attention mechanisms: library and workbench.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -303,6 +340,32 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
     gen.set_defaults(run=_generate)
+
+    from . import bench
+
+    bench_cmd = commands.add_parser(
+        "bench", help="time and peak memory of every attention implementation vs PyTorch SDPA (JSON + PNG)")
+    bench_cmd.add_argument("--out", type=Path, default=Path("out/bench"), help="folder for attention.json and the plots")
+    bench_cmd.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    bench_cmd.add_argument("--masks", nargs="+", choices=bench.MASKS, default=list(bench.MASKS))
+    bench_cmd.add_argument("--modes", nargs="+", choices=bench.MODES, default=["fwd"])
+    bench_cmd.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"], default=["float32"])
+    bench_cmd.add_argument("--impls", nargs="+", choices=bench.IMPLEMENTATIONS, default=list(bench.IMPLEMENTATIONS))
+    bench_cmd.add_argument("--batch", type=int, default=1)
+    bench_cmd.add_argument("--heads", type=int, default=8)
+    bench_cmd.add_argument("--head-dim", type=int, default=64)
+    bench_cmd.add_argument("--window", type=int, default=256)
+    bench_cmd.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench_cmd.add_argument("--repeats", type=int, default=3, help="fewest timed calls per implementation")
+    bench_cmd.add_argument("--min-seconds", type=float, default=1.0, help="least total time per implementation")
+    bench_cmd.add_argument("--max-call-seconds", type=float, default=10.0,
+                           help="skip an implementation once its time per call is predicted above this")
+    bench_cmd.add_argument("--max-memory-gb", type=float, default=8.0,
+                           help="skip implementations that materialise (n, n) tensors above this")
+    bench_cmd.add_argument("--no-memory", action="store_true", help="timings only (no fresh process per memory point)")
+    bench_cmd.add_argument("--render", type=Path, help="print an attention.json as a markdown table and exit")
+    bench_cmd.add_argument("--quiet", action="store_true")
+    bench_cmd.set_defaults(run=_bench)
     return parser
 
 

@@ -42,3 +42,51 @@ def plot_lines(
     ax.grid(alpha=0.3)
     ax.legend()
     _save(fig, path)
+
+
+def plot_scaling(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    path: str | os.PathLike,
+    *,
+    x_title: str,
+    y_title: str,
+    title: str = "",
+    slopes: Sequence[float] = (1.0, 2.0),
+) -> None:
+    """Log-log panels side by side, one line per ``label: (xs, ys)`` in each ``panel title``, with
+    dashed reference lines of the given slopes (n, n^2 by default) through each panel's lowest
+    first point, so growth rates can be read off by eye."""
+    plt = _pyplot()
+    names = list(panels)
+    if not names:
+        raise ValueError("plot_scaling needs at least one panel")
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
+    colors = {}
+    for ax, name in zip(axes[0], names):
+        series = {label: (list(xs), list(ys)) for label, (xs, ys) in panels[name].items() if len(xs)}
+        for label, (xs, ys) in series.items():
+            color = colors.setdefault(label, f"C{len(colors) % 10}")
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.4, label=label, color=color)
+        if series:
+            x0 = min(xs[0] for xs, _ in series.values())
+            y0 = min(ys[0] for xs, ys in series.values() if xs[0] == x0)
+            x1 = max(xs[-1] for xs, _ in series.values())
+            for slope, style in zip(slopes, (":", "--", "-.")):
+                ax.plot([x0, x1], [y0, y0 * (x1 / x0) ** slope], style, color="grey", linewidth=1,
+                        label=f"slope {slope:g} (grows as n^{slope:g})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel(x_title)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel(y_title)
+    handles, labels = {}, []
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(5, len(handles)),
+               bbox_to_anchor=(0.5, -0.02 - 0.05 * ((len(handles) - 1) // 5)))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 5), 1, 1))
+    _save(fig, path)

@@ -1,0 +1,353 @@
+"""Attention speed and memory: every attnkit backend against PyTorch SDPA, flex_attention and the
+naive three-line implementation, over sequence length, masks, forward / forward+backward, dtypes.
+
+One *point* is (mask, n, dtype, mode). For each point one fresh process times every
+implementation round-robin (:func:`attnkit.bench.harness.time_round_robin`), and one fresh
+process per implementation measures its peak extra memory. Ratios are to ``torch-sdpa`` from the
+same rounds. Implementations predicted to need more than ``max_call_seconds`` per call
+(extrapolated from the previous size) or more than ``max_memory_gb`` are skipped, with the reason
+recorded.
+
+Implementations:
+    torch-sdpa  ``F.scaled_dot_product_attention`` called directly: the baseline. A sliding
+                window or padding is given to it as the equivalent boolean mask, built before timing.
+    naive       the three lines from tutorials: ``softmax(q k^T / sqrt(E), masked) v``.
+    flex        ``torch.compile(flex_attention)`` with a block mask built before timing
+                (compile time excluded from the timings, reported as ``compile_s``).
+    reference / sdpa / tiled / auto   ``attnkit.attention(backend=...)``.
+
+Masks: ``dense``; ``causal``; ``window`` (causal sliding window); ``padding`` (the last quarter of
+the keys are padding, as in a batch whose longest example sets the length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .harness import machine_info, peak_extra_mb, run_worker, time_round_robin
+
+__all__ = ["IMPLEMENTATIONS", "MASKS", "MODES", "DTYPES", "AttentionBench", "run", "naive_attention"]
+
+IMPLEMENTATIONS = ("torch-sdpa", "naive", "flex", "reference", "sdpa", "tiled", "auto")
+MASKS = ("dense", "causal", "window", "padding")
+MODES = ("fwd", "fwd+bwd")
+DTYPES = ("float32", "bfloat16", "float16")
+BASELINE = "torch-sdpa"
+
+
+@dataclass(frozen=True)
+class AttentionBench:
+    """What to measure. Shapes are (batch, heads, n, head_dim) for q, k and v (L = S = n)."""
+
+    sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    masks: tuple[str, ...] = MASKS
+    modes: tuple[str, ...] = ("fwd",)
+    dtypes: tuple[str, ...] = ("float32",)
+    impls: tuple[str, ...] = IMPLEMENTATIONS
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    window: int = 256
+    device: str = "cpu"
+    repeats: int = 3
+    min_seconds: float = 1.0
+    max_call_seconds: float = 10.0
+    max_memory_gb: float = 8.0
+    memory: bool = True
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("masks", MASKS), ("modes", MODES), ("dtypes", DTYPES), ("impls", IMPLEMENTATIONS)):
+            values = getattr(self, name)
+            bad = [x for x in values if x not in allowed]
+            if bad or not values:
+                raise ValueError(f"{name} must be a non-empty subset of {allowed}, got {list(values)}")
+        if not self.sizes or any(not isinstance(n, int) or n < 1 for n in self.sizes):
+            raise ValueError(f"sizes must be positive ints, got {list(self.sizes)}")
+        for name in ("batch", "heads", "head_dim", "window", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_call_seconds <= 0 or self.max_memory_gb <= 0:
+            raise ValueError("max_call_seconds and max_memory_gb must be > 0")
+
+    def points(self) -> Iterator[tuple[str, str, str, int]]:
+        for mode in self.modes:
+            for dtype in self.dtypes:
+                for mask in self.masks:
+                    for n in sorted(self.sizes):
+                        yield mode, dtype, mask, n
+
+
+def naive_attention(q, k, v, mask=None):
+    """The three-line attention of tutorials: every score, a masked softmax, a weighted sum."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+# ---------------------------------------------------------------------------------------------
+# One point inside a worker process
+
+
+def _boolean_mask(kind: str, n: int, window: int, batch: int, device) -> torch.Tensor | None:
+    from .. import masks
+
+    if kind == "causal":
+        return masks.causal(n, n, device=device)
+    if kind == "window":
+        return masks.sliding_window(n, n, window, device=device)
+    if kind == "padding":
+        return masks.padding(torch.full((batch,), _padded_length(n), device=device), n)
+    return None
+
+
+def _padded_length(n: int) -> int:
+    return max(1, (3 * n) // 4)
+
+
+def _flex(kind: str, n: int, window: int, batch: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    length = _padded_length(n)
+    mods = {
+        "causal": lambda b, h, i, j: i >= j,
+        "window": lambda b, h, i, j: (i >= j) & (i - j < window),
+        "padding": lambda b, h, i, j: j < length,
+    }
+    block_mask = None
+    if kind in mods:
+        block_mask = create_block_mask(mods[kind], None, None, n, n, device=device)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+
+def _forward_calls(spec: dict, q, k, v) -> dict[str, Callable[[], torch.Tensor]]:
+    import attnkit
+
+    kind, n, window, batch = spec["mask"], spec["n"], spec["window"], spec["batch"]
+    need_bool = {"torch-sdpa", "naive"} & set(spec["impls"])
+    bool_mask = _boolean_mask(kind, n, window, batch, q.device) if need_bool else None
+    # attnkit takes the structure as arguments (nothing materialised); padding as a (B, 1, 1, S) mask.
+    kwargs = {
+        "dense": {},
+        "causal": {"is_causal": True},
+        "window": {"window": window},
+        "padding": {"mask": _boolean_mask("padding", n, window, batch, q.device)},
+    }[kind]
+    calls = {}
+    for impl in spec["impls"]:
+        if impl == "torch-sdpa":
+            sdpa_mask = None if kind == "causal" else bool_mask
+            calls[impl] = lambda m=sdpa_mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=kind == "causal")
+        elif impl == "naive":
+            calls[impl] = lambda: naive_attention(q, k, v, bool_mask)
+        elif impl == "flex":
+            flex = _flex(kind, n, window, batch, q.device)
+            calls[impl] = lambda f=flex: f(q, k, v)
+        else:
+            calls[impl] = lambda b=impl: attnkit.attention(q, k, v, backend=b, **kwargs).output
+    return calls
+
+
+def _inputs(spec: dict, n: int):
+    torch.manual_seed(0)
+    dtype = getattr(torch, spec["dtype"])
+    grad = spec["mode"] == "fwd+bwd"
+    shape = (spec["batch"], spec["heads"], n, spec["head_dim"])
+    return [torch.randn(shape, dtype=dtype, device=spec["device"], requires_grad=grad) for _ in range(3)]
+
+
+def _calls(spec: dict, n: int | None = None) -> dict[str, Callable[[], object]]:
+    """The timed callables of one point: forward under no_grad, or forward + backward."""
+    n = spec["n"] if n is None else n
+    q, k, v = _inputs(spec, n)
+    forward = _forward_calls(dict(spec, n=n), q, k, v)
+    if spec["mode"] == "fwd":
+        def no_grad(f):
+            def run():
+                with torch.no_grad():
+                    return f()
+            return run
+        return {name: no_grad(f) for name, f in forward.items()}
+    d_out = torch.randn_like(q)
+
+    def with_backward(f):
+        def run():
+            for x in (q, k, v):
+                x.grad = None
+            f().backward(d_out)
+        return run
+
+    return {name: with_backward(f) for name, f in forward.items()}
+
+
+def _sync(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def time_worker(spec: dict) -> dict:
+    calls = _calls(spec)
+    compile_s = {}
+    if "flex" in calls:  # compile outside the timings
+        start = time.perf_counter()
+        calls["flex"]()
+        compile_s["flex"] = time.perf_counter() - start
+    result = time_round_robin(
+        calls, repeats=spec["repeats"], min_seconds=spec["min_seconds"], sync=_sync(spec["device"])
+    )
+    for name, seconds in compile_s.items():
+        result[name]["compile_s"] = seconds
+    return result
+
+
+def memory_worker(spec: dict) -> dict:
+    (impl,) = spec["impls"]
+    if impl != "flex":  # initialise MKL, OpenMP, autograd on a small problem first
+        _calls(spec, n=min(spec["n"], 256))[impl]()
+    run = _calls(spec)[impl]
+    if impl == "flex":
+        run()  # compiles for this shape
+    return {"peak_extra_mb": peak_extra_mb(run, spec["device"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+
+
+@dataclass
+class _History:
+    """Times seen so far per (mode, dtype, mask, impl), for predicting the next size."""
+
+    seen: dict = field(default_factory=dict)
+
+    def add(self, key, n: int, seconds: float) -> None:
+        self.seen.setdefault(key, []).append((n, seconds))
+
+    def predict(self, key, n: int) -> float | None:
+        points = self.seen.get(key, [])
+        if not points:
+            return None
+        (n1, t1) = points[-1]
+        exponent = 2.0
+        if len(points) >= 2:  # the measured growth, between linear and quadratic
+            (n0, t0) = points[-2]
+            if n1 > n0 and t0 > 0 and t1 > 0:
+                exponent = min(2.0, max(1.0, math.log(t1 / t0) / math.log(n1 / n0)))
+        return t1 * (n / n1) ** exponent
+
+
+def _quadratic_bytes(impl: str, mask: str, mode: str, config: AttentionBench, n: int) -> float:
+    """Memory an implementation that materialises (n, n) tensors needs, roughly; 0 otherwise."""
+    per_matrix = config.batch * config.heads * n * n * 4
+    if impl in ("naive", "reference"):
+        return per_matrix * (3 if mode == "fwd" else 5)
+    if impl in ("torch-sdpa", "sdpa") and mask == "window":
+        return n * n * 5  # the boolean (n, n) mask and SDPA's float copy of it
+    return 0.0
+
+
+def _skip_reason(impl, mode, dtype, mask, n, config: AttentionBench, history: _History) -> str | None:
+    if impl == "flex" and mode == "fwd+bwd" and config.device == "cpu":
+        return "FlexAttention does not support backward on CPU (NotImplementedError in torch)"
+    need = _quadratic_bytes(impl, mask, mode, config, n)
+    if need > config.max_memory_gb * 2**30:
+        return f"would need ~{need / 2**30:.0f} GiB > max_memory_gb={config.max_memory_gb:g}"
+    predicted = history.predict((mode, dtype, mask, impl), n)
+    if predicted is not None and predicted > config.max_call_seconds:
+        return f"predicted {predicted:.0f} s per call > max_call_seconds={config.max_call_seconds:g}"
+    return None
+
+
+def run(
+    config: AttentionBench,
+    *,
+    on_point: Callable[[list[dict]], None] | None = None,
+    progress: Callable[[Iterator], Iterator] = lambda it: it,
+) -> dict:
+    """Measure every point of ``config``; returns the report (config, machine, results rows).
+
+    ``on_point(rows_so_far)`` is called after each point (the CLI writes the JSON there, so that
+    an interrupted run keeps every finished point). ``progress`` wraps the point iterator (tqdm).
+    """
+    history = _History()
+    rows: list[dict] = []
+    report = {"benchmark": "attention", "config": asdict(config), "machine": machine_info(config.device), "results": rows}
+    points = list(config.points())
+    for mode, dtype, mask, n in progress(iter(points)):
+        base = {"mode": mode, "dtype": dtype, "mask": mask, "n": n}
+        spec = {
+            **base,
+            "batch": config.batch, "heads": config.heads, "head_dim": config.head_dim,
+            "window": config.window, "device": config.device, "repeats": config.repeats,
+            "min_seconds": config.min_seconds,
+        }
+        reasons = {impl: _skip_reason(impl, mode, dtype, mask, n, config, history) for impl in config.impls}
+        timed_impls = [impl for impl in config.impls if reasons[impl] is None]
+        timed = {}
+        if timed_impls:
+            timeout = max(120.0, 20 * config.max_call_seconds * len(timed_impls))
+            timed = run_worker(__name__, {**spec, "task": "time", "impls": timed_impls}, timeout=timeout)
+            if "error" in timed and "flex" in timed_impls:  # flex failing to compile must not sink the rest
+                rest = [impl for impl in timed_impls if impl != "flex"]
+                flex_error = run_worker(__name__, {**spec, "task": "time", "impls": ["flex"]}, timeout=timeout)
+                timed = run_worker(__name__, {**spec, "task": "time", "impls": rest}, timeout=timeout) if rest else {}
+                timed["flex"] = flex_error if "error" in flex_error else flex_error["flex"]
+        for impl in config.impls:
+            row = dict(base, impl=impl)
+            if reasons[impl] is not None:
+                row["skipped"] = reasons[impl]
+            elif "error" in timed:
+                row["skipped"] = f"failed: {timed['error']}"
+            elif "error" in timed.get(impl, {}):
+                row["skipped"] = f"failed: {timed[impl]['error']}"
+            else:
+                row.update(timed[impl])
+                history.add((mode, dtype, mask, impl), n, row["time_s"])
+                if config.memory:
+                    memory = run_worker(__name__, {**spec, "task": "memory", "impls": [impl]}, timeout=timeout)
+                    row["peak_extra_mb"] = memory.get("peak_extra_mb")
+                    if "error" in memory:
+                        row["memory_error"] = memory["error"]
+            rows.append(row)
+        if on_point is not None:
+            on_point(rows)
+    return report
+
+
+def ratios(rows: Sequence[dict]) -> list[dict]:
+    """Each timed row with ``x_sdpa`` = baseline time / its time (throughput ratio) for its point."""
+    base = {
+        (r["mode"], r["dtype"], r["mask"], r["n"]): r["time_s"]
+        for r in rows
+        if r["impl"] == BASELINE and "time_s" in r
+    }
+    out = []
+    for r in rows:
+        r = dict(r)
+        b = base.get((r["mode"], r["dtype"], r["mask"], r["n"]))
+        if b is not None and "time_s" in r:
+            r["x_sdpa"] = b / r["time_s"]
+        out.append(r)
+    return out
+
+
+def _worker_main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="worker process of attnkit.bench.attention")
+    parser.add_argument("--worker", required=True)
+    spec = json.loads(parser.parse_args(argv).worker)
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    result = time_worker(spec) if spec["task"] == "time" else memory_worker(spec)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_worker_main())

@@ -1,0 +1,136 @@
+"""What every benchmark shares: round-robin timing, peak memory in a fresh process, machine facts.
+
+Timing: every implementation of one point is called in turn, the order rotating every round,
+after a warm-up, until each has at least ``repeats`` calls and ``min_seconds`` of time; medians.
+A slow spell of the machine then hits all implementations alike, and ratios taken from the same
+rounds are far steadier than the absolute times.
+
+Memory: one call in a fresh process (:func:`run_worker`), after a warm-up that initialises the
+libraries; the peak resident set is reset (``/proc/self/clear_refs``) just before the call and
+the peak extra memory is the high-water mark minus the resident set before it. On CUDA the
+allocator's peak is used instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+__all__ = ["time_round_robin", "peak_extra_mb", "run_worker", "machine_info"]
+
+
+def time_round_robin(
+    calls: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int = 3,
+    min_seconds: float = 1.0,
+    warmup_seconds: float = 0.5,
+    max_repeats: int = 200,
+    sync: Callable[[], None] = lambda: None,
+) -> dict[str, dict]:
+    """Median seconds per call of each callable, timed round-robin in this process.
+
+    Returns ``{name: {"time_s": median, "repeats": count}}``. ``sync`` is called before reading
+    the clock (``torch.cuda.synchronize`` on a GPU).
+    """
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    warm_until = time.perf_counter() + warmup_seconds
+    while True:  # at least one warm-up call each, more while they are short
+        for run in calls.values():
+            run()
+        sync()
+        if time.perf_counter() >= warm_until:
+            break
+    order = list(calls.items())
+    while True:
+        order = order[1:] + order[:1]  # rotate: no implementation always runs first
+        for name, run in order:
+            sync()
+            start = time.perf_counter()
+            run()
+            sync()
+            times[name].append(time.perf_counter() - start)
+        if all(len(t) >= max_repeats or (len(t) >= repeats and sum(t) >= min_seconds) for t in times.values()):
+            break
+    return {name: {"time_s": statistics.median(t), "repeats": len(t)} for name, t in times.items()}
+
+
+def _status_mb(key: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def peak_extra_mb(run: Callable[[], object], device: str = "cpu") -> float:
+    """Peak memory (MB) one call of ``run`` needs above what is already held.
+
+    CPU: resident-set high-water mark (Linux); CUDA: the caching allocator's peak. Call it in a
+    fresh process, after a warm-up, so that earlier calls' freed memory does not hide the peak.
+    """
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return max(0.0, (torch.cuda.max_memory_allocated() - before) / 2**20)
+    baseline = _status_mb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak resident set (VmHWM) to the current one
+    run()
+    return max(0.0, _status_mb("VmHWM") - baseline)
+
+
+def run_worker(module: str, spec: Mapping, timeout: float | None = None) -> dict:
+    """Run ``python -m module --worker JSON`` in a fresh process; its last stdout line is the JSON
+    result. A crash, a timeout or an out-of-memory kill comes back as ``{"error": "..."}``."""
+    command = [sys.executable, "-m", module, "--worker", json.dumps(dict(spec))]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit code {done.returncode}"
+        if done.returncode < 0:
+            reason = f"killed by signal {-done.returncode} (out of memory?)"
+        return {"error": reason[:300]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """Facts a reader needs to compare numbers: CPU or GPU, cores, torch version, threads."""
+    info = {
+        "platform": platform.platform(),
+        "processor": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
