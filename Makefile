@@ -23,6 +23,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/attention.py --out benchmarks/results/fwd_bwd --modes fwd+bwd --sizes 512 1024 2048 4096 8192 16384
+	$(BIN)/python benchmarks/targets.py
+	$(BIN)/python benchmarks/efficient.py
 	$(BIN)/python benchmarks/generation.py
 
 clean:

@@ -91,10 +91,12 @@ def peak_extra_mb(run: Callable[[], object], device: str = "cpu") -> float:
     return max(0.0, _status_mb("VmHWM") - baseline)
 
 
-def run_worker(module: str, spec: Mapping, timeout: float | None = None) -> dict:
-    """Run ``python -m module --worker JSON`` in a fresh process; its last stdout line is the JSON
-    result. A crash, a timeout or an out-of-memory kill comes back as ``{"error": "..."}``."""
-    command = [sys.executable, "-m", module, "--worker", json.dumps(dict(spec))]
+def run_worker(target: str, spec: Mapping, timeout: float | None = None) -> dict:
+    """Run ``python -m target --worker JSON`` (or ``python target ...`` for a ``.py`` script) in a
+    fresh process; its last stdout line is the JSON result. A crash, a timeout or an
+    out-of-memory kill comes back as ``{"error": "..."}``."""
+    entry = [target] if str(target).endswith(".py") else ["-m", target]
+    command = [sys.executable, *entry, "--worker", json.dumps(dict(spec))]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

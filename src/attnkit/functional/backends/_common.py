@@ -110,6 +110,10 @@ def _select_heads(x: Tensor | None, heads: list[int]) -> Tensor | None:
     return x[:, heads]
 
 
+HEAD_WEIGHTS_BLOCK_ELEMENTS = 1 << 20
+"""Scores per block when recomputing weights for chosen heads."""
+
+
 def head_weights(
     q: Tensor, k: Tensor, problem: Problem, heads: list[int], lse: Tensor | None = None
 ) -> Tensor:
@@ -128,23 +132,26 @@ def head_weights(
     bias = _select_heads(problem.bias, heads)
     lse_sel = None if lse is None else lse.index_select(1, index)
     out = torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
-    block = max(1, (1 << 22) // max(1, dims.B * len(heads) * dims.S))
+    # Blocks of ~1M scores (4 MB in float32), updated in place: the only memory beyond the
+    # returned weights is one block.
+    block = max(1, HEAD_WEIGHTS_BLOCK_ELEMENTS // max(1, dims.B * len(heads) * dims.S))
+    k_t = k_sel.transpose(-1, -2)
     for q0 in range(0, dims.L, block):
         q1 = min(dims.L, q0 + block)
-        scores = (q_sel[:, :, q0:q1].to(acc) @ k_sel.transpose(-1, -2)) * problem.scale
+        scores = (q_sel[:, :, q0:q1].to(acc) * problem.scale) @ k_t
         if bias is not None:
-            scores = scores + slice_block(bias, q0, q1, 0, dims.S).to(acc)
+            scores += slice_block(bias, q0, q1, 0, dims.S).to(acc)
         allowed = problem.structural_block(q0, q1, 0, dims.S, q.device)
         if mask is not None:
             user = slice_block(mask, q0, q1, 0, dims.S)
             allowed = user if allowed is None else user & allowed
         if allowed is not None:
-            scores = scores.masked_fill(~allowed, float("-inf"))
+            scores.masked_fill_(~allowed, float("-inf"))
         if lse_sel is None:
             lse_block = torch.logsumexp(scores, dim=-1)
         else:
             lse_block = lse_sel[:, :, q0:q1].to(acc)
         # exp(-inf - lse) = 0; a fully masked row has lse = -inf and must give 0, not NaN.
         lse_block = lse_block.masked_fill(torch.isinf(lse_block), 0.0)
-        out[:, :, q0:q1] = (scores - lse_block[..., None]).exp()
+        out[:, :, q0:q1] = scores.sub_(lse_block[..., None]).exp_()
     return out
