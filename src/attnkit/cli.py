@@ -233,23 +233,18 @@ def _bench(args: argparse.Namespace) -> int:
         max_call_seconds=args.max_call_seconds, max_memory_gb=args.max_memory_gb, memory=not args.no_memory,
     )
     out = args.out / "attention.json"
-    report: dict = {}
-
-    def save(rows):  # after every point: an interrupted run keeps what it finished
-        write_json(out, dict(report, results=rows))
 
     def progress(points):
         return tqdm(list(points), desc="attnkit bench", unit="point", disable=args.quiet)
 
-    try:
-        report = bench.run(config, on_point=lambda rows: save(rows), progress=progress)
+    try:  # the JSON is rewritten after every point: an interrupted run keeps what it finished
+        bench.run(config, on_point=lambda report: write_json(out, report), progress=progress)
     finally:
         if out.exists():
-            report = read_json(out)
-            print(bench.format_table(report["results"]))
-            pictures = bench.plot_attention(report["results"], args.out)
+            rows = read_json(out, "benchmark results")["results"]
+            print(bench.format_table(rows))
+            pictures = bench.plot_attention(rows, args.out)
             print(f"wrote {out} and {len(pictures)} plots in {args.out}")
-    save(report["results"])
     return 0
 
 

@@ -71,7 +71,7 @@ def test_run_times_and_measures_every_point_in_fresh_processes(tmp_path):
     config = bench.AttentionBench(masks=("window",), modes=("fwd+bwd",), window=16, memory=True,
                                   **dict(TINY, sizes=(96,)))
     seen = []
-    report = bench.run(config, on_point=lambda rows: seen.append(len(rows)))
+    report = bench.run(config, on_point=lambda so_far: seen.append(len(so_far["results"])))
     rows = report["results"]
     assert seen == [3] and [r["impl"] for r in rows] == ["torch-sdpa", "naive", "tiled"]
     assert all(r["time_s"] > 0 and r["peak_extra_mb"] is not None for r in rows)
@@ -109,3 +109,11 @@ def test_cli_writes_json_and_plots_and_renders_markdown(tmp_path, capsys):
 def test_cli_bad_size_is_a_one_line_error(tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path), "--sizes", "0", "--quiet"]) == 2
     assert "sizes must be positive ints, got [0]" in capsys.readouterr().err
+
+
+def test_cli_json_records_machine_and_config(tmp_path):
+    out = tmp_path / "bench"
+    assert main(["bench", "--out", str(out), "--sizes", "32", "--masks", "dense", "--impls", "torch-sdpa",
+                 "--repeats", "1", "--min-seconds", "0", "--no-memory", "--quiet", "--heads", "2"]) == 0
+    report = json.loads((out / "attention.json").read_text())
+    assert report["machine"]["threads"] == torch.get_num_threads() and report["config"]["heads"] == 2

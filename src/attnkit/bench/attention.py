@@ -268,13 +268,13 @@ def _skip_reason(impl, mode, dtype, mask, n, config: AttentionBench, history: _H
 def run(
     config: AttentionBench,
     *,
-    on_point: Callable[[list[dict]], None] | None = None,
+    on_point: Callable[[dict], None] | None = None,
     progress: Callable[[Iterator], Iterator] = lambda it: it,
 ) -> dict:
     """Measure every point of ``config``; returns the report (config, machine, results rows).
 
-    ``on_point(rows_so_far)`` is called after each point (the CLI writes the JSON there, so that
-    an interrupted run keeps every finished point). ``progress`` wraps the point iterator (tqdm).
+    ``on_point(report_so_far)`` is called after each point (the CLI writes the JSON there, so
+    that an interrupted run keeps every finished point). ``progress`` wraps the point iterator (tqdm).
     """
     history = _History()
     rows: list[dict] = []
@@ -317,7 +317,7 @@ def run(
                         row["memory_error"] = memory["error"]
             rows.append(row)
         if on_point is not None:
-            on_point(rows)
+            on_point(report)
     return report
 
 
