@@ -237,10 +237,16 @@ def _bench(args: argparse.Namespace) -> int:
     def progress(points):
         return tqdm(list(points), desc="attnkit bench", unit="point", disable=args.quiet)
 
-    try:  # the JSON is rewritten after every point: an interrupted run keeps what it finished
-        bench.run(config, on_point=lambda report: write_json(out, report), progress=progress)
+    written = []
+
+    def save(report):  # the JSON is rewritten after every point: an interrupted run keeps what it finished
+        write_json(out, report)
+        written.append(True)
+
+    try:
+        bench.run(config, on_point=save, progress=progress)
     finally:
-        if out.exists():
+        if written:  # this run's points only, never a stale file from an earlier run
             rows = read_json(out, "benchmark results")["results"]
             print(bench.format_table(rows))
             pictures = bench.plot_attention(rows, args.out)

@@ -60,7 +60,8 @@ def test_skips_are_predicted_from_the_measured_growth():
 @pytest.mark.parametrize(
     "kwargs, words",
     [({"masks": ("dense", "banded")}, "masks must be"), ({"sizes": (0,)}, "sizes must be"),
-     ({"impls": ()}, "impls must be"), ({"heads": 0}, "heads must be >= 1")],
+     ({"impls": ()}, "impls must be"), ({"heads": 0}, "heads must be >= 1"),
+     ({"device": "tpu"}, "device must be .cpu. or an available CUDA device, got .tpu.")],
 )
 def test_bad_configs_are_rejected_with_the_argument_named(kwargs, words):
     with pytest.raises(ValueError, match=words):

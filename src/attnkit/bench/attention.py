@@ -74,6 +74,8 @@ class AttentionBench:
         for name in ("batch", "heads", "head_dim", "window", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.device != "cpu" and not (self.device.startswith("cuda") and torch.cuda.is_available()):
+            raise ValueError(f"device must be 'cpu' or an available CUDA device, got {self.device!r}")
         if self.max_call_seconds <= 0 or self.max_memory_gb <= 0:
             raise ValueError("max_call_seconds and max_memory_gb must be > 0")
 
