@@ -76,7 +76,9 @@ class _Blocks:
         self.mask = group_heads(problem.mask, problem.dims)  # (B|1, Hkv|1, G|1, L|1, S)
         self.bias = group_heads(problem.bias, problem.dims)
 
-    def scores(self, q_block: Tensor, k_t: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
+    def scores(
+        self, q_block: Tensor, k_t: Tensor, q0: int, q1: int, k0: int, k1: int, out: Tensor | None = None
+    ) -> Tensor | None:
         """(B, Hkv, G, bq, bk) scores in log2 units (times log2 e) with -inf where masked; None if
         the block is fully masked.
 
@@ -85,7 +87,10 @@ class _Blocks:
         user = None if self.mask is None else slice_block(self.mask, q0, q1, k0, k1)
         if user is not None and not bool(user.any()):
             return None
-        s = q_block @ k_t[..., k0:k1]
+        if out is not None and out.shape[-2:] == (q1 - q0, k1 - k0):
+            s = torch.matmul(q_block, k_t[..., k0:k1], out=out)  # reused buffer: no page faults per block
+        else:
+            s = q_block @ k_t[..., k0:k1]
         if self.bias is not None:
             s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc) * LOG2E
         structure = self.problem.structural_block(q0, q1, k0, k1, self.device)
@@ -114,8 +119,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
     key_norm = None if problem.bias is not None else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1)
     out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
     lse = torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc, device=q.device)
+    score_buffer = product_buffer = None
     for q0, q1, key_blocks in _blocks(problem):
         q_block = q_g[..., q0:q1, :].to(acc) * (problem.scale * LOG2E)  # (B, Hkv, G, bq, E), log2 units
+        if score_buffer is None or score_buffer.shape[-2] != q1 - q0:
+            width = key_blocks[0][1] - key_blocks[0][0]
+            score_buffer = torch.empty(*q_block.shape[:-1], width, dtype=acc, device=q.device)
+            product_buffer = torch.empty(*q_block.shape[:-1], dims.Ev, dtype=acc, device=q.device)
         row_sum = torch.zeros(q_block.shape[:-1], dtype=acc, device=q.device)
         acc_out = torch.zeros(*q_block.shape[:-1], dims.Ev, dtype=acc, device=q.device)
         bounded = key_norm is not None and bool(
@@ -123,7 +133,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
         )
         row_max = None if bounded else torch.full_like(row_sum, float("-inf"))
         for k0, k1 in key_blocks:
-            s = blocks.scores(q_block, k_t, q0, q1, k0, k1)
+            s = blocks.scores(q_block, k_t, q0, q1, k0, k1, out=score_buffer)
             if s is None:
                 continue
             if bounded:  # |s| <= NO_SHIFT_BOUND: 2^s neither overflows nor underflows, no max needed
@@ -140,7 +150,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
                 row_max = new_max
             if problem.dropout_p > 0:
                 p = p * blocks.keep(p.shape, q0, k0)
-            acc_out.add_(p @ v_g[..., k0:k1, :])
+            acc_out.add_(torch.matmul(p, v_g[..., k0:k1, :], out=product_buffer))
         empty = row_sum == 0
         out[..., q0:q1, :] = (acc_out / row_sum.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
         lse[..., q0:q1] = row_sum.log() if bounded else row_max / LOG2E + row_sum.log()
