@@ -17,8 +17,6 @@ Prints a table and writes JSON (default benchmarks/results/generation.json).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import torch
 
 from attnkit._files import write_json
+from attnkit.bench import machine_info
 from attnkit.cost import estimate
 from attnkit.decoding import generate
 from attnkit.models.pretrained import load_gguf, smollm2_gguf
@@ -119,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['attention']} | {r['kv_heads']} | {r['bytes_per_token_fp32']:,} | {r['bytes_per_token_bf16']:,} |")
     print(f"measured on the GQA model's cache after the prompt: {measured:,} bytes/token (fp32)")
     write_json(args.out, {
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__},
+        "machine": machine_info() | {"transformers": __import__("transformers").__version__},
         "prompt_tokens": ids.shape[1], "new_tokens": args.new, "repeats": args.repeats, "recompute_repeats": args.recompute_repeats, "times": {
             f"{k[0]}{'' if k[1] else '-no-cache'}": v for k, v in times.items()},
         "rows": rows, "greedy_identical_prefix_of_32": same_prefix, "kv_cache": cache_rows,

@@ -35,6 +35,7 @@ from torch import nn
 import attnkit
 from attnkit._files import write_json
 from attnkit.bench import machine_info, peak_extra_mb, run_worker, time_round_robin
+from attnkit.layers.positional import sinusoidal_table
 
 TARGETS = ("mha-overhead", "need-weights", "bahdanau-step", "training")
 
@@ -121,11 +122,7 @@ class _TorchTranslator(nn.Module):
         self.scale = math.sqrt(D)
         self.source = nn.Embedding(config.source_vocab, D)
         self.target = nn.Embedding(config.target_vocab, D)
-        position = torch.arange(config.max_len)[:, None]
-        freq = torch.exp(torch.arange(0, D, 2) * (-math.log(10000.0) / D))
-        table = torch.zeros(config.max_len, D)
-        table[:, 0::2], table[:, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
-        self.register_buffer("positions", table)
+        self.register_buffer("positions", sinusoidal_table(config.max_len, D))
         self.dropout = nn.Dropout(config.dropout)
         self.transformer = nn.Transformer(
             D, config.num_heads, config.encoder_layers, config.decoder_layers, config.d_ff, config.dropout,

@@ -293,8 +293,8 @@ def run(
         reasons = {impl: _skip_reason(impl, mode, dtype, mask, n, config, history) for impl in config.impls}
         timed_impls = [impl for impl in config.impls if reasons[impl] is None]
         timed = {}
+        timeout = max(120.0, 20 * config.max_call_seconds * max(1, len(timed_impls)))
         if timed_impls:
-            timeout = max(120.0, 20 * config.max_call_seconds * len(timed_impls))
             timed = run_worker(__name__, {**spec, "task": "time", "impls": timed_impls}, timeout=timeout)
             if "error" in timed and "flex" in timed_impls:  # flex failing to compile must not sink the rest
                 rest = [impl for impl in timed_impls if impl != "flex"]

@@ -80,7 +80,7 @@ def plot_scaling(
         ax.set_xlabel(x_title)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(y_title)
-    handles, labels = {}, []
+    handles = {}
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
