@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
 
-    data_help = "'bible' (bundled KJV/Louis Segond) or a source<TAB>target file"
+    data_help = "'bible' (bundled KJV/Louis Segond), 'grc-en' (bundled word-aligned Greek NT/BSB) or a source<TAB>target file"
     train = commands.add_parser("train", help="train a translation model (also under torchrun for data parallelism)")
     train.add_argument("--data", default="bible", help=data_help)
     train.add_argument("--valid", help="a separate source<TAB>target validation file")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ._files import atomic_path, write_json
-from .data import Pair, Tokenizer, bible_corpus, read_pairs
+from .data import Pair, Tokenizer, aligned_corpus, bible_corpus, read_pairs
 from .decoding import Translation, translate
 from .models import Seq2Seq, Seq2SeqConfig
 from .training import TrainingConfig, bleu_by_length, corpus_scores, load_checkpoint, train
@@ -27,13 +27,16 @@ DEMO_MODELS = {"bottleneck": "none", "bahdanau": "bahdanau", "luong": "luong-gen
 
 
 def load_split(data: str, split: str, *, direction: str = "en-fr", valid_fraction: float = 0.05) -> list[Pair]:
-    """Pairs of ``split`` from ``data``: "bible" (the bundled corpus) or a ``source<TAB>target`` file.
+    """Pairs of ``split`` from ``data``: "bible" (the bundled KJV / Louis Segond), "grc-en" (the
+    bundled word-aligned Greek -> English New Testament) or a ``source<TAB>target`` file.
 
     A user file has no splits of its own: "valid" is every 20th pair (``valid_fraction``), "train"
     the rest, "test" all of it; pass a separate file for a real test set.
     """
     if data == "bible":
         return bible_corpus(split, direction=direction)
+    if data == "grc-en":
+        return aligned_corpus(split)
     pairs = read_pairs(data)
     if split == "test":
         return pairs

@@ -1,13 +1,14 @@
 """Data: the bundled parallel corpus, user pair files, generated tasks, tokenisers, batching."""
 
 from .batching import Batch, BatchSampler, collate
-from .corpus import Pair, bible_corpus, read_pairs
+from .corpus import Pair, aligned_corpus, bible_corpus, read_pairs
 from .synthetic import number_phrases
 from .tokenizer import Tokenizer
 
 __all__ = [
     "Pair",
     "bible_corpus",
+    "aligned_corpus",
     "read_pairs",
     "number_phrases",
     "Tokenizer",

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["Pair", "bible_corpus", "read_pairs", "SPLITS"]
+__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "SPLITS"]
 
 SPLITS = ("train", "valid", "test")
 _BIBLE = "kjv-lsg.tsv.gz"
 _BIBLE_COLUMNS = ["split", "book", "chapter", "verse", "english", "french"]
+_ALIGNED = "sblgnt-bsb.tsv.gz"
+_ALIGNED_COLUMNS = ["split", "book", "chapter", "verse", "greek", "english", "links"]
 
 
 @dataclass(frozen=True)
@@ -29,27 +31,46 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
+def _bundled_rows(name: str, columns: list[str], split: str):
+    """The rows of one split of a bundled corpus file, as lists of fields after ``split``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    path = resources.files("attnkit.data") / "corpora" / name
+    with resources.as_file(path) as file, _open_text(Path(file)) as lines:
+        header = next(lines).rstrip("\n").split("\t")
+        if header != columns:
+            raise ValueError(f"{file}: expected header {columns}, got {header}")
+        for row in lines:
+            fields = row.rstrip("\n").split("\t")
+            if fields[0] == split:
+                yield fields[1:]
+
+
 def bible_corpus(split: str, *, direction: str = "en-fr") -> list[Pair]:
     """The bundled KJV / Louis Segond verse pairs of one split ("train", "valid", "test").
 
     ``direction`` is "en-fr" or "fr-en". Provenance and licence: ``attnkit/data/corpora/README.md``.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if direction not in ("en-fr", "fr-en"):
         raise ValueError(f"direction must be 'en-fr' or 'fr-en', got {direction!r}")
-    path = resources.files("attnkit.data") / "corpora" / _BIBLE
     pairs = []
-    with resources.as_file(path) as file, _open_text(Path(file)) as lines:
-        header = next(lines).rstrip("\n").split("\t")
-        if header != _BIBLE_COLUMNS:
-            raise ValueError(f"{file}: expected header {_BIBLE_COLUMNS}, got {header}")
-        for row in lines:
-            name, book, chapter, verse, english, french = row.rstrip("\n").split("\t")
-            if name != split:
-                continue
-            source, target = (english, french) if direction == "en-fr" else (french, english)
-            pairs.append(Pair(source, target, reference=f"{book}:{chapter}:{verse}"))
+    for book, chapter, verse, english, french in _bundled_rows(_BIBLE, _BIBLE_COLUMNS, split):
+        source, target = (english, french) if direction == "en-fr" else (french, english)
+        pairs.append(Pair(source, target, reference=f"{book}:{chapter}:{verse}"))
+    return pairs
+
+
+def aligned_corpus(split: str) -> list[Pair]:
+    """The bundled word-aligned Greek New Testament (SBLGNT) -> English (Berean Standard Bible)
+    verse pairs of one split, with the hand-made links in ``Pair.alignment``.
+
+    Words are separated by single spaces (English without punctuation); a link ``(i, j)`` joins
+    Greek word i and English word j (0-based). Provenance and licence: ``attnkit/data/corpora/README.md``.
+    """
+    pairs = []
+    for book, chapter, verse, greek, english, links in _bundled_rows(_ALIGNED, _ALIGNED_COLUMNS, split):
+        alignment = tuple(tuple(int(x) for x in link.split("-")) for link in links.split())
+        pairs.append(Pair(greek, english, reference=f"{book}:{chapter}:{verse}", alignment=alignment))
     return pairs
 
 

@@ -74,6 +74,25 @@ class Tokenizer:
         """The subword pieces of ``text`` (for heatmap labels)."""
         return self._backend.encode(text).tokens
 
+    def word_ids(self, text: str) -> list[int]:
+        """For each piece of ``encode(text)``, the index of the space-separated word it lies in.
+
+        A piece that is only the word-start marker "▁" belongs to the word that follows it.
+        """
+        word_of_char, word = [], -1
+        for i, char in enumerate(text):
+            if not char.isspace() and (i == 0 or text[i - 1].isspace()):
+                word += 1
+            word_of_char.append(word)
+        # Spaces belong to the next word: walk backwards carrying the following word's index.
+        following = word + 1
+        for i in range(len(text) - 1, -1, -1):
+            if text[i].isspace():
+                word_of_char[i] = following
+            else:
+                following = word_of_char[i]
+        return [word_of_char[start] if start < len(text) else word for start, _ in self._backend.encode(text).offsets]
+
     def id_to_token(self, id_: int) -> str:
         return self._backend.id_to_token(id_)
 

@@ -1,0 +1,131 @@
+"""Does attention rank input tokens the way gradient attribution does? Per example, the rank
+correlations between attention-based token scores and attribution scores, for two kinds of model:
+
+- a sentence encoder (all-MiniLM-L6-v2): the output is the cosine similarity of the sentence's
+  mean-pooled embedding to a partner sentence's; attention scores per token are the mass it
+  receives in the last layer (mean over heads and queries) and its attention-rollout mass;
+- an attention seq2seq model: for each target step t the output is log p(y_t | y_<t, x) with the
+  reference target forced; the attention score of a source piece is its weight at step t.
+
+Special tokens ([CLS], [SEP], <eos>) are left out of the rankings: they are not words of the input.
+Attribution scores are ranked by magnitude (an attribution of -2 matters more than +0.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.batching import collate
+from ..models.encoder import mean_pool
+from .attribution import gradient_x_input, integrated_gradients, kendall, spearman
+from .rollout import attention_rollout
+
+__all__ = ["Agreement", "encoder_agreement", "seq2seq_agreement", "summarise"]
+
+
+@dataclass
+class Agreement:
+    """One example: its scored tokens, each score vector, and the correlations
+    ``correlations[(attention, attribution)] = (spearman, kendall)``."""
+
+    name: str
+    tokens: list[str]
+    attention: dict[str, np.ndarray]
+    attribution: dict[str, np.ndarray]
+    correlations: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def correlate(self) -> Agreement:
+        for a, att in self.attention.items():
+            for b, attr in self.attribution.items():
+                self.correlations[(a, b)] = (spearman(att, np.abs(attr)), kendall(att, np.abs(attr)))
+        return self
+
+
+def summarise(examples: Sequence[Agreement]) -> list[dict]:
+    """Per (attention, attribution) pair: count, mean, median and quartiles of Spearman and Kendall."""
+    if not examples:
+        raise ValueError("no examples to summarise")
+    rows = []
+    for key in examples[0].correlations:
+        row = {"attention": key[0], "attribution": key[1]}
+        for k, name in enumerate(("spearman", "kendall")):
+            values = np.array([e.correlations[key][k] for e in examples], dtype=np.float64)
+            values = values[np.isfinite(values)]
+            row[name] = {"n": int(len(values)), "mean": float(values.mean()), "median": float(np.median(values)),
+                         "q25": float(np.quantile(values, 0.25)), "q75": float(np.quantile(values, 0.75)),
+                         "values": values.tolist()}
+        rows.append(row)
+    return rows
+
+
+def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequence[str], *,
+                      steps: int = 32) -> list[Agreement]:
+    """Agreement on a BERT-style sentence encoder (``tokenizers`` tokenizer): output =
+    cos(mean-pooled embedding of the sentence, that of its partner)."""
+    if len(sentences) != len(partners):
+        raise ValueError(f"sentences and partners differ in number: {len(sentences)} and {len(partners)}")
+    model.eval()
+    specials = {"[CLS]", "[SEP]", "[PAD]"}
+    out = []
+    for sentence, partner in zip(sentences, partners):
+        e = tokenizer.encode(sentence)
+        p = tokenizer.encode(partner)
+        ids, types = torch.tensor([e.ids]), torch.tensor([e.type_ids])
+        with torch.no_grad():
+            pids = torch.tensor([p.ids])
+            target = mean_pool(model(pids, torch.ones_like(pids)).hidden_states, torch.ones_like(pids))[0]
+            attentions = [a[0] for a in model(ids, torch.ones_like(ids), types, need_weights=True).attentions]
+
+        def forward(m: int) -> torch.Tensor:
+            batch, mask = ids.expand(m, -1), torch.ones(m, ids.shape[1], dtype=torch.long)
+            pooled = mean_pool(model(batch, mask, types.expand(m, -1)).hidden_states, mask)
+            return F.cosine_similarity(pooled, target[None], dim=-1)
+
+        embedding = model.embeddings.tokens
+        keep = np.array([t not in specials for t in e.tokens])
+        last = attentions[-1].double().mean(0).mean(0).numpy()  # mass each token receives, last layer
+        rollout = attention_rollout(attentions).mean(0).numpy()
+        ig = integrated_gradients(forward, embedding, steps=steps).numpy()
+        gxi = gradient_x_input(forward, embedding).numpy()
+        out.append(Agreement(
+            sentence, [t for t, k in zip(e.tokens, keep) if k],
+            {"last-layer": last[keep], "rollout": rollout[keep]},
+            {"integrated-gradients": ig[keep], "gradient-x-input": gxi[keep]},
+        ).correlate())
+    return out
+
+
+def seq2seq_agreement(model, source_tokenizer, target_tokenizer, pairs, *, steps: int = 32,
+                      max_steps_per_pair: int | None = None) -> list[Agreement]:
+    """Agreement on an attention seq2seq model, one :class:`Agreement` per (pair, target step)."""
+    if getattr(model, "style", None) == "none":
+        raise ValueError("this model has no attention (attention='none')")
+    model.eval()
+    out = []
+    for pair in pairs:
+        source = source_tokenizer.encode(pair.source)
+        target = target_tokenizer.encode(pair.target)
+        batch = collate([source], [target])
+        with torch.no_grad():
+            weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0]  # (T, S)
+        tokens = source_tokenizer.tokens(pair.source)
+        for t in range(min(len(target), max_steps_per_pair or len(target))):
+            def forward(m: int, t: int = t) -> torch.Tensor:
+                logits = model(batch.source.expand(m, -1), batch.source_lengths.expand(m),
+                               batch.target_in[:, : t + 1].expand(m, -1)).logits  # (m, t + 1, V)
+                return logits[:, t].log_softmax(-1)[:, target[t]]
+
+            embedding = model.source_embedding
+            ig = integrated_gradients(forward, embedding, steps=steps).numpy()
+            gxi = gradient_x_input(forward, embedding).numpy()
+            out.append(Agreement(
+                f"{pair.reference or pair.source[:40]} @ {target_tokenizer.id_to_token(target[t])}", tokens,
+                {"attention": weights[t].double().numpy()},
+                {"integrated-gradients": ig, "gradient-x-input": gxi},
+            ).correlate())
+    return out
