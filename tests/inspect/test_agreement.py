@@ -1,0 +1,54 @@
+"""Attention-vs-attribution agreement on a seq2seq model: one example per target step, and the
+integrated gradients of each step add up to the change in its log-probability."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.data import Pair, Tokenizer
+from attnkit.inspect.agreement import seq2seq_agreement, summarise
+from attnkit.models import Seq2Seq, Seq2SeqConfig
+
+
+@pytest.fixture(scope="module")
+def setup():
+    pairs = [Pair("le chat noir dort", "the black cat sleeps"), Pair("un chien", "a dog")]
+    source = Tokenizer.train([p.source for p in pairs], kind="word", vocab_size=20, min_frequency=1)
+    target = Tokenizer.train([p.target for p in pairs], kind="word", vocab_size=20, min_frequency=1)
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, embedding_dim=8, hidden_size=8,
+                                  attention="luong-general", dropout=0.0)).double()
+    return model, source, target, pairs
+
+
+def test_one_example_per_target_step_with_correlations(setup):
+    model, source, target, pairs = setup
+    examples = seq2seq_agreement(model, source, target, pairs, steps=8)
+    assert len(examples) == 4 + 2
+    first = examples[0]
+    assert first.tokens == source.tokens(pairs[0].source) and len(first.tokens) == 4
+    assert np.isclose(first.attention["attention"].sum(), 1.0)
+    assert set(first.correlations) == {("attention", "integrated-gradients"), ("attention", "gradient-x-input")}
+    rows = summarise(examples)
+    assert all(row["spearman"]["n"] <= 6 for row in rows)
+    limited = seq2seq_agreement(model, source, target, pairs[:1], steps=2, max_steps_per_pair=2)
+    assert len(limited) == 2
+
+
+def test_integrated_gradients_complete_on_the_seq2seq_step(setup):
+    from attnkit.data.batching import collate
+
+    model, source, target, pairs = setup
+    examples = seq2seq_agreement(model, source, target, pairs[:1], steps=512, max_steps_per_pair=2)
+    batch = collate([source.encode(pairs[0].source)], [target.encode(pairs[0].target)])
+    y = target.encode(pairs[0].target)[1]
+    with torch.no_grad():
+        full = model(batch.source, batch.source_lengths, batch.target_in[:, :2]).logits[0, 1].log_softmax(-1)[y]
+        embedding = model.source_embedding.weight.data.clone()
+        model.source_embedding.weight.data.zero_()  # the all-zero baseline the attribution starts from
+        base = model(batch.source, batch.source_lengths, batch.target_in[:, :2]).logits[0, 1].log_softmax(-1)[y]
+        model.source_embedding.weight.data.copy_(embedding)
+    total = examples[1].attribution["integrated-gradients"].sum()
+    assert total == pytest.approx((full - base).item(), rel=1e-3, abs=1e-5)

@@ -1,0 +1,101 @@
+"""Alignment quality: AER on hand-counted cases, IBM Model 1 on a toy corpus, the diagonal baseline,
+piece-to-word pooling, and forced attention alignments from a seq2seq model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.data import Tokenizer, aligned_corpus
+from attnkit.inspect.alignment import (
+    IBMModel1,
+    alignment_error_rate,
+    attention_word_weights,
+    diagonal_alignment,
+    links_from_weights,
+    word_weights,
+)
+from attnkit.models import Seq2Seq, Seq2SeqConfig
+
+
+def test_aer_precision_recall_counted_by_hand():
+    sure = [{(0, 0), (1, 1)}, {(0, 0)}]
+    possible = [{(1, 2)}, set()]
+    predicted = [{(0, 0), (1, 2), (2, 2)}, {(1, 0)}]
+    scores = alignment_error_rate(predicted, sure, possible)
+    # |A| = 4, |S| = 3, |A & S| = 1, |A & P| = 2 (P includes S)
+    assert scores.precision == pytest.approx(2 / 4) and scores.recall == pytest.approx(1 / 3)
+    assert scores.aer == pytest.approx(1 - (1 + 2) / (4 + 3))
+    perfect = alignment_error_rate(sure, sure)
+    assert perfect.aer == 0 and perfect.precision == perfect.recall == 1
+    with pytest.raises(ValueError, match="2 and 1"):
+        alignment_error_rate(predicted, sure[:1])
+
+
+def test_ibm_model1_learns_the_classic_toy_lexicon():
+    corpus = [("das haus".split(), "the house".split()), ("das buch".split(), "the book".split()),
+              ("ein buch".split(), "a book".split()), ("ein haus".split(), "a house".split())]
+    model = IBMModel1().fit(corpus, iterations=20)
+    assert np.all(np.diff(model.log_likelihoods) > 0)  # EM never decreases the likelihood
+    assert model.probability("house", "haus") > 0.9 and model.probability("the", "das") > 0.9
+    assert model.align("das buch".split(), "the book".split()) == {(0, 0), (1, 1)}
+    assert model.align("buch das".split(), "the book".split()) == {(1, 0), (0, 1)}  # not positional
+
+
+def test_diagonal_and_links_from_weights():
+    assert diagonal_alignment(2, 4) == {(0, 0), (0, 1), (1, 2), (1, 3)}
+    assert diagonal_alignment(3, 3) == {(0, 0), (1, 1), (2, 2)}
+    w = np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8]])  # (target, source)
+    assert links_from_weights(w) == {(0, 0), (0, 1), (2, 2)}
+    assert links_from_weights(w, method="threshold", threshold=0.3) == {(0, 0), (0, 1), (1, 1), (2, 2)}
+    assert links_from_weights(w, method="threshold", threshold=0.9) == links_from_weights(w)
+    with pytest.raises(ValueError, match="'argmax' or 'threshold'"):
+        links_from_weights(w, method="max")
+
+
+def test_word_weights_sum_source_pieces_and_average_target_pieces():
+    pieces = np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]])  # 2 target pieces x 3 source pieces
+    words = word_weights(pieces, source_words=[0, 0, 1], target_words=[0, 0])
+    assert np.allclose(words, [[(0.75 + 0.2) / 2, (0.25 + 0.8) / 2]])
+    with pytest.raises(ValueError, match="need 3 source and 2 target word ids"):
+        word_weights(pieces, [0, 1], [0, 0])
+
+
+def test_tokenizer_word_ids_follow_spaces_not_punctuation():
+    tokenizer = Tokenizer.train(["the house is big", "a book, a house"], vocab_size=40)
+    text = "the houses, book"
+    ids = tokenizer.word_ids(text)
+    pieces = tokenizer.tokens(text)
+    assert len(ids) == len(pieces) and ids[0] == 0 and ids[-1] == 2
+    assert sorted(set(ids)) == [0, 1, 2] and ids == sorted(ids)
+    comma = pieces.index(",")
+    assert ids[comma] == 1  # "houses," is one space-separated word
+
+
+def test_forced_attention_alignment_has_one_row_per_target_word():
+    pairs = aligned_corpus("valid")[:5]
+    source = Tokenizer.train([p.source for p in pairs], vocab_size=120)
+    target = Tokenizer.train([p.target for p in pairs], vocab_size=120)
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, embedding_dim=16, hidden_size=16, attention="bahdanau"))
+    out = attention_word_weights(model, source, target, pairs, batch_size=2)
+    for pair, w in zip(pairs, out):
+        assert w.shape == (len(pair.target.split()), len(pair.source.split()))
+        assert np.allclose(w.sum(1), 1.0)  # every target word's attention lies on source words
+    with pytest.raises(ValueError, match="no attention"):
+        attention_word_weights(Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, embedding_dim=8,
+                                                     hidden_size=8, attention="none")), source, target, pairs)
+
+
+def test_bundled_aligned_corpus_is_complete_and_links_are_in_range():
+    counts = {split: aligned_corpus(split) for split in ("train", "valid", "test")}
+    assert {k: len(v) for k, v in counts.items()} == {"train": 6885, "valid": 154, "test": 880}
+    assert sum(len(p.alignment) for v in counts.values() for p in v) == 189_473
+    first = counts["train"][0]
+    assert first.reference == "40:1:1" and first.source.startswith("Βίβλος γενέσεως")
+    assert (0, 0) in first.alignment
+    for pair in counts["test"]:
+        S, T = len(pair.source.split()), len(pair.target.split())
+        assert all(0 <= i < S and 0 <= j < T for i, j in pair.alignment)
+    assert {p.reference.split(":")[0] for p in counts["test"]} == {"41", "50", "62"}  # Mark, Philippians, 1 John
