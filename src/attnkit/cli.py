@@ -287,7 +287,8 @@ def _inspect(args: argparse.Namespace) -> int:
                                           log=log)
         print(f"report: {path}")
     if args.aer:
-        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, progress=progress, log=log)
+        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
+                                           progress=progress, log=log)
         for name, s in result["scores"].items():
             print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")
@@ -420,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--aer", action="store_true",
                          help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
     inspect.add_argument("--limit", type=int, help="--aer on the first N held-out verses only")
+    inspect.add_argument("--ibm-iterations", type=int, default=5, help="EM iterations of the IBM Model 1 baseline")
     inspect.add_argument("--quiet", action="store_true")
     inspect.set_defaults(run=_inspect)
     return parser

@@ -1,0 +1,63 @@
+"""`attnkit inspect` end to end: MiniLM with the report, viewer and pictures; a translation
+checkpoint trained on the bundled Greek -> English corpus, with --aer; clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnkit.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_inspect_minilm_writes_report_viewer_and_pictures(tmp_path, capsys):
+    out = tmp_path / "minilm"
+    text = "The trophy didn't fit in the <b>suitcase</b>."
+    assert main(["inspect", "--model", "minilm", "--out", str(out), "--steps", "2", "--quiet", text]) == 0
+    assert "report:" in capsys.readouterr().out
+    report = (out / "report.md").read_text()
+    assert "| previous | L0 H2: 1.00 |" in report  # MiniLM's previous-token head, even on one sentence
+    assert "Spearman median" in report and "&lt;b&gt;suitcase&lt;/b&gt;" in report
+    for name in ("roles.png", "overview.png", "rollout.png", "flow.png", "agreement.png", "heads-layer5.png"):
+        assert (out / name).read_bytes()[:8] == PNG, name
+    page = (out / "viewer.html").read_text()
+    assert "suitcase" in page and "<b>" not in page.split("<body>")[1]
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["roles"]) == 6 * 12 and results["texts"] == [text]
+
+
+@pytest.fixture(scope="module")
+def greek_checkpoint(tmp_path_factory):
+    run = tmp_path_factory.mktemp("grc") / "run"
+    assert main(["train", "--data", "grc-en", "--out", str(run), "--max-steps", "2", "--epochs", "1",
+                 "--embedding-dim", "8", "--hidden-size", "16", "--vocab-size", "300", "--quiet"]) == 0
+    return run
+
+
+def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path, capsys):
+    out = tmp_path / "grc"
+    assert main(["inspect", "--model", str(greek_checkpoint), "--out", str(out), "--steps", "2", "--beam", "1",
+                 "--aer", "--limit", "20", "--ibm-iterations", "1", "--quiet",
+                 "Ἐν ἀρχῇ ἦν ὁ λόγος", "--reference", "In the beginning was the Word"]) == 0
+    printed = capsys.readouterr().out
+    assert "IBM Model 1" in printed and "diagonal" in printed
+    assert (out / "alignment-1.png").read_bytes()[:8] == PNG
+    assert (out / "alignment-attention.png").read_bytes()[:8] == PNG
+    result = json.loads((out / "alignment.json").read_text())
+    assert result["verses"] == 20 and set(result["scores"]) >= {"attention, argmax", "IBM Model 1", "diagonal"}
+    for scores in result["scores"].values():
+        assert 0 <= scores["aer"] <= 1 and 0 <= scores["precision"] <= 1 and 0 <= scores["recall"] <= 1
+    assert "| IBM Model 1 |" in (out / "alignment.md").read_text()
+    assert "attention | integrated-gradients" in (out / "report.md").read_text()
+    assert "cross attention" in (out / "viewer.html").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "minilm", "--aer"], "need a translation checkpoint"),
+    (["--model", "no/such/folder", "text"], "neither 'minilm' nor an existing checkpoint"),
+])
+def test_bad_inspect_arguments_are_clear_errors(args, message, capsys):
+    assert main(["inspect", *args]) == 2
+    assert message in capsys.readouterr().err
