@@ -61,3 +61,27 @@ def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path,
 def test_bad_inspect_arguments_are_clear_errors(args, message, capsys):
     assert main(["inspect", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def phrase_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tf")
+    data = folder / "pairs.tsv"
+    data.write_text("three red cats\ttrois chats rouges\ntwo red dogs\tdeux chiens rouges\n" * 20, encoding="utf-8")
+    assert main(["train", "--data", str(data), "--out", str(folder / "run"), "--arch", "transformer", "--max-steps", "1",
+                 "--epochs", "1", "--tokenizer", "word", "--vocab-size", "50", "--quiet"]) == 0
+    return folder / "run"
+
+
+def test_inspect_transformer_checkpoint_shows_every_layer_and_kind(phrase_checkpoint, tmp_path):
+    out = tmp_path / "tf"
+    assert main(["inspect", "--model", str(phrase_checkpoint), "--out", str(out), "--beam", "1", "--quiet",
+                 "three red cats", "--reference", "trois chats rouges"]) == 0
+    page = (out / "viewer.html").read_text()
+    for kind in ("encoder self-attention", "decoder self-attention", "cross attention"):
+        assert f"text 1: {kind}" in page
+    payload = json.loads(page.split('type="application/json">')[1].split("</script>")[0])
+    layers = {v["name"].split(": ")[1].split(" (")[0]: (v["layers"], v["heads"], v["L"], v["S"]) for v in payload["views"]}
+    assert layers["encoder self-attention"] == (2, 4, 3, 3)
+    assert layers["cross attention"] == (2, 4, 4, 3)  # "trois chats rouges" + </s> rows over 3 source words
+    assert "RNN seq2seq checkpoints only" in (out / "report.md").read_text()

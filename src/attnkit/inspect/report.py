@@ -21,6 +21,7 @@ import torch
 
 from .._files import atomic_path, write_json
 from ..data import Pair, aligned_corpus
+from ..data.batching import collate
 from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
 from .alignment import IBMModel1, alignment_error_rate, attention_word_weights, diagonal_alignment, links_from_weights
 from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
@@ -131,36 +132,80 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     return out / "report.md"
 
 
+def _translation_views(model, source, target, text: str, forced: str, number: int):
+    """Teacher-force ``forced`` after ``text``: (views, cross-attention matrix for the alignment
+    picture, source pieces, output pieces). An RNN seq2seq model has one alignment per output
+    token; a Transformer has encoder self, decoder self and cross attention per layer and head."""
+    from ..models import Seq2Seq
+    from ..viz import AttentionView
+    from .record import record_attention
+
+    batch = collate([source.encode(text)], [target.encode(forced)])
+    keys = source.tokens(text)
+    pieces = target.tokens(forced)
+    outputs, inputs = [*pieces, "</s>"], ["<s>", *pieces]
+    model.eval()
+    with torch.no_grad():
+        if isinstance(model, Seq2Seq):
+            weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0]  # (T, S)
+            return [AttentionView(f"text {number}: cross attention (rows: the token predicted)", outputs, weights[None, None],
+                                  keys=keys)], weights, keys, outputs
+        with record_attention(model) as records:
+            model(batch.source, batch.source_lengths, batch.target_in)
+
+    def stack(prefix: str, suffix: str) -> torch.Tensor:  # (layers, H, L, S) of the one sentence
+        names = sorted((n for n in records if n.startswith(prefix) and n.endswith(suffix)), key=lambda n: int(n.split(".")[2]))
+        return torch.stack([records[n][0][0] for n in names])
+
+    cross = stack("decoder.layers.", "cross_attn")
+    views = [AttentionView(f"text {number}: encoder self-attention", keys, stack("encoder.layers.", "self_attn")),
+             AttentionView(f"text {number}: decoder self-attention (decoder inputs)", inputs, stack("decoder.layers.", "self_attn")),
+             AttentionView(f"text {number}: cross attention (rows: the token predicted)", outputs, cross, keys=keys)]
+    return views, cross[-1].mean(0), keys, outputs
+
+
 def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, references: Sequence[str] | None = None,
                         beam_size: int = 5, steps: int = 32, top_k: int = 16, progress: Callable = _identity,
                         log: Callable[[str], None] = print) -> Path:
-    """Inspect a translation checkpoint on ``texts``: alignments, viewer, agreement; returns report.md's path."""
+    """Inspect a translation checkpoint on ``texts``: alignments, viewer, agreement; returns report.md's path.
+
+    The model's own translation (beam search) is forced through it unless ``references`` are given.
+    """
     from ..decoding import translate
     from ..models import Seq2Seq
-    from ..viz import AttentionView, plot_heatmap, write_viewer
+    from ..viz import plot_heatmap, write_viewer
 
     if not texts:
         raise ValueError("texts is empty: give at least one source sentence")
     if references is not None and len(references) != len(texts):
         raise ValueError(f"references must match texts in number: {len(references)} and {len(texts)}")
+    if isinstance(checkpoint.model, Seq2Seq) and checkpoint.model.style == "none":
+        raise ValueError("this model has no attention (attention='none'): nothing to inspect")
     out = Path(out)
     model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
     translations = translate(model, list(texts), source, target, beam_size=beam_size)
-    if translations[0].weights is None:
-        raise ValueError("this model has no attention (attention='none'): nothing to inspect")
+    forced = list(references) if references is not None else [t.text for t in translations]
     lines = ["# attnkit inspect: translation model", "", f"Checkpoint `{_md(str(checkpoint.folder))}`. "
              "Interactive view: [viewer.html](viewer.html).", "", "## Alignments", ""]
-    views = []
-    for k, t in enumerate(translations):
-        plot_heatmap(t.weights, out / f"alignment-{k + 1}.png", x_labels=t.source_tokens, y_labels=t.target_tokens,
-                     title=t.source[:80], x_title="source", y_title="output", cmap="Greys")
-        views.append(AttentionView(f"text {k + 1}: cross attention", t.target_tokens, t.weights[None, None], keys=t.source_tokens))
-        lines += [f"**{k + 1}.** {_md(t.source)}", "", f"- output: {_md(t.text)}", "", f"![alignment {k + 1}](alignment-{k + 1}.png)", ""]
+    views, pairs = [], []
+    for k, (text, t, f) in enumerate(zip(texts, translations, forced), 1):
+        if not f.strip():
+            lines += [f"**{k}.** {_md(text)}", "", "- the model's output is empty: nothing to align", ""]
+            continue
+        text_views, alignment, keys, outputs = _translation_views(model, source, target, text, f, k)
+        views += text_views
+        pairs.append(Pair(text, f, reference=f"text {k}"))
+        plot_heatmap(alignment, out / f"alignment-{k}.png", x_labels=keys, y_labels=outputs, title=text[:80],
+                     x_title="source", y_title="output" if references is None else "reference", cmap="Greys")
+        lines += [f"**{k}.** {_md(text)}", "", f"- output: {_md(t.text)}"]
+        if references is not None:
+            lines.append(f"- reference (forced): {_md(f)}")
+        lines += ["", f"![alignment {k}](alignment-{k}.png)", ""]
+    if not views:
+        raise ValueError("nothing to inspect: every output is empty")
     write_viewer(out / "viewer.html", views, title="attnkit inspect: translation", top_k=top_k)
     rows = []
     if isinstance(model, Seq2Seq):
-        forced = references if references is not None else [t.text for t in translations]
-        pairs = [Pair(s, r, reference=f"text {k + 1}") for k, (s, r) in enumerate(zip(texts, forced)) if r.strip()]
         examples = seq2seq_agreement(model, source, target, progress(pairs, desc="attribution", unit="text"), steps=steps)
         what = "output: log-probability of each " + ("reference" if references is not None else "output") + " token"
         section, rows = _agreement_section(examples, out, what)
@@ -168,7 +213,8 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
     else:
         lines += ["Attribution agreement is computed for RNN seq2seq checkpoints only.", ""]
     _write_markdown(out / "report.md", lines)
-    write_json(out / "results.json", {"texts": list(texts), "outputs": [t.text for t in translations], "agreement": rows})
+    write_json(out / "results.json", {"texts": list(texts), "outputs": [t.text for t in translations],
+                                      "forced": forced, "agreement": rows})
     return out / "report.md"
 
 
