@@ -75,8 +75,10 @@ def phrase_checkpoint(tmp_path_factory):
 
 def test_inspect_transformer_checkpoint_shows_every_layer_and_kind(phrase_checkpoint, tmp_path):
     out = tmp_path / "tf"
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("three red cats\ttrois chats rouges\n", encoding="utf-8")
     assert main(["inspect", "--model", str(phrase_checkpoint), "--out", str(out), "--beam", "1", "--quiet",
-                 "three red cats", "--reference", "trois chats rouges"]) == 0
+                 "--file", str(texts)]) == 0
     page = (out / "viewer.html").read_text()
     for kind in ("encoder self-attention", "decoder self-attention", "cross attention"):
         assert f"text 1: {kind}" in page
@@ -85,3 +87,10 @@ def test_inspect_transformer_checkpoint_shows_every_layer_and_kind(phrase_checkp
     assert layers["encoder self-attention"] == (2, 4, 3, 3)
     assert layers["cross attention"] == (2, 4, 4, 3)  # "trois chats rouges" + </s> rows over 3 source words
     assert "RNN seq2seq checkpoints only" in (out / "report.md").read_text()
+
+
+def test_a_file_mixing_plain_and_tab_lines_is_refused(tmp_path, capsys):
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("a sentence\nsource\treference\n", encoding="utf-8")
+    assert main(["inspect", "--model", "minilm", "--file", str(mixed)]) == 2
+    assert "either every line is 'source<TAB>reference' or none" in capsys.readouterr().err

