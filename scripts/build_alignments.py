@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import io
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,8 @@ import unicodedata
 import zipfile
 from collections import defaultdict
 from pathlib import Path
+
+from build_corpus import write_gzip  # scripts/ is on sys.path when this file is run
 
 PACKAGE = "bible-alignments==0.4.2"
 SOURCE = "data/sources/SBLGNT.tsv"
@@ -127,12 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         text, counts = build(args.wheel or download_wheel(Path(tmp)))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(args.out.name + ".partial")
-    # mtime=0 makes the gzip bytes depend on the text only, so rebuilding gives the same file.
-    with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-        gz.write(text.encode("utf-8"))
-    os.replace(partial, args.out)
+    write_gzip(text, args.out)
     print(", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
     return 0

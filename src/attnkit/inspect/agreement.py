@@ -63,6 +63,28 @@ def summarise(examples: Sequence[Agreement]) -> list[dict]:
     return rows
 
 
+def _similarity(model, ids, types, target):
+    """forward(m): cosine similarity of m copies of the sentence's mean-pooled embedding to ``target``."""
+
+    def forward(m: int) -> torch.Tensor:
+        batch, mask = ids.expand(m, -1), torch.ones(m, ids.shape[1], dtype=torch.long)
+        pooled = mean_pool(model(batch, mask, types.expand(m, -1)).hidden_states, mask)
+        return F.cosine_similarity(pooled, target[None], dim=-1)
+
+    return forward
+
+
+def _log_probability(model, batch, t: int, token: int):
+    """forward(m): log p(token at step t | the forced prefix, source) for m copies of the pair."""
+
+    def forward(m: int) -> torch.Tensor:
+        logits = model(batch.source.expand(m, -1), batch.source_lengths.expand(m),
+                       batch.target_in[:, : t + 1].expand(m, -1)).logits  # (m, t + 1, V)
+        return logits[:, t].log_softmax(-1)[:, token]
+
+    return forward
+
+
 def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequence[str], *,
                       steps: int = 32) -> list[Agreement]:
     """Agreement on a BERT-style sentence encoder (``tokenizers`` tokenizer): output =
@@ -81,11 +103,7 @@ def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequ
             target = mean_pool(model(pids, torch.ones_like(pids)).hidden_states, torch.ones_like(pids))[0]
             attentions = [a[0] for a in model(ids, torch.ones_like(ids), types, need_weights=True).attentions]
 
-        def forward(m: int) -> torch.Tensor:
-            batch, mask = ids.expand(m, -1), torch.ones(m, ids.shape[1], dtype=torch.long)
-            pooled = mean_pool(model(batch, mask, types.expand(m, -1)).hidden_states, mask)
-            return F.cosine_similarity(pooled, target[None], dim=-1)
-
+        forward = _similarity(model, ids, types, target)
         embedding = model.embeddings.tokens
         keep = np.array([t not in specials for t in e.tokens])
         last = attentions[-1].double().mean(0).mean(0).numpy()  # mass each token receives, last layer
@@ -115,11 +133,7 @@ def seq2seq_agreement(model, source_tokenizer, target_tokenizer, pairs, *, steps
             weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0]  # (T, S)
         tokens = source_tokenizer.tokens(pair.source)
         for t in range(min(len(target), max_steps_per_pair or len(target))):
-            def forward(m: int, t: int = t) -> torch.Tensor:
-                logits = model(batch.source.expand(m, -1), batch.source_lengths.expand(m),
-                               batch.target_in[:, : t + 1].expand(m, -1)).logits  # (m, t + 1, V)
-                return logits[:, t].log_softmax(-1)[:, target[t]]
-
+            forward = _log_probability(model, batch, t, target[t])
             embedding = model.source_embedding
             ig = integrated_gradients(forward, embedding, steps=steps).numpy()
             gxi = gradient_x_input(forward, embedding).numpy()

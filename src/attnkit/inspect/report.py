@@ -115,7 +115,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
               "|---|" + "---|" * roles.shape[1]]
     for l in range(roles.shape[0]):
         lines.append(f"| {l} | " + " | ".join(f"{dominant[l, h]} {roles.entropy[l, h]:.2f}" for h in range(roles.shape[1])) + " |")
-    lines += ["", "![head roles](roles.png)", "", f"## All heads on text 1", "", f"> {_md(texts[0])}", "",
+    lines += ["", "![head roles](roles.png)", "", "## All heads on text 1", "", f"> {_md(texts[0])}", "",
               "![overview](overview.png)", "", "![rollout](rollout.png)", ""]
     if "flow.png" in pictures:
         lines += ["![flow](flow.png)", ""]
