@@ -11,7 +11,7 @@ spread, so that the kept top-k holds a realistic share of the mass), it measures
 
 Usage:
     python benchmarks/viewer.py
-    python benchmarks/viewer.py --sizes 512 --top-k 16 64
+    python benchmarks/viewer.py --sizes 512 --top-k 4 16 64 --minilm
 Prints a table and writes JSON (default benchmarks/results/viewer.json).
 """
 
@@ -44,13 +44,37 @@ HOVER = """(direction) => {
 }"""
 
 
-def measure(browser, L: int, layers: int, heads: int, top_k: int, folder: Path) -> dict:
+def random_weights(L: int, layers: int, heads: int) -> tuple[np.ndarray, list[str]]:
     rng = np.random.default_rng(0)
     weights = rng.gamma(0.1, size=(layers, heads, L, L)).astype(np.float32)
-    weights /= weights.sum(-1, keepdims=True)
+    return weights / weights.sum(-1, keepdims=True), [f"tok{i}" for i in range(L)]
+
+
+def minilm_weights(L: int) -> tuple[np.ndarray, list[str]]:
+    """Real attention: all-MiniLM-L6-v2 (6 layers x 12 heads) on the first L tokens of bundled English verses."""
+    import torch
+
+    from attnkit.data import bible_corpus
+    from attnkit.inspect import encoder_attentions
+    from attnkit.models.pretrained import load_minilm
+
+    model, tokenizer = load_minilm()
+    text, verses = "", iter(bible_corpus("test"))
+    while len(tokenizer.encode(text).ids) < L:
+        text += " " + next(verses).source
+    ids = tokenizer.encode(text).ids[: L - 1]
+    text = tokenizer.decode(ids[1:])  # [CLS] ... without the cut-off [SEP], re-encoded with one
+    with torch.no_grad():
+        attentions, tokens = encoder_attentions(model, tokenizer, [text])
+    return torch.stack(attentions[0]).numpy(), tokens[0]
+
+
+def measure(browser, L: int, layers: int, heads: int, top_k: int, folder: Path, *, real: bool = False) -> dict:
+    weights, tokens = minilm_weights(L) if real else random_weights(L, layers, heads)
+    layers, heads, L = weights.shape[:3]
     path = folder / f"viewer-{L}-{layers}x{heads}-k{top_k}.html"
     started = time.perf_counter()
-    write_viewer(path, [AttentionView("self", [f"tok{i}" for i in range(L)], weights)], top_k=top_k)
+    write_viewer(path, [AttentionView("self", tokens, weights)], top_k=top_k)
     write_seconds = time.perf_counter() - started
     kept = np.sort(weights, -1)[..., -top_k:].sum(-1).mean()
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -61,7 +85,7 @@ def measure(browser, L: int, layers: int, heads: int, top_k: int, folder: Path) 
     hover_to_ms = page.evaluate(HOVER, "to")
     hover_from_ms = page.evaluate(HOVER, "from")
     page.close()
-    return {"tokens": L, "layers": layers, "heads": heads, "top_k": top_k, "write_s": write_seconds,
+    return {"weights": "MiniLM" if real else "random", "tokens": L, "layers": layers, "heads": heads, "top_k": top_k, "write_s": write_seconds,
             "file_mb": path.stat().st_size / 1e6, "float32_mb": weights.nbytes / 1e6, "kept_mass": float(kept),
             "load_ms": load_ms, "switch_head_ms": switch_ms, "hover_attends_to_ms": hover_to_ms,
             "hover_attended_by_ms": hover_from_ms}
@@ -73,24 +97,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--top-k", type=int, nargs="+", default=[16])
+    parser.add_argument("--minilm", action="store_true",
+                        help="also real all-MiniLM-L6-v2 attention (6 x 12 heads) at each size up to 512 tokens")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/viewer.json"))
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     rows = []
-    header = f"{'tokens':>6} {'LxH':>6} {'top_k':>5} {'write s':>8} {'file MB':>8} {'fp32 MB':>8} {'kept':>5} {'load ms':>8} {'switch ms':>9} {'hover to':>9} {'hover by':>9}"
+    header = f"{'weights':>7} {'tokens':>6} {'LxH':>6} {'top_k':>5} {'write s':>8} {'file MB':>8} {'fp32 MB':>8} {'kept':>5} {'load ms':>8} {'switch ms':>9} {'hover to':>9} {'hover by':>9}"
     print(header)
     with sync_playwright() as p, tempfile.TemporaryDirectory() as tmp:
         browser = p.chromium.launch(executable_path=args.chromium, args=FLAGS)
-        for L in args.sizes:
-            for k in args.top_k:
-                r = measure(browser, L, args.layers, args.heads, k, Path(tmp))
-                rows.append(r)
-                print(f"{L:>6} {args.layers:>3}x{args.heads:<2} {k:>5} {r['write_s']:>8.2f} {r['file_mb']:>8.2f} {r['float32_mb']:>8.1f} "
-                      f"{r['kept_mass']:>5.2f} {r['load_ms']:>8.0f} {r['switch_head_ms']:>9.1f} {r['hover_attends_to_ms']:>9.2f} "
-                      f"{r['hover_attended_by_ms']:>9.2f}")
-                write_json(args.out, {"machine": machine_info(), "chromium": browser.version, "results": rows})
+        cases = [(L, k, False) for L in args.sizes for k in args.top_k]
+        cases += [(L, k, True) for L in args.sizes if args.minilm and L <= 512 for k in args.top_k]
+        for L, k, real in cases:
+            r = measure(browser, L, args.layers, args.heads, k, Path(tmp), real=real)
+            rows.append(r)
+            print(f"{r['weights']:>7} {r['tokens']:>6} {r['layers']:>3}x{r['heads']:<2} {k:>5} {r['write_s']:>8.2f} {r['file_mb']:>8.2f} {r['float32_mb']:>8.1f} "
+                  f"{r['kept_mass']:>5.2f} {r['load_ms']:>8.0f} {r['switch_head_ms']:>9.1f} {r['hover_attends_to_ms']:>9.2f} "
+                  f"{r['hover_attended_by_ms']:>9.2f}")
+            write_json(args.out, {"machine": machine_info(), "chromium": browser.version, "results": rows})
         browser.close()
     print(f"wrote {args.out}")
     return 0
