@@ -21,6 +21,7 @@ from .alignment import (
     word_weights,
 )
 from .attribution import gradient_x_input, integrated_gradients, kendall, spearman
+from .record import record_attention
 from .roles import ROLES, SENTENCES, HeadRoles, encoder_attentions, entropy, head_roles
 from .rollout import attention_flow, attention_rollout, residual_attention
 
@@ -49,4 +50,5 @@ __all__ = [
     "word_weights",
     "attention_word_weights",
     "IBMModel1",
+    "record_attention",
 ]
