@@ -301,7 +301,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"report: {path}")
     if args.aer:
         result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
-                                           progress=progress, log=log)
+                                           log=log)
         for name, s in result["scores"].items():
             print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..data.batching import collate
 from ..models.encoder import mean_pool
 from .attribution import gradient_x_input, integrated_gradients, kendall, spearman
+from .roles import encoder_attentions
 from .rollout import attention_rollout
 
 __all__ = ["Agreement", "encoder_agreement", "seq2seq_agreement", "summarise"]
@@ -101,7 +102,7 @@ def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequ
         with torch.no_grad():
             pids = torch.tensor([p.ids])
             target = mean_pool(model(pids, torch.ones_like(pids)).hidden_states, torch.ones_like(pids))[0]
-            attentions = [a[0] for a in model(ids, torch.ones_like(ids), types, need_weights=True).attentions]
+        (attentions,), _ = encoder_attentions(model, tokenizer, [sentence])
 
         forward = _similarity(model, ids, types, target)
         embedding = model.embeddings.tokens

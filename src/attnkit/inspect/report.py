@@ -88,11 +88,10 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     rollout = attention_rollout(first)
     plot_heatmap(rollout, out / "rollout.png", x_labels=first_tokens, y_labels=first_tokens, title="attention rollout",
                  x_title="input token", y_title="output position")
-    pictures = ["roles.png", "overview.png", "rollout.png"]
-    if len(first_tokens) <= MAX_FLOW_TOKENS:
+    with_flow = len(first_tokens) <= MAX_FLOW_TOKENS
+    if with_flow:
         plot_heatmap(attention_flow(first), out / "flow.png", x_labels=first_tokens, y_labels=first_tokens,
                      title="attention flow", x_title="input token", y_title="output position")
-        pictures.append("flow.png")
     views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, att) for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
     write_viewer(out / "viewer.html", views, title="attnkit inspect: encoder self-attention", top_k=top_k)
     log(f"head roles, pictures and viewer written; attribution ({steps} integrated-gradient steps per text) ...")
@@ -117,7 +116,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
         lines.append(f"| {l} | " + " | ".join(f"{dominant[l, h]} {roles.entropy[l, h]:.2f}" for h in range(roles.shape[1])) + " |")
     lines += ["", "![head roles](roles.png)", "", "## All heads on text 1", "", f"> {_md(texts[0])}", "",
               "![overview](overview.png)", "", "![rollout](rollout.png)", ""]
-    if "flow.png" in pictures:
+    if with_flow:
         lines += ["![flow](flow.png)", ""]
     lines += ["Per-layer head grids: " + ", ".join(f"[layer {l}](heads-layer{l}.png)" for l in range(len(first))), ""]
     section, rows = _agreement_section(
@@ -219,8 +218,7 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
 
 
 def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
-                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), progress: Callable = _identity,
-                       log: Callable[[str], None] = print) -> dict:
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), log: Callable[[str], None] = print) -> dict:
     """AER of the checkpoint's attention on the held-out verses of the bundled Greek -> English corpus,
     next to IBM Model 1 (trained by EM on the training and held-out verses' text, no gold links)
     and the diagonal baseline. Writes ``alignment.md``, ``alignment.json`` and an example PNG."""
@@ -241,7 +239,7 @@ def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None,
     log(f"attention alignments of {len(test)} verses in {attention_seconds:.1f} s; IBM Model 1 ({ibm_iterations} EM iterations) ...")
     words = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
     ibm = IBMModel1().fit([words(p) for p in train + test], iterations=ibm_iterations,
-                          progress=None)
+                          progress=lambda i: log(f"IBM Model 1: EM iteration {i + 1}/{ibm_iterations} done"))
     methods["IBM Model 1"] = [ibm.align(*words(p)) for p in test]
     methods["diagonal"] = [diagonal_alignment(len(p.source.split()), len(p.target.split())) for p in test]
     scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}
