@@ -69,6 +69,7 @@ def softmax(scores, mask=None, temperature: float = 1.0) -> np.ndarray:
     """Row-wise softmax of scores / temperature over allowed entries; 0 elsewhere and on empty rows."""
     scores = _f64(scores) / temperature
     mask = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
+    mask = mask & ~np.isneginf(scores)  # a -inf score counts as masked
     out = np.zeros_like(scores)
     for index in np.ndindex(scores.shape[:-1]):
         allowed = mask[index]
@@ -119,6 +120,7 @@ def attention(
     elif is_causal:
         allowed &= causal_mask(L, S, causal_align)
     bias = np.zeros((B, H, L, S)) if bias is None else np.broadcast_to(_f64(bias), (B, H, L, S))
+    allowed &= ~np.isneginf(bias)  # a -inf bias (an additive mask) is a masked key
     output = np.zeros((B, H, L, v.shape[3]))
     weights = np.zeros((B, H, L, S))
     lse = np.full((B, H, L), -math.inf)

@@ -33,6 +33,7 @@ MASKINGS = [
     "padding",
     "random",
     "bias+padding",
+    "additive-mask",
 ]
 
 
@@ -52,6 +53,11 @@ def make_call(case: str, masking: str, dtype: torch.dtype, generator: torch.Gene
         mask = torch.rand(B, H, L, S, generator=generator) < 0.7
         mask[:, :, 3] = False  # a fully masked query row in every head
         kwargs = {"mask": mask}
+    elif masking == "additive-mask":  # a float mask: 0 or -inf, with a row that is -inf everywhere
+        bias = torch.zeros(B, 1, L, S, dtype=dtype).masked_fill(torch.rand(B, 1, L, S, generator=generator) < 0.3,
+                                                               float("-inf"))
+        bias[:, :, 2] = float("-inf")
+        kwargs = {"bias": bias}
     elif masking == "bias+padding":
         kwargs = {
             "bias": randn(1, H, L, S, dtype=dtype, generator=generator),
@@ -373,3 +379,57 @@ def test_bfloat16_error_at_most_twice_plain_pytorch_in_bfloat16(backend, masking
     plain_error = np.abs(numpy(plain) - exact).max()
     error = np.abs(numpy(attnkit.attention(q, k, v, backend=backend, **kwargs).output) - exact).max()
     assert error <= 2 * plain_error, f"{backend}: {error:.3g} vs plain bfloat16 {plain_error:.3g}"
+
+
+# -- edges: one semantics in every backend ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bias_row_of_minus_inf_gives_zeros_and_finite_gradients(backend, small_tiles):
+    q, k, v = (torch.randn(2, 2, 5, 8, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(1, 1, 5, 5)
+    bias[0, 0, 3] = float("-inf")
+    result = attnkit.attention(q, k, v, bias=bias, backend=backend, need_weights=True)
+    assert (result.output[:, :, 3] == 0).all() and (result.weights[:, :, 3] == 0).all()
+    assert torch.isfinite(result.output).all() and torch.isfinite(result.weights).all()
+    result.output.sum().backward()
+    for x in (q, k, v):
+        assert torch.isfinite(x.grad).all()
+    assert (q.grad[:, :, 3] == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("L, S", [(4, 0), (0, 6), (0, 0)])
+def test_empty_queries_or_keys_give_zeros(backend, L, S):
+    q = torch.randn(2, 4, L, 8, requires_grad=True)
+    k, v = torch.randn(2, 2, S, 8, requires_grad=True), torch.randn(2, 2, S, 5, requires_grad=True)
+    result = attnkit.attention(q, k, v, backend=backend, need_weights=True, is_causal=L > 0)
+    assert result.output.shape == (2, 4, L, 5) and result.weights.shape == (2, 4, L, S)
+    assert (result.output == 0).all() and (result.weights == 0).all()
+    result.output.sum().backward()
+    assert q.grad is None or (q.grad == 0).all()
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_nan_propagates_the_same_way_in_every_backend(where, rng, small_tiles):
+    q, k, v = randn(2, 4, 9, 8, generator=rng), randn(2, 2, 11, 8, generator=rng), randn(2, 2, 11, 8, generator=rng)
+    mask = torch.ones(2, 1, 9, 11, dtype=torch.bool)
+    mask[:, :, :, 6] = False  # the NaN key/value is masked: it poisons all the same (documented)
+    {"q": q, "k": k, "v": v}[where][1, 1, 6, 2] = float("nan")
+    expected = torch.zeros(2, 4, 9, dtype=torch.bool)
+    if where == "q":
+        expected[1, 1, 6] = True
+    else:
+        expected[1, 2:4] = True  # query heads 2 and 3 read key/value head 1
+    for backend in BACKENDS:
+        result = attnkit.attention(q, k, v, mask=mask, backend=backend, need_weights=True)
+        assert torch.equal(result.output.isnan().any(-1), expected), backend
+        assert torch.equal(result.weights.isnan().any(-1), expected), backend
+        assert not result.output[~expected].isnan().any(), backend
+        assert torch.equal(result.output.isnan(), result.output.isnan().any(-1, keepdim=True).expand_as(result.output))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.5", True])
+def test_scale_must_be_finite_and_positive(scale):
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        attnkit.attention(*_qkv(), scale=scale)

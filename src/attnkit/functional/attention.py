@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -156,6 +157,8 @@ def attention(
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
     if scale is None:
         scale = 1.0 / math.sqrt(dims.E) if dims.E > 0 else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 (or None for 1/sqrt(E)), got {scale!r}")
     heads = _heads(need_weights, dims.H)
     problem = Problem(
         dims=dims,
@@ -168,6 +171,8 @@ def attention(
         dropout_p=float(dropout_p),
     )
     name = choose_backend(problem) if backend == "auto" else backend
+    if dims.S == 0 or dims.L == 0:
+        name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
     result = BACKENDS[name](q, k, v, problem)
     weights = None
     if heads is not None:
@@ -175,4 +180,26 @@ def attention(
             weights = result.weights if heads == list(range(dims.H)) else result.weights[:, heads]
         else:
             weights = head_weights(q, k, problem, heads, lse=result.lse)
-    return AttentionOutput(output=result.output, weights=weights, lse=result.lse)
+    output, lse = result.output, result.lse
+    poisoned = _nan_rows(q, k, v, dims)
+    if poisoned is not None:
+        output = output.masked_fill(poisoned, math.nan)
+        lse = None if lse is None else lse.masked_fill(poisoned[..., 0], math.nan)
+        if weights is not None:
+            weights = weights.masked_fill(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan)
+    return AttentionOutput(output=output, weights=weights, lse=lse)
+
+
+def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
+    """(B, H, L, 1) True where NaN must propagate, or None when q, k and v hold no NaN.
+
+    One rule for every backend (fused kernels differ: SDPA turns a NaN query into a zero output):
+    a NaN in query row i makes row i NaN; a NaN anywhere in the keys or values of a (batch, key
+    head) makes every row of the query heads that read it NaN, whatever the mask says."""
+    q_bad = torch.isnan(q).any(dim=-1, keepdim=True)  # (B, H, L, 1)
+    kv_bad = torch.isnan(k).flatten(2).any(dim=-1) | torch.isnan(v).flatten(2).any(dim=-1)  # (B, Hkv)
+    kv_bad = kv_bad.repeat_interleave(dims.groups, dim=1)[:, :, None, None]  # (B, H, 1, 1)
+    bad = q_bad | kv_bad
+    if q.device.type == "cpu" and not bool(bad.any()):  # no device sync on accelerators: always fill there
+        return None
+    return bad

@@ -44,14 +44,16 @@ def masked_softmax(
 
     Returns:
         Weights of the shape of ``scores``: rows sum to 1 over allowed positions, masked
-        positions are exactly 0, fully masked rows are all 0.
+        positions are exactly 0, fully masked rows are all 0. A score of -inf (what an additive
+        float mask gives) counts as masked, so a row of -inf scores also gives zeros, not NaN.
+        A NaN score is not masked: it makes its row NaN.
     """
     _check_temperature(temperature)
     _check_mask(scores, mask)
     if temperature != 1.0:
         scores = scores / temperature
-    if mask is None:
-        return torch.softmax(scores, dim=dim)
+    finite_below = scores != float("-inf")  # NaN != -inf: NaN stays in and propagates
+    mask = finite_below if mask is None else mask & finite_below
     filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     # A fully masked row is uniform after softmax; zeroing the masked entries makes it all 0.
     return torch.softmax(filled, dim=dim).masked_fill(~mask, 0.0)
