@@ -59,7 +59,16 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.max_len = max_len
-        self.register_buffer("table", sinusoidal_table(max_len, d_model, base), persistent=False)
+        self.base = base
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, base, dtype=torch.float32), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) casts floating buffers; the table stays float32 (recomputed, not re-cast
+        # from a rounded copy) so that a bf16 model adds the same positions as a float32 one.
+        super()._apply(fn, recurse)
+        self.table = sinusoidal_table(self.max_len, self.d_model, self.base, device=self.table.device,
+                                      dtype=torch.float32)
+        return self
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, L, D) -> x + PE[offset : offset + L]."""
@@ -112,13 +121,28 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.base = base
         self.interleaved = interleaved
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
+        self._cached: tuple[Tensor, Tensor] | None = None
+
+    def _frequencies(self, device) -> Tensor:
+        """theta_i = base^(-2i/E), float32 (computed in float64)."""
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
+        return (1.0 / self.base**exponent).float()
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) casts floating buffers: keep the frequencies float32 whatever the model's
+        # dtype (recomputed, never re-cast from a rounded copy), and drop cos/sin computed before, so
+        # the numbers do not depend on the dtype or on what ran before the cast.
+        super()._apply(fn, recurse)
+        self.inv_freq = self._frequencies(self.inv_freq.device)
+        self._cached = None
+        return self
 
     def _table(self, length: int, device) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions 0 .. >= length-1, computed once and grown by doubling (decoding
-        one token at a time would otherwise recompute them in every layer at every step)."""
-        cached = getattr(self, "_cached", None)
+        """cos and sin (float32) of positions 0 .. >= length-1, computed once per device and grown by
+        doubling (decoding one token at a time would otherwise recompute them in every layer at
+        every step)."""
+        cached = self._cached
         if cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device):
             size = max(length, 2 * (0 if cached is None else cached[0].shape[0]), 256)
             self._cached = self.angles(torch.arange(size, device=device))
@@ -126,7 +150,7 @@ class RotaryEmbedding(nn.Module):
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2) in float32."""
-        angle = positions.to(torch.float32)[..., None] * self.inv_freq
+        angle = positions.to(torch.float32)[..., None] * self.inv_freq.to(torch.float32)
         return angle.cos(), angle.sin()
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
