@@ -34,6 +34,9 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights in training mode.
         backend: attention backend, see :func:`attnkit.attention`.
         rotary: a :class:`RotaryEmbedding` applied to queries and keys after projection (Llama).
+        head_dim: E when it is not D / H (then D need not be divisible by H).
+        out_bias: bias in ``out_proj`` (default: ``bias``); Qwen2 has q/k/v biases only.
+        scale: multiplies q k^T (default 1 / sqrt(E)).
 
     Parameters: ``q_proj`` (D -> H E), ``k_proj`` (kdim -> Hkv E), ``v_proj`` (vdim -> Hkv E),
     ``out_proj`` (H E -> D).
@@ -50,10 +53,16 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         backend: str = "auto",
         rotary: RotaryEmbedding | None = None,
+        *,
+        head_dim: int | None = None,
+        out_bias: bool | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if d_model < 1 or num_heads < 1 or d_model % num_heads:
+        if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1):
+            raise ValueError(f"head_dim must be a positive int or None, got {head_dim!r}")
+        if d_model < 1 or num_heads < 1 or (head_dim is None and d_model % num_heads):
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(
@@ -66,7 +75,8 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = d_model // num_heads if head_dim is None else head_dim
+        self.scale = scale
         self.kdim = d_model if kdim is None else kdim
         self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
@@ -75,10 +85,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"rotary.head_dim={rotary.head_dim} does not match head_dim={self.head_dim}")
         self.rotary = rotary
         kv_width = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
         self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias if out_bias is None else out_bias)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         check_rank("query", query, 3, "(B, L, D)")
@@ -150,6 +160,7 @@ class MultiHeadAttention(nn.Module):
             causal_align=causal_align,
             window=window,
             bias=bias,
+            scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
             need_weights=need_weights,

@@ -110,24 +110,64 @@ class RotaryEmbedding(nn.Module):
         head_dim: E, even.
         base: theta_i = base^(-2i/E); 10000 in RoFormer and Llama 2, 500000 in Llama 3, 100000 in SmolLM2.
         interleaved: pair layout, see :func:`apply_rotary`.
+        scaling: context extension of the frequencies: None; ``"linear"`` (position interpolation,
+            Chen et al. 2023: every theta_i / factor); ``"llama3"`` (Llama 3.1: wavelengths longer
+            than original_max_len / low_freq_factor are divided by factor, shorter than
+            original_max_len / high_freq_factor kept, the band between interpolated smoothly).
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, *, interleaved: bool = False):
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        *,
+        interleaved: bool = False,
+        scaling: str | None = None,
+        factor: float = 1.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        original_max_len: int = 8192,
+    ):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
         if not base > 1:
             raise ValueError(f"base must be > 1, got {base}")
+        if scaling not in (None, "linear", "llama3"):
+            raise ValueError(f"scaling must be None, 'linear' or 'llama3', got {scaling!r}")
+        if not factor >= 1.0:
+            raise ValueError(f"factor must be >= 1, got {factor!r}")
         self.head_dim = head_dim
         self.base = base
         self.interleaved = interleaved
+        self.scaling = scaling
+        self.factor = float(factor)
+        self.low_freq_factor = float(low_freq_factor)
+        self.high_freq_factor = float(high_freq_factor)
+        self.original_max_len = original_max_len
         self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
         self._cached: tuple[Tensor, Tensor] | None = None
 
     def _frequencies(self, device) -> Tensor:
         """theta_i = base^(-2i/E), float32 (computed in float64)."""
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
-        return (1.0 / self.base**exponent).float()
+        inv_freq = 1.0 / self.base**exponent
+        if self.scaling == "linear":
+            inv_freq = inv_freq / self.factor
+        elif self.scaling == "llama3":
+            wavelength = 2 * math.pi / inv_freq
+            low_freq_wavelength = self.original_max_len / self.low_freq_factor
+            high_freq_wavelength = self.original_max_len / self.high_freq_factor
+            smooth = (self.original_max_len / wavelength - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            interpolated = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+            inv_freq = torch.where(
+                wavelength > low_freq_wavelength,
+                inv_freq / self.factor,
+                torch.where(wavelength < high_freq_wavelength, inv_freq, interpolated),
+            )
+        return inv_freq.float()
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) casts floating buffers: keep the frequencies float32 whatever the model's

@@ -18,6 +18,7 @@ __all__ = [
     "EncoderConfig",
     "DecoderConfig",
     "SEQ2SEQ_ATTENTIONS",
+    "ACTIVATION_NAMES",
     "PRESETS",
     "preset",
     "config_to_dict",
@@ -27,6 +28,10 @@ __all__ = [
 ]
 
 SEQ2SEQ_ATTENTIONS = ("none", "bahdanau", "luong-dot", "luong-general", "luong-concat", "luong-local-p")
+ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
+"""Feed-forward activations: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation
+(GPT-2's "gelu_new", PyTorch's approximate="tanh"), ``silu`` is x sigmoid(x) (Swish)."""
+ROPE_SCALINGS = ("linear", "llama3")
 
 
 def _check_positive(config, *names: str) -> None:
@@ -127,11 +132,13 @@ class EncoderConfig:
     norm_eps: float = 1e-12
     dropout: float = 0.1
     pooler: bool = True  # tanh(W h_[CLS] + b)
+    activation: str = "gelu"  # feed-forward activation, one of ACTIVATION_NAMES (BERT: exact GELU)
 
     def __post_init__(self) -> None:
         _check_positive(self, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "type_vocab_size")
         if self.d_model % self.num_heads:
             raise ValueError(f"EncoderConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        _check_choice(self, "activation", ACTIVATION_NAMES)
         _check_dropout(self)
 
 
@@ -159,11 +166,48 @@ class DecoderConfig:
     tie_embeddings: bool = True  # output layer shares the token embedding matrix
     window: int | None = None  # sliding-window attention (Mistral): each token sees this many
     dropout: float = 0.0
+    activation: str | None = None  # MLP activation (ACTIVATION_NAMES); None: gelu_tanh for "gelu", silu for "swiglu"
+    qkv_bias: bool | None = None  # biases on q/k/v projections; None: as ``bias`` (Qwen2: True with bias=False)
+    out_bias: bool | None = None  # bias on the attention output projection; None: as ``bias``
+    mlp_bias: bool | None = None  # biases in the MLP; None: as ``bias``
+    attention_head_dim: int | None = None  # E when not d_model / num_heads (e.g. Gemma, some Llama/Mistral)
+    scale_attention: bool = True  # scores times 1/sqrt(E); False: unscaled (GPT-2 scale_attn_weights=False)
+    scale_by_layer: bool = False  # layer i divides its scores by i + 1 too (GPT-2 scale_attn_by_inverse_layer_idx)
+    rope_scaling: str | None = None  # None, "linear" (positions / factor) or "llama3" (Llama 3.1 frequency bands)
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # llama3 only
+    rope_high_freq_factor: float = 4.0  # llama3 only
+    rope_original_max_len: int = 8192  # llama3 only: the context the frequencies were trained on
+    window_layers: tuple[int, ...] | None = None  # layers with the sliding window; None: all (when window is set)
 
     def __post_init__(self) -> None:
-        _check_positive(self, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len")
-        if self.d_model % self.num_heads:
+        _check_positive(self, "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len",
+                        "rope_original_max_len")
+        if self.attention_head_dim is not None:
+            _check_positive(self, "attention_head_dim")
+        elif self.d_model % self.num_heads:
             raise ValueError(f"DecoderConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        if self.activation is not None:
+            _check_choice(self, "activation", ACTIVATION_NAMES)
+        if self.rope_scaling is not None:
+            _check_choice(self, "rope_scaling", ROPE_SCALINGS)
+            if self.positional != "rope":
+                raise ValueError(f"DecoderConfig.rope_scaling={self.rope_scaling!r} needs positional='rope'")
+        if not (isinstance(self.rope_factor, (int, float)) and self.rope_factor >= 1.0):
+            raise ValueError(f"DecoderConfig.rope_factor must be a number >= 1, got {self.rope_factor!r}")
+        if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ValueError(
+                "DecoderConfig needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
+                f"{self.rope_low_freq_factor!r} and {self.rope_high_freq_factor!r}"
+            )
+        if self.window_layers is not None:
+            layers = tuple(self.window_layers)
+            if self.window is None or any(not isinstance(i, int) or not 0 <= i < self.num_layers for i in layers):
+                raise ValueError(
+                    f"DecoderConfig.window_layers must list layer indices in [0, {self.num_layers}) and needs a "
+                    f"window, got {self.window_layers!r} with window={self.window!r}"
+                )
+            object.__setattr__(self, "window_layers", tuple(sorted(set(layers))))  # JSON gives a list
         if self.num_kv_heads is not None and (self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
             raise ValueError(
                 f"DecoderConfig.num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}"
@@ -177,11 +221,26 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.attention_head_dim or self.d_model // self.num_heads
 
     @property
     def kv_heads(self) -> int:
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def mlp_activation(self) -> str:
+        return self.activation or ("gelu_tanh" if self.mlp == "gelu" else "silu")
+
+    def has_bias(self, part: str) -> bool:
+        """Whether the ``"qkv"``, ``"out"`` or ``"mlp"`` projections have biases."""
+        value = {"qkv": self.qkv_bias, "out": self.out_bias, "mlp": self.mlp_bias}[part]
+        return self.bias if value is None else value
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: full causal attention)."""
+        if self.window_layers is not None and layer not in self.window_layers:
+            return None
+        return self.window
 
 
 _KINDS = {cls.kind: cls for cls in (Seq2SeqConfig, TransformerConfig, EncoderConfig, DecoderConfig)}

@@ -40,16 +40,18 @@ def _norm(config: DecoderConfig) -> nn.Module:
 class DecoderBlock(nn.Module):
     """Pre-norm block: causal (windowed) self attention, then the MLP, each with a residual."""
 
-    def __init__(self, config: DecoderConfig, rotary: RotaryEmbedding | None = None):
+    def __init__(self, config: DecoderConfig, rotary: RotaryEmbedding | None = None, layer: int = 0):
         super().__init__()
         c = config
-        self.window = c.window
-        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, bias=c.bias, dropout=c.dropout,
-                                            rotary=rotary)
+        self.window = c.layer_window(layer)
+        scale = (c.head_dim**-0.5 if c.scale_attention else 1.0) / (layer + 1 if c.scale_by_layer else 1)
+        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, bias=c.has_bias("qkv"),
+                                            dropout=c.dropout, rotary=rotary, head_dim=c.head_dim,
+                                            out_bias=c.has_bias("out"), scale=scale)
         if c.mlp == "gelu":
-            self.mlp = FeedForward(c.d_model, c.d_ff, activation="gelu_tanh", bias=c.bias)
+            self.mlp = FeedForward(c.d_model, c.d_ff, activation=c.mlp_activation, bias=c.has_bias("mlp"))
         else:
-            self.mlp = GatedFeedForward(c.d_model, c.d_ff, bias=c.bias)
+            self.mlp = GatedFeedForward(c.d_model, c.d_ff, bias=c.has_bias("mlp"), activation=c.mlp_activation)
         self.attn_block = Residual(_norm(c), c.dropout, norm_first=True)
         self.mlp_block = Residual(_norm(c), c.dropout, norm_first=True)
 
@@ -76,8 +78,12 @@ class DecoderLM(nn.Module):
         self.config = c = config
         self.tokens = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = LearnedPositionalEmbedding(c.max_len, c.d_model) if c.positional == "learned" else None
-        rotary = RotaryEmbedding(c.head_dim, c.rope_base) if c.positional == "rope" else None
-        self.layers = nn.ModuleList(DecoderBlock(c, rotary) for _ in range(c.num_layers))
+        rotary = None
+        if c.positional == "rope":
+            rotary = RotaryEmbedding(c.head_dim, c.rope_base, scaling=c.rope_scaling, factor=c.rope_factor,
+                                     low_freq_factor=c.rope_low_freq_factor, high_freq_factor=c.rope_high_freq_factor,
+                                     original_max_len=c.rope_original_max_len)
+        self.layers = nn.ModuleList(DecoderBlock(c, rotary, layer) for layer in range(c.num_layers))
         self.norm = _norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -86,7 +92,7 @@ class DecoderLM(nn.Module):
 
     def new_cache(self) -> list[KVCache]:
         """One KV cache per layer; rolling (the last ``window`` positions) for sliding windows."""
-        return [KVCache(window=self.config.window) for _ in self.layers]
+        return [KVCache(window=layer.window) for layer in self.layers]
 
     def forward(
         self,

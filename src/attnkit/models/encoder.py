@@ -57,7 +57,7 @@ class EncoderModel(nn.Module):
         self.config = c = config
         self.embeddings = _Embeddings(c)
         self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation="gelu", norm_eps=c.norm_eps)
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation=c.activation, norm_eps=c.norm_eps)
             for _ in range(c.num_layers)
         )
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None

@@ -46,6 +46,7 @@ ACTIVATIONS = {
     "relu": torch.relu,
     "gelu": F.gelu,  # exact (erf) GELU: BERT
     "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,  # Swish: Llama's gate
 }
 
 
@@ -66,16 +67,20 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """SwiGLU (Shazeer 2020), as in Llama: down(silu(gate(x)) * up(x)), no biases."""
+    """Gated linear unit (Shazeer 2020): down(act(gate(x)) * up(x)); SwiGLU (silu) as in Llama,
+    GeGLU with a GELU."""
 
-    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False):
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, activation: str = "silu"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Residual(nn.Module):
