@@ -120,3 +120,65 @@ def test_mismatched_weights_name_the_tensor_and_both_shapes():
     assert "tensor 'layers.1.mlp.up_proj.weight': expected shape (64, 48), found (60, 48)" in text
     assert "missing tensor 'norm.weight' (expected shape (48,))" in text
     assert "unexpected tensor 'layers.0.extra.weight' (shape (2,))" in text
+
+
+def test_llama_style_biases_survive_save_and_load_both_ways(tmp_path, rng):
+    from attnkit.models.config import DecoderConfig
+
+    config = DecoderConfig(vocab_size=101, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2, d_ff=64,
+                           positional="rope", norm="rmsnorm", mlp="swiglu", bias=True, tie_embeddings=False)
+    ours = DecoderLM(config).eval()
+    _randomise(ours, seed=5)
+    save_hf_safetensors(ours, tmp_path / "model.safetensors", "llama")
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "model.safetensors")
+    assert sum(name.endswith(".bias") for name in saved) == 2 * 7  # q, k, v, o, gate, up, down per layer
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=101, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+        intermediate_size=64, attention_bias=True, mlp_bias=True, rms_norm_eps=1e-5)).eval()
+    result = hf.load_state_dict({k if k == "lm_head.weight" else f"model.{k}": v for k, v in saved.items()}, strict=False)
+    assert not result.unexpected_keys and not result.missing_keys
+    ids = torch.randint(0, 101, (1, 9), generator=rng)
+    with torch.no_grad():
+        assert (hf(input_ids=ids).logits - ours(ids).logits).abs().max() <= ATOL
+    again = DecoderLM(config)
+    load_hf_safetensors(again, tmp_path / "model.safetensors", "llama")
+    for name, tensor in ours.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+
+
+def test_a_model_tensor_without_a_hf_name_is_refused_not_dropped(tmp_path):
+    ours = DecoderLM(config_from_hf(_hf_decoder("llama").config.to_dict()))
+    ours.layers[0].register_parameter("extra_scale", torch.nn.Parameter(torch.ones(3)))
+    with pytest.raises(ValueError, match="no Hugging Face name for \\['layers.0.extra_scale'\\]"):
+        save_hf_safetensors(ours, tmp_path / "model.safetensors", "llama")
+    with pytest.raises(ValueError, match="layers.0.extra_scale"):
+        load_hf_state_dict(ours, _hf_decoder("llama").state_dict(), "llama")
+
+
+@pytest.mark.parametrize("kind", ["masked-lm", "no-pooler"])
+def test_bert_checkpoints_of_task_models_and_without_pooler_load(tmp_path, rng, kind):
+    from attnkit.models.pretrained import load_hf_folder
+
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=37, max_position_embeddings=64)
+    if kind == "masked-lm":
+        hf = transformers.BertForMaskedLM(config).eval()
+        base = hf.bert
+    else:
+        hf = base = transformers.BertModel(config, add_pooling_layer=False).eval()
+    _randomise(hf, seed=6)
+    hf.save_pretrained(tmp_path)
+    ours = load_hf_folder(tmp_path)
+    assert ours.pooler is None
+    ids = torch.randint(0, 99, (2, 11), generator=rng)
+    with torch.no_grad():
+        assert (ours(ids).hidden_states - base(input_ids=ids).last_hidden_state).abs().max() <= ATOL
+    if kind == "masked-lm":
+        from safetensors.torch import load_file
+
+        skipped = load_hf_state_dict(EncoderModel(ours.config), load_file(tmp_path / "model.safetensors"), "bert")
+        assert skipped and all(name.startswith("cls.") for name in skipped)
+    with pytest.raises(ValueError, match="missing tensor 'pooler.dense.weight'"):
+        load_hf_state_dict(EncoderModel(config_from_hf(config.to_dict())), base.state_dict(), "bert")

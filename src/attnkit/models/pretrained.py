@@ -174,10 +174,8 @@ def _windows(hf: Mapping, kind: str) -> dict:
         raise _refuse(kind, "layer_types", layer_types,
                       "one of 'full_attention' / 'sliding_attention' per layer")
     sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
-    if not sliding:
+    if not sliding or hf.get("sliding_window") is None:  # transformers: a "sliding" layer without a window is full
         return {}
-    if not hf.get("sliding_window"):
-        raise _refuse(kind, "sliding_window", hf.get("sliding_window"), "a positive int where layers slide")
     return {"window": hf["sliding_window"], "window_layers": None if len(sliding) == len(layer_types) else sliding}
 
 
@@ -286,6 +284,8 @@ def _gpt2_pairs(config: DecoderConfig) -> list[tuple[str, str]]:
         hf, ours = f"h.{i}.", f"layers.{i}."
         for a, b in (("ln_1", "attn_block.norm"), ("ln_2", "mlp_block.norm")):
             pairs += [(f"{hf}{a}.weight", f"{ours}{b}.weight"), (f"{hf}{a}.bias", f"{ours}{b}.bias")]
+    if not config.tie_embeddings:
+        pairs.append(("lm_head.weight", "lm_head.weight"))
     return pairs
 
 
