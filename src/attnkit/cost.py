@@ -24,13 +24,18 @@ from .models.config import DecoderConfig, EncoderConfig, TransformerConfig
 
 __all__ = ["Cost", "parameter_breakdown", "estimate", "DTYPE_BYTES"]
 
+MAX_SEQ = 10**12
+"""Longest sequence :func:`estimate` answers for (the arithmetic is closed form; beyond this the
+figures stop meaning anything)."""
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
-def _attention_params(d_model: int, heads: int, kv_heads: int, head_dim: int, bias: bool) -> int:
+def _attention_params(d_model: int, heads: int, kv_heads: int, head_dim: int, bias: bool,
+                      out_bias: bool | None = None) -> int:
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     weights = d_model * q_out + 2 * d_model * kv_out + q_out * d_model
-    return weights + ((q_out + 2 * kv_out + d_model) if bias else 0)
+    out_bias = bias if out_bias is None else out_bias
+    return weights + ((q_out + 2 * kv_out) if bias else 0) + (d_model if out_bias else 0)
 
 
 def parameter_breakdown(config) -> dict[str, int]:
@@ -38,13 +43,15 @@ def parameter_breakdown(config) -> dict[str, int]:
     c = config
     if isinstance(c, DecoderConfig):
         norm = c.d_model * (2 if c.norm == "layernorm" else 1)
+        mlp_bias = c.has_bias("mlp")
         if c.mlp == "gelu":
-            mlp = 2 * c.d_model * c.d_ff + (c.d_ff + c.d_model if c.bias else 0)
+            mlp = 2 * c.d_model * c.d_ff + (c.d_ff + c.d_model if mlp_bias else 0)
         else:
-            mlp = 3 * c.d_model * c.d_ff + (2 * c.d_ff + c.d_model if c.bias else 0)
+            mlp = 3 * c.d_model * c.d_ff + (2 * c.d_ff + c.d_model if mlp_bias else 0)
         parts = {
             "embeddings": c.vocab_size * c.d_model + (c.max_len * c.d_model if c.positional == "learned" else 0),
-            "attention": c.num_layers * _attention_params(c.d_model, c.num_heads, c.kv_heads, c.head_dim, c.bias),
+            "attention": c.num_layers * _attention_params(c.d_model, c.num_heads, c.kv_heads, c.head_dim,
+                                                          c.has_bias("qkv"), c.has_bias("out")),
             "mlp": c.num_layers * mlp,
             "norms": (2 * c.num_layers + 1) * norm,
             "head": 0 if c.tie_embeddings else c.vocab_size * c.d_model,
@@ -91,6 +98,17 @@ class Cost:
     attention_matrix_bytes_per_layer: int  # all heads of one layer
     kv_cache_bytes: int  # whole sequence, all layers (0 for encoders)
     kv_cache_bytes_per_token: int
+    attention_entries_computed: int = 0  # (query, key) pairs one head of one layer scores, window applied
+    notes: tuple[str, ...] = ()  # what the figures assume: trained length exceeded, windows
+
+
+def _pairs(seq: int, window: int | None, causal: bool) -> tuple[int, int]:
+    """(query-key pairs over the sequence, keys seen by the last query), in closed form."""
+    if not causal:
+        return seq * seq, seq
+    if window is None or window >= seq:
+        return seq * (seq + 1) // 2, seq
+    return window * (window + 1) // 2 + (seq - window) * window, window
 
 
 def _shape(config) -> tuple[int, int, int, int, bool]:
@@ -105,8 +123,8 @@ def _shape(config) -> tuple[int, int, int, int, bool]:
 
 def estimate(config, seq: int, dtype: str = "bf16") -> Cost:
     """The cost of running ``config`` over ``seq`` tokens with values stored in ``dtype``."""
-    if seq < 1:
-        raise ValueError(f"seq must be >= 1, got {seq}")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ:
+        raise ValueError(f"seq must be an int in [1, {MAX_SEQ:,}], got {seq!r}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     nbytes = DTYPE_BYTES[dtype]
@@ -119,20 +137,38 @@ def estimate(config, seq: int, dtype: str = "bf16") -> Cost:
         matmul = parts["attention"] + parts["mlp"]
     else:
         matmul = parts["attention"] + parts["mlp"] + config.vocab_size * config.d_model
-    per_context = 4 * layers * heads * head_dim  # attention FLOPs per token per attended position
-    contexts = [min(c, window) if window else c for c in (range(1, seq + 1) if causal else [seq] * seq)]
-    kv_per_token = 0 if isinstance(config, EncoderConfig) else 2 * layers * kv_heads * head_dim * nbytes
-    held = min(seq, window) if window else seq
+    per_context = 4 * heads * head_dim  # attention FLOPs per token per attended position, one layer
+    window_layers = layers if window and getattr(config, "window_layers", None) is None else (
+        len(config.window_layers) if window else 0)
+    full_pairs, full_last = _pairs(seq, None, causal)
+    windowed_pairs, windowed_last = _pairs(seq, window, causal) if window else (full_pairs, full_last)
+    pairs_total = (layers - window_layers) * full_pairs + window_layers * windowed_pairs
+    last_total = (layers - window_layers) * full_last + window_layers * windowed_last
+    kv_per_token = 0 if isinstance(config, EncoderConfig) else 2 * kv_heads * head_dim * nbytes
+    held = (layers - window_layers) * seq + window_layers * min(seq, window or seq)
+    notes = []
+    max_len = getattr(config, "max_len", None)
+    if max_len is not None and seq > max_len:
+        learned = isinstance(config, EncoderConfig) or getattr(config, "positional", "") in ("learned", "sinusoidal")
+        notes.append(f"seq {seq:,} exceeds the {max_len:,} positions this model has"
+                     + (": it cannot run at this length (learned positions)" if learned
+                        else " (trained context): RoPE runs, quality beyond it is not given"))
+    if window:
+        notes.append(f"sliding window of {window:,} on {window_layers} of {layers} layers: attention FLOPs and the "
+                     f"KV cache use it; dense attention would score {full_pairs:,} pairs per head per layer "
+                     f"instead of {windowed_pairs:,}")
     return Cost(
         parameters=parts,
         seq=seq,
         dtype_bytes=nbytes,
         flops_per_token_rest=2 * matmul,
-        flops_per_token_attention=per_context * contexts[-1],
+        flops_per_token_attention=per_context * last_total,
         flops_per_sequence_rest=2 * matmul * seq,
-        flops_per_sequence_attention=per_context * sum(contexts),
+        flops_per_sequence_attention=per_context * pairs_total,
         attention_matrix_entries=seq * seq,
         attention_matrix_bytes_per_layer=heads * seq * seq * nbytes,
         kv_cache_bytes=kv_per_token * held,
-        kv_cache_bytes_per_token=kv_per_token,
+        kv_cache_bytes_per_token=kv_per_token * layers,
+        attention_entries_computed=windowed_pairs if window else full_pairs,
+        notes=tuple(notes),
     )

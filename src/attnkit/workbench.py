@@ -191,7 +191,7 @@ def run_demo(
         log(f"== {name} ({attention}): {parameters:,} parameters, {epochs} epochs on {len(train_pairs):,} pairs")
         started = time.perf_counter()
         result = train(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, training,
-                       out / "runs" / name, progress=progress, log=log)
+                       out / "runs" / name, overwrite=True, progress=progress, log=log)  # the demo re-runs its own runs
         train_seconds = time.perf_counter() - started
         best = load_checkpoint(out / "runs" / name / "best")
         scores, translations = evaluate_model(best.model, best.source_tokenizer, best.target_tokenizer, test_pairs,

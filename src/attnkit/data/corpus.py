@@ -11,6 +11,9 @@ from pathlib import Path
 __all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "SPLITS"]
 
 SPLITS = ("train", "valid", "test")
+MAX_LINE_CHARS = 10_000
+"""Longest line a pairs file may have: a sentence pair, not a document (a longer line is almost
+certainly a broken file, and tokenising megabytes as one sentence exhausts memory)."""
 _BIBLE = "kjv-lsg.tsv.gz"
 _BIBLE_COLUMNS = ["split", "book", "chapter", "verse", "english", "french"]
 _ALIGNED = "sblgnt-bsb.tsv.gz"
@@ -28,7 +31,8 @@ class Pair:
 
 
 def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+    # utf-8-sig: a byte-order mark (as Windows editors write) is not part of the first sentence.
+    return gzip.open(path, "rt", encoding="utf-8-sig") if path.suffix == ".gz" else open(path, encoding="utf-8-sig")
 
 
 def _bundled_rows(name: str, columns: list[str], split: str):
@@ -82,10 +86,24 @@ def read_pairs(path: str | os.PathLike) -> list[Pair]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"pairs file not found: {path}")
+        raise FileNotFoundError(f"pairs file not found: {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        return _read_pairs(path)
+    except gzip.BadGzipFile as error:
+        raise ValueError(f"{path}: not a gzip file although its name ends in .gz ({error})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start} of a line: {error.reason})") from None
+    except EOFError:
+        raise ValueError(f"{path}: the gzip stream is truncated") from None
+
+
+def _read_pairs(path: Path) -> list[Pair]:
     pairs = []
     with _open_text(path) as lines:
         for number, line in enumerate(lines, 1):
+            if len(line) > MAX_LINE_CHARS:
+                raise ValueError(f"{path}:{number}: line of {len(line):,} characters; at most {MAX_LINE_CHARS:,} "
+                                 "(one sentence pair per line)")
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue

@@ -505,13 +505,19 @@ _GGUF_NAMES: dict[str, str] = {
 def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, progress: Callable | None = None):
     """(DecoderLM, tokenizers.Tokenizer, Hugging Face-named state dict) from a Llama-architecture
     GGUF file; quantised tensors are dequantised with the ``gguf`` package."""
-    import gguf
+    try:
+        import gguf
+    except ImportError as error:
+        raise ImportError("reading GGUF files needs the gguf package: pip install 'attnkit[models]'") from error
     import numpy as np
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    reader = gguf.GGUFReader(str(path))
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as error:  # the gguf package raises ValueError, struct.error, IndexError... on a bad file
+        raise ValueError(f"{path}: not a readable GGUF file ({type(error).__name__}: {error})") from error
 
     def field(name: str, default=None):
         value = reader.fields.get(name)

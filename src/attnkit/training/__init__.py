@@ -3,6 +3,7 @@
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, load_trainer_state, save_checkpoint
 from .loop import TrainingConfig, TrainingResult, encode_pairs, evaluate_loss, train
 from .metrics import bleu_by_length, corpus_scores
+from .run import RunFolderError, check_run_folder
 
 __all__ = [
     "TrainingConfig",
@@ -15,6 +16,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_trainer_state",
+    "RunFolderError",
+    "check_run_folder",
     "corpus_scores",
     "bleu_by_length",
 ]

@@ -31,7 +31,8 @@ from ..models import build_model
 from ..models.config import config_from_dict, config_to_dict
 from ..models.weights import load_weights, save_weights
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "load_trainer_state", "CheckpointError"]
+__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "load_trainer_state", "CheckpointError",
+           "recover_checkpoint"]
 
 FORMAT = "attnkit-checkpoint"
 VERSION = 1
@@ -82,6 +83,7 @@ def save_checkpoint(
     """Write a checkpoint folder atomically; ``trainer`` (JSON-able) and ``optimizer`` make it resumable."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    recover_checkpoint(folder)  # a previous crash's half-swap is finished before a new save starts
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -113,12 +115,41 @@ def save_checkpoint(
     return folder
 
 
+def _complete(folder: Path) -> bool:
+    try:
+        _verified(folder)
+    except (CheckpointError, OSError):
+        return False
+    return True
+
+
+def recover_checkpoint(folder: str | os.PathLike) -> bool:
+    """Finish or undo a swap that a crash interrupted; remove stale temporaries. Returns whether
+    ``folder`` is a checkpoint afterwards.
+
+    A save writes ``.<name>.tmp-<pid>`` completely (manifest last), renames ``<name>`` to
+    ``.<name>.old-<pid>``, renames the temporary to ``<name>``, then deletes the old one. Killed
+    after the first rename, the newest complete temporary (or else the old checkpoint) is renamed
+    into place; leftovers of any step are deleted once ``<name>`` is complete.
+    """
+    folder = Path(folder)
+    temporaries = sorted(folder.parent.glob(f".{folder.name}.tmp-*"), key=lambda p: p.stat().st_mtime)
+    olds = sorted(folder.parent.glob(f".{folder.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if not folder.exists():
+        for candidate in [*reversed([t for t in temporaries if _complete(t)]), *reversed([o for o in olds if _complete(o)])]:
+            os.replace(candidate, folder)
+            break
+    if _complete(folder):
+        for path in folder.parent.glob(f".{folder.name}.tmp-*"):
+            shutil.rmtree(path, ignore_errors=True)
+        for path in folder.parent.glob(f".{folder.name}.old-*"):
+            shutil.rmtree(path, ignore_errors=True)
+        return True
+    return False
+
+
 def _verified(folder: Path) -> dict:
     if not folder.is_dir():
-        # A crash between the two renames leaves the previous checkpoint under .<name>.old-<pid>.
-        olds = sorted(folder.parent.glob(f".{folder.name}.old-*"))
-        if olds:
-            raise CheckpointError(f"checkpoint folder {folder} is missing; a previous one survives at {olds[-1]}")
         raise CheckpointError(f"checkpoint folder not found: {folder}")
     manifest_path = folder / "checkpoint.json"
     if not manifest_path.is_file():
@@ -127,6 +158,11 @@ def _verified(folder: Path) -> dict:
         manifest = read_json(manifest_path)
     except ValueError as error:
         raise CheckpointError(f"{manifest_path} is corrupt ({error})") from error
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{manifest_path}: not a checkpoint manifest (a JSON object with a 'files' object)")
+    missing = {"config.json", "model.safetensors"} - set(manifest["files"])
+    if missing:  # an empty or partial list would turn the hash checks off
+        raise CheckpointError(f"{manifest_path}: the manifest does not list {sorted(missing)}")
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise CheckpointError(
             f"{manifest_path}: expected format {FORMAT!r} version {VERSION}, "
@@ -142,11 +178,14 @@ def _verified(folder: Path) -> dict:
 
 
 def load_checkpoint(folder: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Rebuild the model from ``config.json`` and load weights and tokenisers."""
+    """Rebuild the model from ``config.json`` and load weights and tokenisers. A swap that a crash
+    interrupted is completed first (:func:`recover_checkpoint`)."""
     folder = Path(folder)
+    recover_checkpoint(folder)
     _verified(folder)
     try:
         config = config_from_dict(read_json(folder / "config.json"))
+        _check_shapes_before_building(config, folder / "model.safetensors")
         model = build_model(config)
         load_weights(model, folder / "model.safetensors")
         source = Tokenizer.load(folder / "source_tokenizer.json")
@@ -159,6 +198,24 @@ def load_checkpoint(folder: str | os.PathLike, *, map_location: str | torch.devi
                 f"checkpoint {folder}: {side} tokenizer has {tokenizer.vocab_size} entries, config says {size}"
             )
     return Checkpoint(model.to(map_location), source, target, folder)
+
+
+def _check_shapes_before_building(config, weights: Path) -> None:
+    """Compare the config's tensor shapes (a model on the meta device: no memory) with the weights
+    file's header, so that a config with absurd sizes is refused before anything is allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..models.weights import check_tensors, unique_state_dict
+
+    with torch.device("meta"):
+        model = build_model(config)
+    expected = {name: tuple(t.shape) for name, t in unique_state_dict(model).items()}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{weights}: not a readable safetensors file ({error})") from error
+    check_tensors(expected, found, str(weights))
 
 
 def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
@@ -174,7 +231,10 @@ def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: t
     except ValueError as error:
         raise CheckpointError(f"cannot resume from {folder}: {error}") from error
     trainer = read_json(folder / "trainer.json")
-    tensors = load_file(str(folder / "trainer.safetensors"))
+    try:
+        tensors = load_file(str(folder / "trainer.safetensors"))
+    except Exception as error:  # SafetensorError on a pickle or garbage: never unpickled, a clear refusal
+        raise CheckpointError(f"{folder / 'trainer.safetensors'}: not a readable safetensors file ({error})") from error
     if optimizer is not None:
         extra = trainer["optimizer"]
         state: dict[int, dict] = {}

@@ -25,6 +25,7 @@ from ..data.batching import BatchSampler, collate
 from ..data.corpus import Pair
 from ..data.tokenizer import PAD, Tokenizer
 from .checkpoint import load_trainer_state, save_checkpoint
+from .run import prepare_run_folder
 from .distributed import all_sum, is_main, world
 
 __all__ = ["TrainingConfig", "TrainingResult", "train", "encode_pairs", "evaluate_loss"]
@@ -50,8 +51,14 @@ class TrainingConfig:
         for name in ("epochs", "batch_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainingConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"TrainingConfig.lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"TrainingConfig.lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm >= 0):
+            raise ValueError(f"TrainingConfig.clip_norm must be a finite number >= 0 (0 disables), got {self.clip_norm}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"TrainingConfig.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if not all(0.0 <= beta < 1.0 for beta in self.betas):
+            raise ValueError(f"TrainingConfig.betas must be in [0, 1), got {self.betas}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"TrainingConfig.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         for name in ("warmup_steps", "patience", "checkpoint_every"):
@@ -138,6 +145,8 @@ def train(
     folder: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
+    options: dict | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> TrainingResult:
@@ -146,10 +155,16 @@ def train(
     Under ``torchrun`` every rank calls this with the same arguments; each takes its share of every
     global batch, DistributedDataParallel averages the gradients, and rank 0 writes the files.
     With ``resume=True`` training continues from ``folder/last`` exactly where it stopped.
+
+    ``folder`` must be new, empty or an attnkit run (see :mod:`attnkit.training.run`): an existing
+    run needs ``resume`` or ``overwrite``; ``options`` (data and model choices, JSON-able) are
+    recorded with the run and must be equal on resume.
     """
     from torch.nn.parallel import DistributedDataParallel
 
     folder = Path(folder)
+    if is_main():
+        prepare_run_folder(folder, resume=resume, overwrite=overwrite, options=options)
     rank, world_size = world()
     train_data = encode_pairs(train_pairs, source_tokenizer, target_tokenizer)
     valid_data = encode_pairs(valid_pairs, source_tokenizer, target_tokenizer)

@@ -1,0 +1,5 @@
+"""``python -m attnkit``: the same as the ``attnkit`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

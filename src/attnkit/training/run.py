@@ -1,0 +1,89 @@
+"""Run folders: what ``train`` may write into, and nothing the user had is lost.
+
+A run folder is attnkit's only when it carries the marker file ``attnkit-run.json`` (written when a
+run starts, with the data and model options of the run). ``train`` refuses a non-empty folder
+without the marker, refuses an existing run unless told to resume it or to overwrite it, and on
+resume refuses changed data or model options, naming them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .._files import read_json, write_json
+from .checkpoint import recover_checkpoint
+
+__all__ = ["MARKER", "RunFolderError", "check_run_folder", "prepare_run_folder", "RUN_FILES"]
+
+MARKER = "attnkit-run.json"
+FORMAT = "attnkit-run"
+RUN_FILES = ("last", "best", "history.json", MARKER)
+"""What a run writes; --overwrite removes these (and stale temporaries) and nothing else."""
+
+
+class RunFolderError(ValueError):
+    """A run folder that train must not write into, or options that do not fit the run."""
+
+
+def _recorded(folder: Path) -> dict:
+    data = read_json(folder / MARKER, "run marker")
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("options"), dict):
+        raise RunFolderError(f"{folder / MARKER} is not an attnkit run marker")
+    return data["options"]
+
+
+def check_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bool, options: dict | None = None) -> None:
+    """Raise :class:`RunFolderError` unless ``train`` may use ``folder`` as asked. Writes nothing."""
+    folder = Path(folder)
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite contradict each other; choose one")
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"--out {folder} is a file, not a folder")
+    if not folder.exists() or not any(folder.iterdir()):
+        if resume:
+            raise RunFolderError(f"--resume: {folder} holds no run to resume")
+        return
+    if not (folder / MARKER).is_file():
+        raise RunFolderError(
+            f"--out {folder} is not empty and is not an attnkit run (no {MARKER}); attnkit writes only into a new "
+            "or empty folder or one of its own runs"
+        )
+    recorded = _recorded(folder)
+    if not resume and not overwrite:
+        raise RunFolderError(f"--out {folder} already holds an attnkit run: continue it with --resume, or start "
+                             "again with --overwrite (which deletes its checkpoints)")
+    if resume and options is not None:
+        changed = sorted(name for name in set(recorded) | set(options) if recorded.get(name) != options.get(name))
+        if changed:
+            details = ", ".join(f"{name} (run: {recorded.get(name)!r}, now: {options.get(name)!r})" for name in changed)
+            raise RunFolderError(f"--resume: data or model options differ from the run's: {details}")
+
+
+def _stale(folder: Path) -> list[Path]:
+    return [p for name in ("last", "best") for pattern in (f".{name}.tmp-*", f".{name}.old-*")
+            for p in folder.glob(pattern)]
+
+
+def prepare_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bool, options: dict | None) -> None:
+    """Check (see :func:`check_run_folder`), then make the folder ready: on resume, recover a
+    checkpoint a crash left half-swapped; with overwrite, delete the old run's files only; write the
+    marker; remove stale temporaries."""
+    folder = Path(folder)
+    check_run_folder(folder, resume=resume, overwrite=overwrite, options=options)
+    folder.mkdir(parents=True, exist_ok=True)
+    if resume:
+        for name in ("last", "best"):
+            recover_checkpoint(folder / name)
+    if overwrite:
+        for name in RUN_FILES:
+            path = folder / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    for path in _stale(folder):
+        shutil.rmtree(path, ignore_errors=True)
+    if not resume:
+        write_json(folder / MARKER, {"format": FORMAT, "version": 1, "options": options or {}})
