@@ -17,6 +17,8 @@ from attnkit.models.encoder import EncoderModel
     preset("transformer-base", norm="pre", positional="learned", share_embeddings=False, source_vocab=900, target_vocab=700),
     DecoderConfig(vocab_size=50, d_model=48, num_layers=3, num_heads=6, num_kv_heads=2, d_ff=80, positional="rope",
                   norm="rmsnorm", mlp="swiglu", bias=True, tie_embeddings=False, window=8),
+    DecoderConfig(vocab_size=50, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2, d_ff=80, positional="rope",
+                  norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True, attention_head_dim=16, mlp_bias=True),
 ], ids=lambda c: type(c).__name__)
 def test_analytic_parameters_equal_the_built_model(config):
     if isinstance(config, TransformerConfig):
@@ -53,3 +55,25 @@ def test_cost_cli(capsys, tmp_path):
     assert "parameters: 124,439,808" in out and "16,777,216 entries per head per layer" in out
     assert main(["cost", "--model", "nope", "--seq", "10"]) == 2
     assert "--model must be a preset" in capsys.readouterr().err
+
+
+def test_notes_past_the_trained_length_and_windowed_figures_with_the_dense_one():
+    gpt2 = estimate(preset("gpt2-small"), 131072, "bf16")
+    assert any("1,024 positions" in note and "cannot run" in note for note in gpt2.notes)
+    assert estimate(preset("gpt2-small"), 1024, "bf16").notes == ()
+    mistral = estimate(preset("mistral-7b"), 8192, "bf16")
+    w, n = 4096, 8192
+    assert mistral.attention_entries_computed == w * (w + 1) // 2 + (n - w) * w  # causal window, per head and layer
+    assert mistral.flops_per_sequence_attention == 4 * 32 * 32 * 128 * mistral.attention_entries_computed
+    assert any(f"{n * (n + 1) // 2:,}" in note for note in mistral.notes)  # the dense figure alongside
+
+
+def test_huge_sequences_are_closed_form_and_bounded():
+    import time
+
+    started = time.perf_counter()
+    cost = estimate(preset("llama3-8b"), 10**11, "bf16")
+    assert time.perf_counter() - started < 1.0
+    assert cost.flops_per_sequence_attention == 4 * 32 * 32 * 128 * (10**11 * (10**11 + 1) // 2)
+    with pytest.raises(ValueError, match="seq must be an int in"):
+        estimate(preset("llama3-8b"), 10**13, "bf16")

@@ -102,12 +102,24 @@ def _stdin_lines() -> list[str]:
     return _texts("stdin", lines)
 
 
+def _split(name: str, data: str, split: str, **kwargs):
+    """load_split with the argument's name in any error about the data."""
+    from .workbench import load_split
+
+    try:
+        return load_split(data, split, **kwargs)
+    except ValueError as error:
+        raise ValueError(f"{name} {data}: {error}") from None
+    except OSError as error:
+        raise OSError(f"{name} {data}: {error}") from None
+
+
 def _check_writable(folder: Path, name: str) -> None:
     """Fail now, not after an hour of training, if ``folder`` cannot be written."""
     import tempfile
 
-    folder.mkdir(parents=True, exist_ok=True)
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
@@ -157,8 +169,9 @@ def _train(args: argparse.Namespace) -> int:
               "batch-size, lr, clip, label-smoothing, warmup, patience, max-steps, checkpoint-every", file=sys.stderr)
     setup_distributed()
     torch.manual_seed(args.seed)
-    train_pairs = load_split(args.data, "train", direction=args.direction)
-    valid_pairs = load_split(args.valid, "test") if args.valid else load_split(args.data, "valid", direction=args.direction)
+    train_pairs = _split("--data", args.data, "train", direction=args.direction)
+    valid_pairs = (_split("--valid", str(args.valid), "test") if args.valid else
+                   _split("--data", args.data, "valid", direction=args.direction))
     if args.resume:
         from .training import load_checkpoint
 
@@ -230,7 +243,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     checkpoint = load_checkpoint(_resolve_checkpoint(args.checkpoint))
     _check_beam(args.beam, checkpoint)
-    pairs = load_split(args.data, "test", direction=args.direction)[: args.limit]
+    pairs = _split("--data", args.data, "test", direction=args.direction)[: args.limit]
     scores, _ = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
                                beam_size=args.beam, progress=not args.quiet)
     print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['sentences']} sentences, beam {args.beam})")

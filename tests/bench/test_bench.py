@@ -108,8 +108,11 @@ def test_cli_writes_json_and_plots_and_renders_markdown(tmp_path, capsys):
 
 
 def test_cli_bad_size_is_a_one_line_error(tmp_path, capsys):
-    assert main(["bench", "--out", str(tmp_path), "--sizes", "0", "--quiet"]) == 2
-    assert "sizes must be positive ints, got [0]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:  # refused by argparse, before any work
+        main(["bench", "--out", str(tmp_path), "--sizes", "0", "--quiet"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --sizes: expected an integer in [1, 16,777,216], got 0" in err and "Traceback" not in err
 
 
 def test_cli_json_records_machine_and_config(tmp_path):

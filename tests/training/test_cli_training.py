@@ -84,7 +84,8 @@ def test_two_process_data_parallel_step_equals_one_process_on_the_same_global_ba
     b = load_file(tmp_path / "ddp" / "last" / "model.safetensors")
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7, msg=name)
+        # float32 sums in another order (all-reduce of two half-batch gradients): a few ulps of a 0.2 weight
+        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("command", [["translate", "--checkpoint", "missing-run", "x"],

@@ -60,3 +60,24 @@ def test_bad_inputs_name_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match="layers, heads"):
         viz.plot_head_values({"a": np.ones((2, 3)), "b": np.ones((3, 3))}, tmp_path / "x.png")
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_annotation_colour_follows_the_rendered_cell_colour_for_any_colormap():
+    from matplotlib import colormaps
+
+    from attnkit.viz.heatmap import text_colour
+
+    assert text_colour(colormaps["Blues"](0.0)) == "k"  # near-white cells: black text
+    assert text_colour(colormaps["Blues"](1.0)) == "w"
+    assert text_colour(colormaps["viridis"](0.0)) == "w"  # dark purple
+    assert text_colour(colormaps["viridis"](1.0)) == "k"  # yellow
+    assert text_colour(colormaps["Greys"](1.0)) == "w"
+
+
+def test_user_text_is_plain_text_in_pictures(tmp_path):
+    from attnkit.viz import plot_heatmap
+
+    path = tmp_path / "dollars.png"  # "$x^{$" is broken mathtext: it must render as the characters
+    plot_heatmap([[0.2, 0.8], [0.6, 0.4]], path, x_labels=["$5", "and $6"], y_labels=["$x^{$", "b"],
+                 title="costs $5 and $6", annotate=True, cmap="Blues")
+    assert path.read_bytes()[:4] == b"\x89PNG"

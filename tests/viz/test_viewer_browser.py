@@ -120,3 +120,19 @@ def test_responsive_at_512_tokens_12_layers_12_heads(page, tmp_path):
     kept = np.sort(w[11, 7], -1)[:, -16][:, None]  # a query shows up only if token 300 is in its top 16
     expected = {i for i in range(L) if w[11, 7, i, 300] >= kept[i, 0] and round(w[11, 7, i, 300] * 255) > 0}
     assert {i for i, _ in weights} == expected
+
+
+def test_a_right_to_left_override_or_a_huge_token_does_not_disturb_its_neighbours(page, tmp_path):
+    tokens = ["alpha", "\u202eevil", "beta", "gamma", "x" * 3000, "delta"]
+    weights = np.full((1, 1, len(tokens), len(tokens)), 1 / len(tokens))
+    path = tmp_path / "viewer.html"
+    write_viewer(path, [AttentionView("self", tokens, weights)], title="bidi")
+    _open(page, path)
+    boxes = page.eval_on_selector_all(".tok[data-role='q']", "els => els.map(e => e.getBoundingClientRect().toJSON())")
+    assert len(boxes) == len(tokens)
+    # Logical order on screen: each token starts right of where the previous one started (same line) or on a
+    # later line; the override inside token 1 does not flip beta and gamma.
+    for before, after in zip(boxes, boxes[1:]):
+        assert after["top"] > before["top"] + 1 or after["left"] > before["left"]
+    assert boxes[4]["width"] < 400  # the 3,000-character token is cut with an ellipsis (full text on hover)
+    assert page.get_attribute(".tok[data-role='q'][data-index='4']", "title") == tokens[4]

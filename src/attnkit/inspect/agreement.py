@@ -92,6 +92,10 @@ def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequ
     cos(mean-pooled embedding of the sentence, that of its partner)."""
     if len(sentences) != len(partners):
         raise ValueError(f"sentences and partners differ in number: {len(sentences)} and {len(partners)}")
+    same = [s for s, p in zip(sentences, partners) if s.strip() == p.strip()]
+    if same:
+        raise ValueError(f"a sentence is its own partner ({same[0][:60]!r}): its cosine is 1 whatever the input, a "
+                         "degenerate objective whose attributions are noise; give a different partner")
     model.eval()
     specials = {"[CLS]", "[SEP]", "[PAD]"}
     out = []

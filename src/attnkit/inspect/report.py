@@ -41,9 +41,13 @@ def _write_markdown(path: Path, lines: list[str]) -> None:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\`*_[]()#!|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"})
+
+
 def _md(text: str) -> str:
-    """User text inside a markdown table cell or heading: no pipes, no line breaks, no HTML."""
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+    """User text in report.md: plain text. Markdown and HTML characters are escaped (no link, image or
+    heading can be injected) and line breaks of every kind (\\r, \\n, U+2028 ...) become spaces."""
+    return " ".join(text.splitlines()).translate(_MARKDOWN)
 
 
 def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> tuple[list[str], list[dict]]:
@@ -95,7 +99,10 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, att) for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
     write_viewer(out / "viewer.html", views, title="attnkit inspect: encoder self-attention", top_k=top_k)
     log(f"head roles, pictures and viewer written; attribution ({steps} integrated-gradient steps per text) ...")
-    partners = [texts[(k + 1) % len(texts)] for k in range(len(texts))] if len(texts) > 1 else [SENTENCES[0]]
+    # One text has no other text to compare with: a bundled sentence that differs from it (its cosine with
+    # itself is constant, a degenerate objective whose gradients are noise).
+    partners = ([texts[(k + 1) % len(texts)] for k in range(len(texts))] if len(texts) > 1 else
+                [next(s for s in SENTENCES if s.strip() != texts[0].strip())])
     examples = encoder_agreement(model, tokenizer, progress(texts, desc="attribution", unit="text"), partners, steps=steps)
 
     lines = ["# attnkit inspect: encoder", "", f"{len(texts)} texts, {roles.tokens} tokens, "

@@ -300,10 +300,34 @@ def config_from_dict(data: dict):
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(names)}")
+    _check_types(cls, data)
     try:
         return cls(**data)
     except TypeError as error:
         raise ValueError(f"invalid {cls.__name__}: {error}") from error
+
+
+_TYPE_CHECKS = {
+    "None": lambda v: v is None,
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+}
+
+
+def _check_types(cls, data: dict) -> None:
+    """JSON values must have the field's type: "no" is not a bool, "12" not an int (from a file a
+    user edited, nothing is coerced)."""
+    for field in dataclasses.fields(cls):
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        kinds = [kind.strip() for kind in str(field.type).split("|")]
+        ok = any(_TYPE_CHECKS[kind](value) if kind in _TYPE_CHECKS else isinstance(value, (list, tuple))
+                 for kind in kinds)
+        if not ok:
+            raise ValueError(f"{cls.__name__}.{field.name} must be {field.type}, got {value!r}")
 
 
 def save_config(config, path: str | os.PathLike) -> None:

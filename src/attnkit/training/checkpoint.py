@@ -17,6 +17,7 @@ truncated or edited file gets a clear error. Nothing is unpickled.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from .._files import read_json, write_json
 from ..data.tokenizer import Tokenizer
 from ..models import build_model
 from ..models.config import config_from_dict, config_to_dict
-from ..models.weights import load_weights, save_weights
+from ..models.weights import check_tensors, load_weights, save_weights
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "load_trainer_state", "CheckpointError",
            "recover_checkpoint"]
@@ -202,20 +203,27 @@ def load_checkpoint(folder: str | os.PathLike, *, map_location: str | torch.devi
 
 def _check_shapes_before_building(config, weights: Path) -> None:
     """Compare the config's tensor shapes (a model on the meta device: no memory) with the weights
-    file's header, so that a config with absurd sizes is refused before anything is allocated."""
+    file's header, so that a config with absurd sizes is refused before anything is allocated.
+    (Tied tensors cannot be told apart on the meta device, so names missing from the file are left
+    to :func:`load_weights`; the sizes must still agree.)"""
     from safetensors import SafetensorError, safe_open
 
-    from ..models.weights import check_tensors, unique_state_dict
-
-    with torch.device("meta"):
-        model = build_model(config)
-    expected = {name: tuple(t.shape) for name, t in unique_state_dict(model).items()}
+    try:
+        with torch.device("meta"):
+            model = build_model(config)
+    except RuntimeError as error:  # sizes whose storage cannot even be described
+        raise ValueError(f"the config describes tensors too large to exist ({error})") from None
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     try:
         with safe_open(str(weights), framework="pt") as f:
             found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except (SafetensorError, OSError) as error:
         raise ValueError(f"{weights}: not a readable safetensors file ({error})") from error
-    check_tensors(expected, found, str(weights))
+    check_tensors({name: shape for name, shape in expected.items() if name in found}, found, str(weights))
+    described = sum(p.numel() for p in model.parameters())
+    stored = sum(math.prod(shape) for shape in found.values())
+    if described > 2 * stored + 1_000_000:
+        raise ValueError(f"{weights}: the config describes {described:,} parameters, the file holds {stored:,}")
 
 
 def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:

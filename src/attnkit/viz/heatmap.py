@@ -50,7 +50,11 @@ def label_step(n: int, max_labels: int) -> int:
 
 
 def _save(fig, path: str | os.PathLike) -> None:
+    from matplotlib.text import Text
+
     plt = _pyplot()
+    for text in fig.findobj(Text):  # user text is plain text: "$5 and $6" is not mathematics
+        text.set_parse_math(False)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(str(path))[1][1:] or "png")
     plt.close(fig)
@@ -85,7 +89,7 @@ def plot_heatmap(
     if annotate:
         if L * S > 900:
             raise ValueError(f"annotate writes every value: at most 900 cells, got {L} x {S} = {L * S}")
-        _annotate(ax, data, "{:.2f}")
+        _annotate(ax, data, "{:.2f}", image)
     ax.set_xlabel(x_title)
     ax.set_ylabel(y_title)
     ax.set_title(title)
@@ -123,13 +127,22 @@ def plot_heads(
     _save(fig, path)
 
 
-def _annotate(ax, data: np.ndarray, fmt: str) -> None:
-    """Write each value in its cell, white on dark cells and black on light ones."""
-    middle = (np.nanmin(data) + np.nanmax(data)) / 2
+def text_colour(rgba) -> str:
+    """"w" or "k", whichever contrasts more with a background of this colour (WCAG relative
+    luminance: black text above 0.179, where the two contrast ratios are equal)."""
+    channels = np.asarray(rgba, dtype=np.float64)[..., :3]
+    linear = np.where(channels <= 0.04045, channels / 12.92, ((channels + 0.055) / 1.055) ** 2.4)
+    luminance = linear @ np.array([0.2126, 0.7152, 0.0722])
+    return "k" if luminance > 0.179 else "w"
+
+
+def _annotate(ax, data: np.ndarray, fmt: str, image) -> None:
+    """Write each value in its cell, in the colour that reads best on the cell's rendered colour
+    (for any colormap: dark cells get white text, light cells black)."""
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
             ax.text(j, i, fmt.format(data[i, j]), ha="center", va="center", fontsize=6,
-                    color="w" if data[i, j] < middle else "k")
+                    color=text_colour(image.cmap(image.norm(data[i, j]))))
 
 
 def plot_overview(
@@ -193,7 +206,7 @@ def plot_head_values(
         top = (vmax or {}).get(name)
         image = ax.imshow(data, cmap="magma", aspect="auto", vmin=0, vmax=top if top is not None else max(1e-9, data.max()))
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
-        _annotate(ax, data, fmt)
+        _annotate(ax, data, fmt, image)
         ax.set_xticks(range(heads))
         ax.set_yticks(range(layers))
         ax.set_xlabel("head", fontsize=8)

@@ -136,7 +136,9 @@ _PAGE = r"""<!DOCTYPE html>
   section { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 12px; }
   h2 { font-size: 13px; margin: 0 0 6px; color: #555; text-transform: uppercase; letter-spacing: .04em; }
   .tokens { line-height: 2.1; }
-  .tok { padding: 2px 3px; margin: 0 1px; border-radius: 3px; cursor: pointer; white-space: pre; border: 1px solid transparent; }
+  .tok { padding: 2px 3px; margin: 0 1px; border-radius: 3px; cursor: pointer; white-space: pre; border: 1px solid transparent;
+         unicode-bidi: isolate; display: inline-block; max-width: 16em; overflow: hidden; text-overflow: ellipsis; vertical-align: bottom; }
+  td, code, h2 { unicode-bidi: isolate; overflow-wrap: anywhere; }
   .tok.focus { border-color: #d33; }
   .tok.pinned { border-color: #d33; border-width: 2px; }
   .tok.hl { font-weight: 600; }
@@ -215,7 +217,7 @@ function tokenBlock(title, tokens, role) {
   const h = document.createElement("h2"); h.textContent = title; section.appendChild(h);
   const box = document.createElement("div"); box.className = "tokens"; box.dataset.role = role;
   const list = tokens.map((t, i) => {
-    const s = document.createElement("span"); s.className = "tok"; s.textContent = t; s.dataset.index = i; s.dataset.role = role;
+    const s = document.createElement("span"); s.className = "tok"; s.textContent = t; s.title = t; s.dir = "auto"; s.dataset.index = i; s.dataset.role = role;
     s.addEventListener("mouseenter", () => { state.focus = [role, i]; paint(); });
     s.addEventListener("mouseleave", () => { state.focus = null; paint(); });
     s.addEventListener("click", () => { const p = state.pinned; state.pinned = p && p[0] === role && p[1] === i ? null : [role, i]; paint(); });
