@@ -129,6 +129,7 @@ def _check_writable(folder: Path, name: str) -> None:
 def _tour(args: argparse.Namespace) -> int:
     from .tour import run_tour
 
+    _check_writable(args.out, "--out")
     for number, stop in enumerate(run_tour(args.out, seed=args.seed), 1):
         print(f"[{number:2d}] {stop.name}")
         for name, value in stop.facts.items():
@@ -142,6 +143,7 @@ def _tour(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .workbench import run_demo
 
+    _check_writable(args.out, "--out")
     run_demo(args.out, models=args.models, epochs=args.epochs, train_limit=args.train_limit,
              test_limit=args.test_limit, beam_size=args.beam, seed=args.seed, progress=not args.quiet)
     return 0
@@ -218,6 +220,8 @@ def _translate(args: argparse.Namespace) -> int:
     from .workbench import plot_alignment
 
     texts = _texts("text", args.text) if args.text else _stdin_lines()
+    if args.heatmap is not None:
+        _check_writable(args.heatmap.parent, "--heatmap")
     checkpoint = load_checkpoint(_resolve_checkpoint(args.checkpoint))
     _check_beam(args.beam, checkpoint)
     outputs = translate(checkpoint.model, texts, checkpoint.source_tokenizer, checkpoint.target_tokenizer,
@@ -241,6 +245,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from .training import load_checkpoint
     from .workbench import evaluate_model, load_split
 
+    if args.json is not None:
+        _check_writable(args.json.parent, "--json")
     checkpoint = load_checkpoint(_resolve_checkpoint(args.checkpoint))
     _check_beam(args.beam, checkpoint)
     pairs = _split("--data", args.data, "test", direction=args.direction)[: args.limit]
@@ -374,6 +380,7 @@ def _bench(args: argparse.Namespace) -> int:
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"--render {args.render}: a result row is malformed ({error!r})") from None
         return 0
+    _check_writable(args.out, "--out")
     config = bench.AttentionBench(
         sizes=tuple(args.sizes), masks=tuple(args.masks), modes=tuple(args.modes), dtypes=tuple(args.dtypes),
         impls=tuple(args.impls), batch=args.batch, heads=args.heads, head_dim=args.head_dim, window=args.window,
@@ -432,6 +439,7 @@ def _inspect(args: argparse.Namespace) -> int:
         else:
             args.text = lines
     _texts("text", args.text or [])
+    _check_writable(args.out, "--out")
     if args.model == "minilm":
         if args.reference or args.aer:
             raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")

@@ -129,3 +129,16 @@ def test_metrics_use_sacrebleu():
     rows = bleu_by_length(["one two", "one two three four five six seven eight nine ten eleven twelve"] * 2,
                           refs, refs)
     assert [(r["bucket"], r["sentences"]) for r in rows] == [("1-10", 2), ("11-15", 2)]
+
+
+def test_a_diverging_run_stops_with_an_error_instead_of_saving_nan_weights(phrases, tmp_path):
+    from attnkit.training.loop import TrainingDiverged
+
+    train_pairs, valid, _, source, target = phrases
+    model = _seq2seq(source, target)
+    with torch.no_grad():  # what a far too large learning rate ends in: an overflowed weight
+        next(model.parameters())[4:, 0] = float("inf")
+    with pytest.raises(TrainingDiverged, match="training diverged at step 1"):
+        train(model, source, target, train_pairs, valid, TrainingConfig(epochs=1, batch_size=32, clip_norm=0),
+              tmp_path, progress=False, log=lambda _: None)
+    assert not (tmp_path / "last").exists()  # nothing with NaN weights was written

@@ -128,11 +128,11 @@ def test_a_right_to_left_override_or_a_huge_token_does_not_disturb_its_neighbour
     path = tmp_path / "viewer.html"
     write_viewer(path, [AttentionView("self", tokens, weights)], title="bidi")
     _open(page, path)
-    boxes = page.eval_on_selector_all(".tok[data-role='q']", "els => els.map(e => e.getBoundingClientRect().toJSON())")
+    boxes = page.eval_on_selector_all(".tok[data-role='both']", "els => els.map(e => e.getBoundingClientRect().toJSON())")
     assert len(boxes) == len(tokens)
     # Logical order on screen: each token starts right of where the previous one started (same line) or on a
     # later line; the override inside token 1 does not flip beta and gamma.
     for before, after in zip(boxes, boxes[1:]):
         assert after["top"] > before["top"] + 1 or after["left"] > before["left"]
     assert boxes[4]["width"] < 400  # the 3,000-character token is cut with an ellipsis (full text on hover)
-    assert page.get_attribute(".tok[data-role='q'][data-index='4']", "title") == tokens[4]
+    assert page.get_attribute(".tok[data-role='both'][data-index='4']", "title") == tokens[4]

@@ -126,8 +126,11 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     if with_flow:
         lines += ["![flow](flow.png)", ""]
     lines += ["Per-layer head grids: " + ", ".join(f"[layer {l}](heads-layer{l}.png)" for l in range(len(first))), ""]
+    target = ("the next text's" if len(texts) > 1 else
+              f"that of the bundled sentence \"{_md(partners[0])}\" (one text: its cosine with itself would be a "
+              "constant, a degenerate objective)")
     section, rows = _agreement_section(
-        examples, out, "output: cosine similarity of the mean-pooled embedding to the next text's")
+        examples, out, f"output: cosine similarity of the mean-pooled embedding to {target}")
     lines += section
     _write_markdown(out / "report.md", lines)
     write_json(out / "results.json", {

@@ -28,7 +28,11 @@ from .checkpoint import load_trainer_state, save_checkpoint
 from .run import prepare_run_folder
 from .distributed import all_sum, is_main, world
 
-__all__ = ["TrainingConfig", "TrainingResult", "train", "encode_pairs", "evaluate_loss"]
+__all__ = ["TrainingConfig", "TrainingResult", "TrainingDiverged", "train", "encode_pairs", "evaluate_loss"]
+
+
+class TrainingDiverged(ValueError):
+    """The loss or the gradient norm is not finite: weights would become NaN; training stops instead."""
 
 
 @dataclass(frozen=True)
@@ -222,11 +226,14 @@ def train(
                 # Each rank's sum over the global token count; DDP's gradient mean then gives the
                 # gradient of the global per-token mean.
                 (loss_sum * world_size / global_tokens).backward()
-                if config.clip_norm > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+                loss = all_sum(float(loss_sum.detach())) / global_tokens
+                norm = nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm if config.clip_norm > 0 else math.inf)
+                if not (math.isfinite(loss) and math.isfinite(float(norm))):
+                    raise TrainingDiverged(
+                        f"training diverged at step {step}: loss {loss}, gradient norm {float(norm)}; this step was "
+                        "not applied and nothing was saved after the last checkpoint (lower the learning rate)")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                loss = all_sum(float(loss_sum.detach())) / global_tokens
                 progress_state.update(batch=index + 1, step=step)
                 rate = global_tokens / max(time.perf_counter() - tick, 1e-9)
                 history["steps"].append({"step": step, "epoch": epoch + 1, "loss": loss, "tokens": global_tokens,
