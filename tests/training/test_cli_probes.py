@@ -183,3 +183,19 @@ def test_a_pairs_file_with_a_byte_order_mark(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8") as f:
         f.write("\ufeffhello\tbonjour\n")
     assert read_pairs(path)[0].source == "hello"
+
+
+@pytest.mark.parametrize("data, code, words", [(b"caf\xe9 au lait\n", 2, ["stdin", "not UTF-8"]),
+                                               (b"\n   \n", 2, ["no text"]),
+                                               (b"\xef\xbb\xbfthree red cats\n\nfive cats\n", 0, [])])
+def test_translate_reads_stdin_as_utf8(world, monkeypatch, capsys, data, code, words):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["translate", "--checkpoint", str(world["run"]), "--beam", "1"]) == code
+    captured = capsys.readouterr()
+    for word in words:
+        assert word in captured.err
+    if code == 0:
+        assert len(captured.out.strip().splitlines()) == 2  # two sentences, the BOM not part of the first
