@@ -52,3 +52,10 @@ def test_integrated_gradients_complete_on_the_seq2seq_step(setup):
         model.source_embedding.weight.data.copy_(embedding)
     total = examples[1].attribution["integrated-gradients"].sum()
     assert total == pytest.approx((full - base).item(), rel=1e-3, abs=1e-5)
+
+
+def test_a_sentence_is_never_its_own_partner():
+    from attnkit.inspect.agreement import encoder_agreement
+
+    with pytest.raises(ValueError, match="its own partner"):
+        encoder_agreement(None, None, ["The cat sat."], [" The cat sat. "])

@@ -88,3 +88,12 @@ def test_flow_through_two_layers_by_hand():
     assert rollout[0].tolist() == pytest.approx([0.2 * 0.9 + 0.8 * 0.5, 0.2 * 0.1 + 0.8 * 0.5])
     with pytest.raises(ValueError, match=r"outputs must be token positions in \[0, 2\)"):
         attention_flow([first], outputs=[2])
+
+
+def test_user_text_in_report_markdown_is_plain_text():
+    from attnkit.inspect.report import _md
+
+    text = "![x](http://evil.example/a.png)\r# heading <script>|cell\u2028more"
+    escaped = _md(text)
+    assert "![" not in escaped and "](" not in escaped and "<script>" not in escaped
+    assert "\r" not in escaped and "\u2028" not in escaped and "\\# heading" in escaped and "\\|cell" in escaped
