@@ -107,3 +107,10 @@ def test_batch_sampler_is_seeded_bucketed_and_shards_each_global_batch():
     shards = [sampler.epoch(0, rank=r, world_size=2) for r in range(2)]
     for whole, first, second in zip(epoch0, *shards):
         assert sorted(first + second) == sorted(whole)
+
+
+def test_the_tokenisers_pad_id_is_the_models():
+    from attnkit.data.tokenizer import PAD
+    from attnkit.models.config import PAD_ID
+
+    assert PAD == PAD_ID

@@ -46,8 +46,8 @@ def _copy_common(ours, theirs) -> None:
 def _copy_encoder_layer(ours: EncoderLayer, theirs: nn.TransformerEncoderLayer) -> None:
     _copy_attention(ours.self_attn, theirs.self_attn)
     _copy_common(ours, theirs)
-    ours.attn_block.norm.load_state_dict(theirs.norm1.state_dict())
-    ours.ff_block.norm.load_state_dict(theirs.norm2.state_dict())
+    ours.attn_norm.load_state_dict(theirs.norm1.state_dict())
+    ours.ff_norm.load_state_dict(theirs.norm2.state_dict())
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -81,8 +81,8 @@ def test_decoder_layer_equals_torch_nn_transformer_decoder_layer(rng, norm):
     _copy_attention(ours.self_attn, theirs.self_attn)
     _copy_attention(ours.cross_attn, theirs.multihead_attn)
     _copy_common(ours, theirs)
-    for block, norm_layer in ((ours.self_block, theirs.norm1), (ours.cross_block, theirs.norm2), (ours.ff_block, theirs.norm3)):
-        block.norm.load_state_dict(norm_layer.state_dict())
+    for ours_norm, norm_layer in ((ours.self_norm, theirs.norm1), (ours.cross_norm, theirs.norm2), (ours.ff_norm, theirs.norm3)):
+        ours_norm.load_state_dict(norm_layer.state_dict())
     x = torch.randn(2, 7, 24, dtype=torch.float64, generator=rng)
     memory = torch.randn(2, 9, 24, dtype=torch.float64, generator=rng)
     keep = torch.arange(9) < torch.tensor([9, 5])[:, None]

@@ -142,3 +142,28 @@ def test_a_diverging_run_stops_with_an_error_instead_of_saving_nan_weights(phras
         train(model, source, target, train_pairs, valid, TrainingConfig(epochs=1, batch_size=32, clip_norm=0),
               tmp_path, progress=False, log=lambda _: None)
     assert not (tmp_path / "last").exists()  # nothing with NaN weights was written
+
+
+def test_checkpoints_with_the_older_norm_names_still_load(phrases, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from attnkit.models import TransformerConfig, TransformerEncoderDecoder
+    from attnkit.training.checkpoint import _sha256
+
+    _, _, _, source, target = phrases
+    config = TransformerConfig(source.vocab_size, target.vocab_size, d_model=16, num_heads=2, d_ff=24,
+                               encoder_layers=1, decoder_layers=1)
+    model = TransformerEncoderDecoder(config)
+    folder = save_checkpoint(tmp_path / "ckpt", model, source, target)
+    tensors = load_file(folder / "model.safetensors")
+    old = {name.replace(".attn_norm.", ".attn_block.norm.").replace(".ff_norm.", ".ff_block.norm.")
+           .replace(".self_norm.", ".self_block.norm.").replace(".cross_norm.", ".cross_block.norm."): t
+           for name, t in tensors.items()}
+    assert any(".self_block.norm." in name for name in old)
+    save_file(old, folder / "model.safetensors")
+    manifest = json.loads((folder / "checkpoint.json").read_text())
+    manifest["files"]["model.safetensors"] = _sha256(folder / "model.safetensors")
+    (folder / "checkpoint.json").write_text(json.dumps(manifest))
+    loaded = load_checkpoint(folder).model
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name

@@ -17,7 +17,7 @@ from .._files import atomic_path
 __all__ = ["Tokenizer", "SPECIALS", "PAD", "UNK", "BOS", "EOS", "KINDS"]
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")
-PAD, UNK, BOS, EOS = range(4)
+PAD, UNK, BOS, EOS = range(4)  # PAD equals attnkit.models.config.PAD_ID (tested)
 KINDS = ("bpe", "word")
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import masks as _masks
-from ._checks import Dims, check_bias, check_mask, check_qkv
+from .checks import Dims, check_bias, check_mask, check_qkv
 from .backends import BACKENDS
 from .backends._common import Problem, head_weights
 from .softmax import masked_softmax

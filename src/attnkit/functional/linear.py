@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_rank
+from .checks import check_rank
 
 __all__ = ["elu_feature_map", "favor_features", "orthogonal_projection", "linear_attention", "causal_linear_step"]
 

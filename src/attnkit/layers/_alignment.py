@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..functional._checks import check_rank, check_same
+from ..functional.checks import check_rank, check_same
 
 
 class AlignmentInputs(NamedTuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import attend, scores
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ._alignment import alignment_inputs, finish
 
 __all__ = ["BahdanauAttention"]

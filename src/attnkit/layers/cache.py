@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..functional._checks import check_rank, check_same
+from ..functional.checks import check_rank, check_same
 
 __all__ = ["KVCache"]
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import attention
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
 from ..functional.linear import (
     causal_linear_step,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from ..functional import attention
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.heads import merge_heads, split_heads
 from .cache import KVCache

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import masks as _masks
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 
 __all__ = [
     "sinusoidal_table",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import attention
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..functional.attention import AttentionOutput
 
 __all__ = ["SelfAttention"]

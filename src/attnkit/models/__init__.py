@@ -1,8 +1,10 @@
 """Models composed from the layers: RNN encoder-decoders and Transformers."""
 
+from .blocks import count_parameters
 from .config import PRESETS, Seq2SeqConfig, TransformerConfig, preset
-from .seq2seq import Seq2Seq, StepOutput, TranslationOutput
-from .transformer import TransformerEncoderDecoder, count_parameters
+from .outputs import EncoderOutput, LMOutput, StepOutput, TranslationOutput
+from .seq2seq import Seq2Seq
+from .transformer import TransformerEncoderDecoder
 
 __all__ = [
     "Seq2Seq",
@@ -15,6 +17,8 @@ __all__ = [
     "count_parameters",
     "StepOutput",
     "TranslationOutput",
+    "LMOutput",
+    "EncoderOutput",
 ]
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "TransformerConfig",
     "EncoderConfig",
     "DecoderConfig",
+    "PAD_ID",
     "SEQ2SEQ_ATTENTIONS",
     "ACTIVATION_NAMES",
     "PRESETS",
@@ -27,6 +28,8 @@ __all__ = [
     "load_config",
 ]
 
+PAD_ID = 0
+"""Token id of padding in every vocabulary (the tokenisers' ``<pad>``; embeddings keep its row at zero)."""
 SEQ2SEQ_ATTENTIONS = ("none", "bahdanau", "luong-dot", "luong-general", "luong-concat", "luong-local-p")
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "silu")
 """Feed-forward activations: ``gelu`` is the exact (erf) GELU, ``gelu_tanh`` its tanh approximation

@@ -13,32 +13,22 @@ Shapes: B batch, L new tokens, S all tokens attended (cached + new), D model dim
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from torch import Tensor, nn
 
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding
+from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
-from .transformer import FeedForward, GatedFeedForward, Residual
+from .outputs import LMOutput
 
-__all__ = ["DecoderLM", "DecoderBlock", "LMOutput"]
-
-
-class LMOutput(NamedTuple):
-    logits: Tensor  # (B, L, V)
-    hidden_states: Tensor  # (B, L, D) after the final norm
-    attentions: list[Tensor] | None  # per layer (B, H, L, S), when asked for
-
-
-def _norm(config: DecoderConfig) -> nn.Module:
-    if config.norm == "layernorm":
-        return nn.LayerNorm(config.d_model, eps=config.norm_eps)
-    return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+__all__ = ["DecoderLM", "DecoderBlock"]
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm block: causal (windowed) self attention, then the MLP, each with a residual."""
+    """Pre-norm block: causal (windowed) self attention, then the MLP, each with a residual.
+
+    Parameters: ``self_attn``, ``mlp``, ``attn_norm``, ``mlp_norm``.
+    """
 
     def __init__(self, config: DecoderConfig, rotary: RotaryEmbedding | None = None, layer: int = 0):
         super().__init__()
@@ -52,21 +42,20 @@ class DecoderBlock(nn.Module):
             self.mlp = FeedForward(c.d_model, c.d_ff, activation=c.mlp_activation, bias=c.has_bias("mlp"))
         else:
             self.mlp = GatedFeedForward(c.d_model, c.d_ff, bias=c.has_bias("mlp"), activation=c.mlp_activation)
-        self.attn_block = Residual(_norm(c), c.dropout, norm_first=True)
-        self.mlp_block = Residual(_norm(c), c.dropout, norm_first=True)
+        self.attn_norm = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.mlp_norm = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        weights = []
-
-        def attend(h: Tensor) -> Tensor:
-            result = self.self_attn(h, mask=mask, is_causal=True, window=self.window, cache=cache,
-                                    need_weights=need_weights)
-            weights.append(result.weights)
-            return result.output
-
-        return self.mlp_block(self.attn_block(x, attend), self.mlp), weights[0]
+        """x (B, L, D), mask (B, 1, 1, S) True at real tokens -> (B, L, D) and, with ``need_weights``,
+        the attention weights (B, H, L, S)."""
+        attended = self.self_attn(self.attn_norm(x), mask=mask, is_causal=True, window=self.window, cache=cache,
+                                  need_weights=need_weights)
+        x = x + self.dropout(attended.output)
+        x = x + self.dropout(self.mlp(self.mlp_norm(x)))
+        return x, attended.weights
 
 
 class DecoderLM(nn.Module):
@@ -84,7 +73,7 @@ class DecoderLM(nn.Module):
                                      low_freq_factor=c.rope_low_freq_factor, high_freq_factor=c.rope_high_freq_factor,
                                      original_max_len=c.rope_original_max_len)
         self.layers = nn.ModuleList(DecoderBlock(c, rotary, layer) for layer in range(c.num_layers))
-        self.norm = _norm(c)
+        self.norm = make_norm(c.norm, c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.tokens.weight

@@ -9,23 +9,16 @@ Shapes: B batch, L length, D model dim.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor, nn
 
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..layers import LearnedPositionalEmbedding
 from .config import EncoderConfig
+from .outputs import EncoderOutput
 from .transformer import EncoderLayer
 
-__all__ = ["EncoderModel", "EncoderOutput", "mean_pool"]
-
-
-class EncoderOutput(NamedTuple):
-    hidden_states: Tensor  # (B, L, D) last layer
-    pooled: Tensor | None  # (B, D) pooler output, None without a pooler
-    attentions: list[Tensor] | None  # per layer (B, H, L, L), when asked for
+__all__ = ["EncoderModel", "mean_pool"]
 
 
 def mean_pool(hidden_states: Tensor, attention_mask: Tensor) -> Tensor:

@@ -251,8 +251,8 @@ def _bert_pairs(config: EncoderConfig) -> list[tuple[str, str]]:
         hf, ours = f"encoder.layer.{i}.", f"layers.{i}."
         for a, b in (("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
                      ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
-                     ("attention.output.LayerNorm", "attn_block.norm"), ("intermediate.dense", "feed_forward.linear1"),
-                     ("output.dense", "feed_forward.linear2"), ("output.LayerNorm", "ff_block.norm")):
+                     ("attention.output.LayerNorm", "attn_norm"), ("intermediate.dense", "feed_forward.linear1"),
+                     ("output.dense", "feed_forward.linear2"), ("output.LayerNorm", "ff_norm")):
             pairs += [(f"{hf}{a}.weight", f"{ours}{b}.weight"), (f"{hf}{a}.bias", f"{ours}{b}.bias")]
     if config.pooler:
         pairs += [("pooler.dense.weight", "pooler.weight"), ("pooler.dense.bias", "pooler.bias")]
@@ -270,8 +270,8 @@ def _llama_pairs(config: DecoderConfig) -> list[tuple[str, str]]:
             pairs.append((f"{hf}{a}.weight", f"{ours}{b}.weight"))
             if config.has_bias(part):
                 pairs.append((f"{hf}{a}.bias", f"{ours}{b}.bias"))
-        pairs += [(f"{hf}input_layernorm.weight", f"{ours}attn_block.norm.weight"),
-                  (f"{hf}post_attention_layernorm.weight", f"{ours}mlp_block.norm.weight")]
+        pairs += [(f"{hf}input_layernorm.weight", f"{ours}attn_norm.weight"),
+                  (f"{hf}post_attention_layernorm.weight", f"{ours}mlp_norm.weight")]
     if not config.tie_embeddings:
         pairs.append(("lm_head.weight", "lm_head.weight"))
     return pairs
@@ -282,7 +282,7 @@ def _gpt2_pairs(config: DecoderConfig) -> list[tuple[str, str]]:
              ("ln_f.weight", "norm.weight"), ("ln_f.bias", "norm.bias")]
     for i in range(config.num_layers):
         hf, ours = f"h.{i}.", f"layers.{i}."
-        for a, b in (("ln_1", "attn_block.norm"), ("ln_2", "mlp_block.norm")):
+        for a, b in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
             pairs += [(f"{hf}{a}.weight", f"{ours}{b}.weight"), (f"{hf}{a}.bias", f"{ours}{b}.bias")]
     if not config.tie_embeddings:
         pairs.append(("lm_head.weight", "lm_head.weight"))

@@ -15,39 +15,17 @@ Shapes: B batch, S source length, T target length, V target vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..data.tokenizer import PAD
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..layers import BahdanauAttention, LuongAttention
-from .config import Seq2SeqConfig
+from .config import PAD_ID, Seq2SeqConfig
+from .outputs import StepOutput, TranslationOutput, check_source
 
-__all__ = ["Seq2Seq", "TranslationOutput", "StepOutput", "check_source"]
-
-
-class TranslationOutput(NamedTuple):
-    logits: Tensor  # (B, T, V)
-    weights: Tensor | None  # (B, T, S) alignment, None without attention
-
-
-class StepOutput(NamedTuple):
-    logits: Tensor  # (B, V)
-    weights: Tensor | None  # (B, S)
-
-
-def check_source(source: Tensor, source_lengths: Tensor) -> None:
-    """source (B, S) long ids, source_lengths (B,) with 1 <= length <= S."""
-    check_rank("source", source, 2, "(B, S)")
-    if source.dtype != torch.long:
-        raise TypeError(f"source must hold int64 token ids, got {source.dtype}")
-    if tuple(source_lengths.shape) != (source.shape[0],):
-        raise ValueError(f"source_lengths must have shape (B,) = ({source.shape[0]},), got {tuple(source_lengths.shape)}")
-    if source_lengths.numel() and (source_lengths.min() < 1 or source_lengths.max() > source.shape[1]):
-        raise ValueError(f"source_lengths must lie in [1, S={source.shape[1]}], got {source_lengths.tolist()}")
+__all__ = ["Seq2Seq"]
 
 
 @dataclass
@@ -84,8 +62,8 @@ class Seq2Seq(nn.Module):
         rnn = nn.GRU if c.cell == "gru" else nn.LSTM
         between = c.dropout if c.num_layers > 1 else 0.0
         memory_dim = c.hidden_size * (2 if c.bidirectional else 1)
-        self.source_embedding = nn.Embedding(c.source_vocab, c.embedding_dim, padding_idx=PAD)
-        self.target_embedding = nn.Embedding(c.target_vocab, c.embedding_dim, padding_idx=PAD)
+        self.source_embedding = nn.Embedding(c.source_vocab, c.embedding_dim, padding_idx=PAD_ID)
+        self.target_embedding = nn.Embedding(c.target_vocab, c.embedding_dim, padding_idx=PAD_ID)
         self.encoder = rnn(c.embedding_dim, c.hidden_size, c.num_layers, batch_first=True,
                            bidirectional=c.bidirectional, dropout=between)
         self.bridge = nn.Linear(memory_dim, c.hidden_size)

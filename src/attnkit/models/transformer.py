@@ -9,98 +9,34 @@ Shapes: B batch, S source length, T target length, D model dim, V vocabulary.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.tokenizer import PAD
 from ..functional import masks
-from ..functional._checks import check_rank
+from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, SinusoidalPositionalEncoding
-from .config import TransformerConfig
-from .seq2seq import StepOutput, TranslationOutput, check_source
+from .blocks import FeedForward
+from .config import PAD_ID, TransformerConfig
+from .outputs import StepOutput, TranslationOutput, check_source
 
 __all__ = [
-    "FeedForward",
-    "GatedFeedForward",
-    "Residual",
     "EncoderLayer",
     "DecoderLayer",
     "TransformerEncoder",
     "TransformerDecoder",
     "TransformerEncoderDecoder",
-    "count_parameters",
 ]
 
 
-def count_parameters(module: nn.Module) -> int:
-    """Number of distinct parameters (tied weights count once)."""
-    return sum(p.numel() for p in module.parameters())
-
-
-ACTIVATIONS = {
-    "relu": torch.relu,
-    "gelu": F.gelu,  # exact (erf) GELU: BERT
-    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
-    "silu": F.silu,  # Swish: Llama's gate
-}
-
-
-class FeedForward(nn.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (Vaswani et al. eq. 2 with ReLU; GELU in BERT and GPT-2)."""
-
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, *, activation: str = "relu", bias: bool = True):
-        super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
-
-
-class GatedFeedForward(nn.Module):
-    """Gated linear unit (Shazeer 2020): down(act(gate(x)) * up(x)); SwiGLU (silu) as in Llama,
-    GeGLU with a GELU."""
-
-    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, activation: str = "silu"):
-        super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
-        self.activation = ACTIVATIONS[activation]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Residual(nn.Module):
-    """One sub-layer connection: the norm, the residual and its dropout, placed pre or post."""
-
-    def __init__(self, norm: nn.Module, dropout: float, norm_first: bool):
-        super().__init__()
-        self.norm = norm
-        self.dropout = nn.Dropout(dropout)
-        self.norm_first = norm_first
-
-    def forward(self, x: Tensor, sublayer) -> Tensor:
-        if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
-
-
 class EncoderLayer(nn.Module):
-    """Self attention then feed-forward, each wrapped in a residual connection and LayerNorm
-    (the Transformer encoder; BERT with ``activation="gelu"``, ``norm_eps=1e-12``)."""
+    """Self attention then feed-forward, each with a residual connection, dropout and LayerNorm
+    (the Transformer encoder; BERT with ``activation="gelu"``, ``norm_eps=1e-12``).
+
+    Parameters: ``self_attn``, ``feed_forward``, ``attn_norm``, ``ff_norm``.
+    """
 
     def __init__(
         self,
@@ -117,24 +53,31 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, num_heads, bias=bias, dropout=dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation=activation)
-        self.attn_block = Residual(nn.LayerNorm(d_model, eps=norm_eps), dropout, norm_first)
-        self.ff_block = Residual(nn.LayerNorm(d_model, eps=norm_eps), dropout, norm_first)
+        self.attn_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.ff_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D) and, with
         ``need_weights``, the attention weights (B, H, S, S)."""
-        weights = []
-
-        def attend(h: Tensor) -> Tensor:
-            result = self.self_attn(h, mask=mask, need_weights=need_weights)
-            weights.append(result.weights)
-            return result.output
-
-        return self.ff_block(self.attn_block(x, attend), self.feed_forward), weights[0]
+        if self.norm_first:
+            attended = self.self_attn(self.attn_norm(x), mask=mask, need_weights=need_weights)
+            x = x + self.dropout(attended.output)
+            x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
+        else:
+            attended = self.self_attn(x, mask=mask, need_weights=need_weights)
+            x = self.attn_norm(x + self.dropout(attended.output))
+            x = self.ff_norm(x + self.dropout(self.feed_forward(x)))
+        return x, attended.weights
 
 
 class DecoderLayer(nn.Module):
-    """Causal self attention, cross attention to the encoder output, then feed-forward."""
+    """Causal self attention, cross attention to the encoder output, then feed-forward, each with
+    a residual connection, dropout and LayerNorm.
+
+    Parameters: ``self_attn``, ``cross_attn``, ``feed_forward``, ``self_norm``, ``cross_norm``, ``ff_norm``.
+    """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0, norm_first: bool = False,
                  bias: bool = True):
@@ -142,9 +85,11 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, bias=bias, dropout=dropout)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, bias=bias, dropout=dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout)
-        self.self_block = Residual(nn.LayerNorm(d_model), dropout, norm_first)
-        self.cross_block = Residual(nn.LayerNorm(d_model), dropout, norm_first)
-        self.ff_block = Residual(nn.LayerNorm(d_model), dropout, norm_first)
+        self.self_norm = nn.LayerNorm(d_model)
+        self.cross_norm = nn.LayerNorm(d_model)
+        self.ff_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
 
     def forward(
         self,
@@ -158,16 +103,18 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D), memory (B, S, D), memory_mask (B, 1, 1, S) -> (B, T, D) and the cross
         attention weights (B, H, T, S) when ``need_weights``."""
-        x = self.self_block(x, lambda h: self.self_attn(h, is_causal=True, cache=self_cache).output)
-        weights = []
-
-        def cross(h: Tensor) -> Tensor:
-            result = self.cross_attn(h, memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights)
-            weights.append(result.weights)
-            return result.output
-
-        x = self.cross_block(x, cross)
-        return self.ff_block(x, self.feed_forward), weights[0]
+        if self.norm_first:
+            x = x + self.dropout(self.self_attn(self.self_norm(x), is_causal=True, cache=self_cache).output)
+            crossed = self.cross_attn(self.cross_norm(x), memory, mask=memory_mask, cache=cross_cache,
+                                      need_weights=need_weights)
+            x = x + self.dropout(crossed.output)
+            x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
+        else:
+            x = self.self_norm(x + self.dropout(self.self_attn(x, is_causal=True, cache=self_cache).output))
+            crossed = self.cross_attn(x, memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights)
+            x = self.cross_norm(x + self.dropout(crossed.output))
+            x = self.ff_norm(x + self.dropout(self.feed_forward(x)))
+        return x, crossed.weights
 
 
 class _Embedding(nn.Module):
@@ -176,7 +123,7 @@ class _Embedding(nn.Module):
     def __init__(self, vocab: int, config: TransformerConfig, tokens: nn.Embedding | None = None):
         super().__init__()
         c = config
-        self.tokens = tokens if tokens is not None else nn.Embedding(vocab, c.d_model, padding_idx=PAD)
+        self.tokens = tokens if tokens is not None else nn.Embedding(vocab, c.d_model, padding_idx=PAD_ID)
         if c.positional == "sinusoidal":
             self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len)
         else:
@@ -286,7 +233,7 @@ class TransformerEncoderDecoder(nn.Module):
         for embedding in embeddings:  # a list, not a set: the init order must not depend on ids
             nn.init.normal_(embedding.weight, std=self.config.d_model**-0.5)
             with torch.no_grad():
-                embedding.weight[PAD].zero_()
+                embedding.weight[PAD_ID].zero_()
 
     def encode(self, source: Tensor, source_lengths: Tensor) -> TransformerState:
         """Encode source (B, S) with lengths (B,); return the state for :meth:`step`."""

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .._files import atomic_path
 
-__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors"]
+__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "LEGACY_NAMES"]
 
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -52,6 +52,18 @@ def save_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, 
         save_file(tensors, str(tmp), metadata=metadata)
 
 
+# Names of the norms before the blocks were written out (attnkit 0.1.0 checkpoints): old -> new.
+LEGACY_NAMES = ((".attn_block.norm.", ".attn_norm."), (".ff_block.norm.", ".ff_norm."), (".mlp_block.norm.", ".mlp_norm."),
+                (".self_block.norm.", ".self_norm."), (".cross_block.norm.", ".cross_norm."))
+
+
+def current_name(name: str) -> str:
+    """A tensor name as this version calls it (older checkpoints named the norms after their blocks)."""
+    for old, new in LEGACY_NAMES:
+        name = name.replace(old, new)
+    return name
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     """Load safetensors weights into ``model`` in place; any mismatch raises ``ValueError``."""
     from safetensors import SafetensorError
@@ -63,6 +75,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
         raise FileNotFoundError(f"weights file not found: {path}") from None
     except (SafetensorError, OSError) as error:
         raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
+    tensors = {current_name(name): tensor for name, tensor in tensors.items()}
     expected = {name: tuple(t.shape) for name, t in unique_state_dict(model).items()}
     check_tensors(expected, {name: tuple(t.shape) for name, t in tensors.items()}, str(path))
     with torch.no_grad():

@@ -30,7 +30,7 @@ from .._files import read_json, write_json
 from ..data.tokenizer import Tokenizer
 from ..models import build_model
 from ..models.config import config_from_dict, config_to_dict
-from ..models.weights import check_tensors, load_weights, save_weights
+from ..models.weights import current_name, check_tensors, load_weights, save_weights
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "load_trainer_state", "CheckpointError",
            "recover_checkpoint"]
@@ -216,7 +216,7 @@ def _check_shapes_before_building(config, weights: Path) -> None:
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     try:
         with safe_open(str(weights), framework="pt") as f:
-            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+            found = {current_name(name): tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except (SafetensorError, OSError) as error:
         raise ValueError(f"{weights}: not a readable safetensors file ({error})") from error
     check_tensors({name: shape for name, shape in expected.items() if name in found}, found, str(weights))

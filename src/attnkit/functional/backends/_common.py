@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .. import masks as _masks
-from .._checks import Dims
+from ..checks import Dims
 
 __all__ = ["Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights"]
 

@@ -1,4 +1,5 @@
-"""Input validation shared by the functional core and the layers.
+"""Input validation, public: the functional core checks its inputs with these at its entry, and
+layers and models use them for theirs (``from attnkit.functional.checks import check_rank``).
 
 Every check raises ``ValueError`` (shapes, values) or ``TypeError`` (dtypes, devices, types)
 with a message that names the argument, what was expected and what was received. Nothing is

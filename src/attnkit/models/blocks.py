@@ -1,0 +1,71 @@
+"""Pieces the model families share: feed-forward networks, norms, parameter counting.
+
+    FFN(x) = act(x W_1 + b_1) W_2 + b_2                 (Vaswani et al. 2017, eq. 2; BERT, GPT-2)
+    GLU(x) = down(act(gate(x)) * up(x))                  (Shazeer 2020; SwiGLU in Llama)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["ACTIVATIONS", "FeedForward", "GatedFeedForward", "make_norm", "count_parameters"]
+
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": F.gelu,  # exact (erf) GELU: BERT
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,  # Swish: Llama's gate
+}
+
+
+def _activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
+    return ACTIVATIONS[name]
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (Vaswani et al. eq. 2 with ReLU; GELU in BERT and GPT-2)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, *, activation: str = "relu", bias: bool = True):
+        super().__init__()
+        self.activation = _activation(activation)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class GatedFeedForward(nn.Module):
+    """Gated linear unit (Shazeer 2020): down(act(gate(x)) * up(x)); SwiGLU (silu) as in Llama,
+    GeGLU with a GELU."""
+
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, activation: str = "silu"):
+        super().__init__()
+        self.activation = _activation(activation)
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+
+
+def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:
+    """``"layernorm"`` (Ba et al. 2016; Vaswani, BERT, GPT-2) or ``"rmsnorm"`` (Zhang & Sennrich 2019; Llama)."""
+    if kind == "layernorm":
+        return nn.LayerNorm(d_model, eps=eps)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=eps)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of distinct parameters (tied weights count once)."""
+    return sum(p.numel() for p in module.parameters())
