@@ -105,8 +105,9 @@ def run_tour(out_dir: str | Path, seed: int = 0) -> Iterator[Stop]:
 
         bahdanau = BahdanauAttention(DIM, DIM, 16)
         projected = bahdanau.project_keys(src)
-        contexts, step_weights = zip(*(bahdanau(tgt[:, t], src, projected_keys=projected) for t in range(L)))
-        weights = torch.stack(step_weights, 1)[0]
+        steps = [bahdanau(tgt[:, t], src, projected_keys=projected) for t in range(L)]
+        contexts = [step.output for step in steps]
+        weights = torch.stack([step.weights for step in steps], 1)[0]
         plot_heatmap(weights, picture("02_bahdanau"), title="Bahdanau (additive), untrained", **labels)
         yield Stop("Bahdanau additive attention", {
             "parameters": _params(bahdanau), "context per step": tuple(contexts[0].shape),
@@ -119,7 +120,7 @@ def run_tour(out_dir: str | Path, seed: int = 0) -> Iterator[Stop]:
             luong = LuongAttention(DIM, score=score, mode=mode, window=2)
             if score == "general":
                 nn.init.eye_(luong.score_weight.weight)  # start from the dot score
-            _, weights = luong(tgt, src)
+            weights = luong(tgt, src).weights
             name = f"{index:02d}_luong_{score}_{mode}"
             plot_heatmap(weights[0], picture(name), title=f"Luong {score}, {mode}", **labels)
             facts = {"parameters": _params(luong), "weights": tuple(weights.shape), "weight sums": _sums(weights)}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit import masked_softmax, reference, scores
-from conftest import assert_close, numpy, randn
+from helpers import assert_close, numpy, randn
 
 
 def test_dot_general_additive_concat_match_the_oracle(rng):

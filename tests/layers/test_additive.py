@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnkit import BahdanauAttention, reference
-from conftest import assert_close, numpy, randn
+from helpers import assert_close, numpy, randn
 
 
 def oracle(layer: BahdanauAttention, query, keys, values=None, mask=None, temperature=1.0):
@@ -27,7 +27,7 @@ def test_matches_the_oracle_with_padding(dtype, bias, rng):
     layer = BahdanauAttention(12, 10, 8, bias=bias).to(dtype)
     query, keys, values = randn(3, 5, 12, dtype=dtype, generator=rng), randn(3, 9, 10, dtype=dtype, generator=rng), randn(3, 9, 6, dtype=dtype, generator=rng)
     mask = torch.arange(9)[None, :] < torch.tensor([9, 4, 1])[:, None]
-    context, weights = layer(query, keys, values, mask)
+    context, weights, _ = layer(query, keys, values, mask)
     expected_context, expected_weights = oracle(layer, query, keys, values, mask)
     assert_close(context, expected_context, dtype)
     assert_close(weights, expected_weights, dtype)
@@ -37,7 +37,7 @@ def test_matches_the_oracle_with_padding(dtype, bias, rng):
 def test_single_step_and_keys_projected_once(rng):
     layer = BahdanauAttention(12, 10, 8).double()
     query, keys = randn(2, 12, dtype=torch.float64, generator=rng), randn(2, 7, 10, dtype=torch.float64, generator=rng)
-    context, weights = layer(query, keys)
+    context, weights, _ = layer(query, keys)
     assert context.shape == (2, 10) and weights.shape == (2, 7)
     projected = layer.project_keys(keys)
     again = layer(query, keys, projected_keys=projected)

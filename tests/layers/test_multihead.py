@@ -8,7 +8,7 @@ from torch import nn
 
 from attnkit import KVCache, MultiHeadAttention, masks, reference
 from attnkit.layers import RotaryEmbedding
-from conftest import assert_close, numpy, randn
+from helpers import assert_close, numpy, randn
 
 
 def params_of(mha: MultiHeadAttention) -> dict:

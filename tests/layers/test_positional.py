@@ -14,7 +14,7 @@ from attnkit.layers import (
     alibi_slopes,
     sinusoidal_table,
 )
-from conftest import assert_close, numpy, randn
+from helpers import assert_close, numpy, randn
 
 
 def test_sinusoidal_matches_the_vaswani_formula_and_lies_in_unit_range():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnkit import SelfAttention, reference
-from conftest import assert_close, numpy, randn
+from helpers import assert_close, numpy, randn
 
 
 def test_matches_the_oracle(rng):

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..functional.attention import AttentionOutput
 from ..functional.checks import check_rank, check_same
 
 
@@ -50,8 +51,9 @@ def alignment_inputs(
     return AlignmentInputs(query, keys, values, mask, single_step)
 
 
-def finish(context: Tensor, weights: Tensor, single_step: bool) -> tuple[Tensor, Tensor]:
-    """Drop the L dim again when the caller passed a single query step."""
+def finish(context: Tensor, weights: Tensor, single_step: bool) -> AttentionOutput:
+    """The layers' result, as :class:`~attnkit.AttentionOutput` (output = the context); the L dim
+    is dropped again when the caller passed a single query step."""
     if single_step:
-        return context[:, 0], weights[:, 0]
-    return context, weights
+        return AttentionOutput(context[:, 0], weights[:, 0])
+    return AttentionOutput(context, weights)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import attend, scores
+from ..functional.attention import AttentionOutput
 from ..functional.checks import check_rank
 from ._alignment import alignment_inputs, finish
 
@@ -55,7 +56,7 @@ class BahdanauAttention(nn.Module):
         *,
         projected_keys: Tensor | None = None,
         temperature: float = 1.0,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> AttentionOutput:
         """Attend from decoder state(s) to the encoder annotations.
 
         Args:
@@ -66,7 +67,8 @@ class BahdanauAttention(nn.Module):
             temperature: divides the scores before the softmax.
 
         Returns:
-            context (B, Dv) and weights (B, S) for one step; (B, L, Dv) and (B, L, S) for several.
+            :class:`~attnkit.AttentionOutput`: output = the context (B, Dv) and weights (B, S) for one
+            step; (B, L, Dv) and (B, L, S) for several; lse None.
         """
         inputs = alignment_inputs(query, keys, values, mask, self.query_dim, self.key_dim)
         if projected_keys is None:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import attend, masks, scores
+from ..functional.attention import AttentionOutput
 from ._alignment import alignment_inputs, finish
 
 __all__ = ["LuongAttention"]
@@ -102,7 +103,7 @@ class LuongAttention(nn.Module):
         *,
         position: int | Tensor | None = None,
         temperature: float = 1.0,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> AttentionOutput:
         """Attend from target state(s) to source states.
 
         Args:
@@ -116,7 +117,8 @@ class LuongAttention(nn.Module):
                 hard (one-hot) alignment.
 
         Returns:
-            context (B, Dv) and weights (B, S) for one step; (B, L, Dv) and (B, L, S) for several.
+            :class:`~attnkit.AttentionOutput`: output = the context (B, Dv) and weights (B, S) for one
+            step; (B, L, Dv) and (B, L, S) for several; lse None.
         """
         inputs = alignment_inputs(query, keys, values, mask, self.dim, self.dim)
         energy = self._scores(inputs.query, inputs.keys)  # (B, L, S)

@@ -134,7 +134,7 @@ class Seq2Seq(nn.Module):
         embedded = self.dropout(self.target_embedding(tokens))  # (B, emb)
         weights = None
         if self.style == "bahdanau":
-            context, weights = self.attention(
+            context, weights, _ = self.attention(
                 self._top(state.hidden), state.memory, mask=state.mask, projected_keys=state.keys
             )
             output, state.hidden = self.decoder(torch.cat([embedded, context], -1)[:, None], state.hidden)
@@ -142,7 +142,7 @@ class Seq2Seq(nn.Module):
         elif self.style == "luong":
             inputs = embedded if state.feed is None else torch.cat([embedded, state.feed], -1)
             output, state.hidden = self.decoder(inputs[:, None], state.hidden)
-            context, weights = self.attention(output[:, 0], state.keys, state.memory, mask=state.mask)
+            context, weights, _ = self.attention(output[:, 0], state.keys, state.memory, mask=state.mask)
             features = torch.cat([output[:, 0], context], -1)
         else:
             output, state.hidden = self.decoder(embedded[:, None], state.hidden)
@@ -157,7 +157,7 @@ class Seq2Seq(nn.Module):
         output, state.hidden = self.decoder(self.dropout(self.target_embedding(target_in)), state.hidden)
         weights = None
         if self.style == "luong":
-            context, weights = self.attention(output, state.keys, state.memory, mask=state.mask)  # (B, T, .)
+            context, weights, _ = self.attention(output, state.keys, state.memory, mask=state.mask)  # (B, T, .)
             output = torch.cat([output, context], -1)
         attentional = torch.tanh(self.combine(output))  # (B, T, hidden)
         return TranslationOutput(self.generator(self.dropout(attentional)), weights)

@@ -1,0 +1,45 @@
+"""Test helpers (a module of its own, so that test files import it by a name no other conftest.py
+shadows): the float64 oracle on torch tensors, tolerances by dtype, seeded inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Tolerances against the float64 oracle, by input dtype: (rtol, atol).
+TOLERANCES = {
+    torch.float64: (1e-9, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+DTYPES = list(TOLERANCES)
+
+
+def numpy(x: torch.Tensor | None):
+    """A tensor as a NumPy array: boolean stays boolean, everything else becomes float64."""
+    if x is None:
+        return None
+    if x.dtype == torch.bool:
+        return x.detach().cpu().numpy()
+    return x.detach().to(torch.float64).cpu().numpy()
+
+
+def assert_close(actual: torch.Tensor, expected, dtype: torch.dtype, what: str = "") -> None:
+    """|actual - expected| <= atol + rtol |expected| elementwise, expected a float64 array."""
+    rtol, atol = TOLERANCES[dtype]
+    got = numpy(actual)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    assert not np.isnan(got).any(), f"{what}: NaN in result"
+    error = np.abs(got - expected)
+    bound = atol + rtol * np.abs(expected)
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert (error <= bound).all(), (
+        f"{what}: max error {error.max():.3g} at {worst}: got {got[worst]!r}, expected {expected[worst]!r} "
+        f"(rtol={rtol}, atol={atol})"
+    )
+
+
+def randn(*shape, dtype=torch.float32, generator=None, requires_grad=False):
+    x = torch.randn(*shape, dtype=torch.float64, generator=generator).to(dtype)
+    return x.requires_grad_(requires_grad)
