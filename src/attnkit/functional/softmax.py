@@ -50,6 +50,11 @@ def masked_softmax(
     """
     _check_temperature(temperature)
     _check_mask(scores, mask)
+    return _masked_softmax(scores, mask, dim=dim, temperature=temperature)
+
+
+def _masked_softmax(scores: Tensor, mask: Tensor | None, *, dim: int = -1, temperature: float = 1.0) -> Tensor:
+    """:func:`masked_softmax` without the checks, for callers that validated their inputs."""
     if temperature != 1.0:
         scores = scores / temperature
     finite_below = scores != float("-inf")  # NaN != -inf: NaN stays in and propagates
@@ -62,6 +67,11 @@ def masked_softmax(
 def masked_logsumexp(scores: Tensor, mask: Tensor | None = None, *, dim: int = -1) -> Tensor:
     """log(sum(exp(scores))) over allowed positions; -inf for a fully masked row."""
     _check_mask(scores, mask)
+    return _masked_logsumexp(scores, mask, dim=dim)
+
+
+def _masked_logsumexp(scores: Tensor, mask: Tensor | None, *, dim: int = -1) -> Tensor:
+    """:func:`masked_logsumexp` without the checks."""
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.logsumexp(scores, dim=dim)

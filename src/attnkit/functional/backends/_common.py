@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -39,15 +39,16 @@ class Problem:
     causal_align: str = "top-left"
     window: int | None = None
     dropout_p: float = 0.0
+    offset: int = field(init=False, default=0)  # key index aligned with query 0 (attnkit.masks.causal_offset)
+
+    def __post_init__(self) -> None:
+        # Computed once per call; the tiled backend reads it per block without validating again.
+        object.__setattr__(self, "offset", _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align))
 
     @property
     def structured(self) -> bool:
         return self.is_causal or self.window is not None
 
-    @property
-    def offset(self) -> int:
-        """Key index aligned with query 0 (see :func:`attnkit.masks.causal_offset`)."""
-        return _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align)
 
     def key_range(self, q0: int, q1: int) -> tuple[int, int]:
         """[lo, hi): the keys that some query in [q0, q1) may attend under the structural mask."""

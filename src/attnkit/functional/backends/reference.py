@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..softmax import masked_logsumexp, masked_softmax
+from ..softmax import _masked_logsumexp, _masked_softmax
 from ._common import BackendResult, Problem, compute_dtype, group_heads
 
 __all__ = ["forward"]
@@ -26,8 +26,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if problem.bias is not None:
         scores = scores + group_heads(problem.bias, dims).to(acc)
     mask = group_heads(problem.dense_mask(q.device), dims)
-    weights = masked_softmax(scores, mask)
-    lse = masked_logsumexp(scores, mask)  # (B, Hkv, G, L)
+    weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
+    lse = _masked_logsumexp(scores, mask)  # (B, Hkv, G, L)
     attended = F.dropout(weights, p=problem.dropout_p) if problem.dropout_p > 0 else weights
     output = attended @ v_g  # (B, Hkv, G, L, Ev)
     return BackendResult(
