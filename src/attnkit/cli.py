@@ -150,8 +150,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import dataclasses
-
     import torch
 
     from .data import Tokenizer
@@ -193,12 +191,11 @@ def _train(args: argparse.Namespace) -> int:
             config = Seq2SeqConfig(**vocab, attention=args.attention, cell=args.cell, embedding_dim=args.embedding_dim,
                                    hidden_size=args.hidden_size, num_layers=args.layers, dropout=args.dropout)
         model = build_model(config)
-    warmup = args.warmup if args.warmup is not None else (4000 if args.arch == "transformer" else 0)
-    training = TrainingConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, clip_norm=args.clip,
-                              label_smoothing=args.label_smoothing, warmup_steps=warmup, patience=args.patience,
-                              seed=args.seed, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every)
-    if args.arch == "transformer":
-        training = dataclasses.replace(training, betas=(0.9, 0.98))
+    schedule = {} if args.warmup is None else {"warmup_steps": args.warmup}
+    training = TrainingConfig.recipe(model.config.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                     clip_norm=args.clip, label_smoothing=args.label_smoothing, patience=args.patience,
+                                     seed=args.seed, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
+                                     **schedule)
     result = train(model, source, target, train_pairs, valid_pairs, training, args.out, resume=args.resume,
                    overwrite=args.overwrite, options=options, progress=not args.quiet)
     if is_main():
@@ -417,7 +414,6 @@ def _inspect(args: argparse.Namespace) -> int:
     from .inspect import report
 
     progress = partial(tqdm, leave=False, dynamic_ncols=True, disable=args.quiet)
-    log = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr))
     if args.file is not None:
         if args.text or args.reference:
             raise ValueError("give texts either on the command line or with --file, not both")
@@ -447,7 +443,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
         model, tokenizer = load_minilm()
         path = report.inspect_encoder(model, tokenizer, args.text, args.out, steps=args.steps, top_k=args.top_k,
-                                      progress=progress, log=log)
+                                      progress=progress)
         print(f"report: {path}")
         return 0
     from .training import load_checkpoint
@@ -463,12 +459,10 @@ def _inspect(args: argparse.Namespace) -> int:
         _check_trained_on_grc_en(checkpoint)
     if args.text:
         path = report.inspect_translation(checkpoint, args.text, args.out, references=args.reference,
-                                          beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress,
-                                          log=log)
+                                          beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress)
         print(f"report: {path}")
     if args.aer:
-        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
-                                           log=log)
+        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations)
         for name, s in result["scores"].items():
             print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")
@@ -643,7 +637,17 @@ def main(argv: list[str] | None = None) -> int:
     """Run the ``attnkit`` command. A user mistake (a bad value, a missing, unreadable or unwritable
     file, a missing optional package) ends with one line naming the argument and exit status 2; an
     unexpected internal error keeps its traceback, since that is a bug to report."""
+    import logging
+
     args = build_parser().parse_args(argv)
+    # The library logs; the command shows its INFO messages (epochs, steps of a report) on stdout.
+    # --quiet turns progress bars off, not messages.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("attnkit")
+    root.addHandler(handler)
+    previous_level = root.level
+    root.setLevel(logging.INFO)
     try:
         return args.run(args)
     except KeyboardInterrupt:
@@ -652,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, ImportError) as error:  # bad input: a message, not a traceback
         print(f"attnkit {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:  # main() may be called again in one process (tests, notebooks): leave logging as it was
+        root.removeHandler(handler)
+        root.setLevel(previous_level)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ and a report shows BLEU overall and by source length, loss curves and learned al
 
 from __future__ import annotations
 
+import logging
+
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -22,6 +24,8 @@ from .models import Seq2Seq, Seq2SeqConfig
 from .training import TrainingConfig, bleu_by_length, corpus_scores, load_checkpoint, train
 
 __all__ = ["load_split", "build_tokenizers", "evaluate_model", "run_demo", "plot_alignment", "DEMO_MODELS"]
+
+logger = logging.getLogger(__name__)
 
 DEMO_MODELS = {"bottleneck": "none", "bahdanau": "bahdanau", "luong": "luong-general"}
 
@@ -166,9 +170,11 @@ def run_demo(
     beam_size: int = 5,
     seed: int = 0,
     progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Train the named models of :data:`DEMO_MODELS` on the bundled corpus, evaluate, write the report."""
+    """Train the named models of :data:`DEMO_MODELS` on the bundled corpus, evaluate, write the report.
+    Messages go to ``log`` (default: this module's logger at INFO); ``progress`` shows tqdm bars."""
+    log = log or logger.info
     unknown = [m for m in models if m not in DEMO_MODELS]
     if unknown:
         raise ValueError(f"unknown demo models {unknown}; choose from {sorted(DEMO_MODELS)}")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
 from .rollout import attention_flow, attention_rollout
 
 __all__ = ["inspect_encoder", "inspect_translation", "evaluate_alignment", "MAX_FLOW_TOKENS"]
+
+logger = logging.getLogger(__name__)
 
 MAX_FLOW_TOKENS = 40  # attention flow solves L^2 max-flow problems: only for short texts
 
@@ -72,8 +75,10 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
 
 
 def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Path, *, steps: int = 32,
-                    top_k: int = 16, progress: Callable = _identity, log: Callable[[str], None] = print) -> Path:
-    """Inspect a BERT-style encoder on ``texts`` (the bundled :data:`SENTENCES` when None); returns report.md's path."""
+                    top_k: int = 16, progress: Callable = _identity, log: Callable[[str], None] | None = None) -> Path:
+    """Inspect a BERT-style encoder on ``texts`` (the bundled :data:`SENTENCES` when None); returns report.md's path.
+    Messages go to ``log`` (default: this module's logger at INFO)."""
+    log = log or logger.info
     from ..viz import AttentionView, plot_head_values, plot_heads, plot_heatmap, plot_overview, write_viewer
 
     out = Path(out)
@@ -175,11 +180,13 @@ def _translation_views(model, source, target, text: str, forced: str, number: in
 
 def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, references: Sequence[str] | None = None,
                         beam_size: int = 5, steps: int = 32, top_k: int = 16, progress: Callable = _identity,
-                        log: Callable[[str], None] = print) -> Path:
+                        log: Callable[[str], None] | None = None) -> Path:
     """Inspect a translation checkpoint on ``texts``: alignments, viewer, agreement; returns report.md's path.
 
     The model's own translation (beam search) is forced through it unless ``references`` are given.
+    Messages go to ``log`` (default: this module's logger at INFO).
     """
+    log = log or logger.info
     from ..decoding import translate
     from ..models import Seq2Seq
     from ..viz import plot_heatmap, write_viewer
@@ -228,10 +235,11 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
 
 
 def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
-                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), log: Callable[[str], None] = print) -> dict:
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), log: Callable[[str], None] | None = None) -> dict:
     """AER of the checkpoint's attention on the held-out verses of the bundled Greek -> English corpus,
     next to IBM Model 1 (trained by EM on the training and held-out verses' text, no gold links)
     and the diagonal baseline. Writes ``alignment.md``, ``alignment.json`` and an example PNG."""
+    log = log or logger.info
     from ..viz import plot_heatmap
 
     out = Path(out)

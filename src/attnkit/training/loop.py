@@ -8,6 +8,7 @@ before exiting, and data parallelism under torchrun.
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import threading
@@ -28,11 +29,21 @@ from .checkpoint import load_trainer_state, save_checkpoint
 from .run import prepare_run_folder
 from .distributed import all_sum, is_main, world
 
-__all__ = ["TrainingConfig", "TrainingResult", "TrainingDiverged", "train", "encode_pairs", "evaluate_loss"]
+__all__ = ["TrainingConfig", "TrainingResult", "TrainerState", "TrainingDiverged", "train", "encode_pairs",
+           "evaluate_loss", "RECIPES"]
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingDiverged(ValueError):
     """The loss or the gradient norm is not finite: weights would become NaN; training stops instead."""
+
+
+RECIPES: dict[str, dict] = {
+    # Vaswani et al. 2017, section 5.3: Adam with beta2 = 0.98, 4000 warm-up steps then lr ~ step^-0.5.
+    "transformer": {"warmup_steps": 4000, "betas": (0.9, 0.98)},
+}
+"""Training defaults per model kind (``config.kind``) that differ from :class:`TrainingConfig`'s."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,11 @@ class TrainingConfig:
                 raise ValueError(f"TrainingConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"TrainingConfig.max_steps must be >= 1 or None, got {self.max_steps}")
+
+    @classmethod
+    def recipe(cls, kind: str, **changes) -> TrainingConfig:
+        """The training defaults for a model kind (:data:`RECIPES`), with ``changes`` on top."""
+        return cls(**{**RECIPES.get(kind, {}), **changes})
 
     def learning_rate(self, step: int) -> float:
         """Learning rate of optimiser step ``step`` (1-based)."""
@@ -139,6 +155,18 @@ class _StopOnInterrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
+@dataclass
+class TrainerState:
+    """Where a run stands; saved in ``trainer.json`` (as "progress") so a resumed run continues exactly."""
+
+    epoch: int = 0  # epochs finished
+    batch: int = 0  # batches of the current epoch done
+    step: int = 0  # optimiser steps done
+    best_valid_loss: float = math.inf
+    bad_epochs: int = 0  # epochs in a row without a better validation loss
+    stopped: str | None = None  # why the loop ended: "early-stopping", "max-steps", "interrupted"
+
+
 def train(
     model: nn.Module,
     source_tokenizer: Tokenizer,
@@ -152,7 +180,7 @@ def train(
     overwrite: bool = False,
     options: dict | None = None,
     progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
 ) -> TrainingResult:
     """Train ``model`` and write checkpoints under ``folder`` (``last/``, ``best/``, ``history.json``).
 
@@ -162,117 +190,150 @@ def train(
 
     ``folder`` must be new, empty or an attnkit run (see :mod:`attnkit.training.run`): an existing
     run needs ``resume`` or ``overwrite``; ``options`` (data and model choices, JSON-able) are
-    recorded with the run and must be equal on resume.
+    recorded with the run and must be equal on resume. Epoch summaries go to ``log`` (default: this
+    module's logger at INFO); ``progress`` shows a tqdm bar per epoch.
     """
-    from torch.nn.parallel import DistributedDataParallel
-
     folder = Path(folder)
     if is_main():
         prepare_run_folder(folder, resume=resume, overwrite=overwrite, options=options)
-    rank, world_size = world()
-    train_data = encode_pairs(train_pairs, source_tokenizer, target_tokenizer)
-    valid_data = encode_pairs(valid_pairs, source_tokenizer, target_tokenizer)
-    if not train_data or not valid_data:
-        raise ValueError(f"need training and validation pairs, got {len(train_data)} and {len(valid_data)}")
-    sampler = BatchSampler([(len(s), len(t)) for s, t in train_data], config.batch_size, seed=config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
-                                  weight_decay=config.weight_decay)
-    progress_state = {"epoch": 0, "batch": 0, "step": 0, "best_valid_loss": math.inf, "bad_epochs": 0}
-    history: dict[str, list] = {"steps": [], "epochs": []}
+    trainer = _Trainer(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config, folder,
+                       progress=progress, log=log or logger.info)
     if resume:
-        trainer = load_trainer_state(folder / "last", model, optimizer)
-        progress_state = trainer["progress"]
-        history = trainer["history"]
-        log(f"resuming from {folder / 'last'} at epoch {progress_state['epoch'] + 1}, step {progress_state['step']}")
+        trainer.restore()
     else:
         torch.manual_seed(config.seed + 1)  # dropout stream; rank-independent so runs can be compared
-    net = DistributedDataParallel(model) if world_size > 1 else model
-    main = is_main()
+    return trainer.run()
 
-    def checkpoint(name: str = "last", with_trainer: bool = True) -> None:
-        if not main:
-            return
-        trainer = {"progress": progress_state, "history": history, "training_config": asdict(config)}
-        save_checkpoint(folder / name, model, source_tokenizer, target_tokenizer,
-                        trainer=trainer if with_trainer else None, optimizer=optimizer if with_trainer else None)
-        if with_trainer:
-            write_json(folder / "history.json", history)
 
-    stopped = "epochs"
-    model.train()
-    with _StopOnInterrupt() as interrupt:
-        while progress_state["epoch"] < config.epochs and stopped == "epochs":
-            epoch = progress_state["epoch"]
-            batches = sampler.epoch(epoch, rank=rank, world_size=world_size)
-            bar = None
-            if progress and main:
-                from tqdm.auto import tqdm
+class _Trainer:
+    """One run of :func:`train`: the epochs, validation and checkpoints around the optimiser steps."""
 
-                bar = tqdm(total=len(batches), initial=progress_state["batch"], desc=f"epoch {epoch + 1}/{config.epochs}",
-                           unit="batch", leave=False, dynamic_ncols=True)
-            started = time.perf_counter()
-            for index in range(progress_state["batch"], len(batches)):
-                if all_sum(float(interrupt.requested)) > 0:
-                    stopped = "interrupted"
+    def __init__(self, model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config: TrainingConfig,
+                 folder: Path, *, progress: bool, log: Callable[[str], None]):
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.model, self.config, self.folder, self.progress, self.log = model, config, folder, progress, log
+        self.tokenizers = (source_tokenizer, target_tokenizer)
+        self.rank, self.world_size = world()
+        self.main = is_main()
+        self.train_data = encode_pairs(train_pairs, source_tokenizer, target_tokenizer)
+        self.valid_data = encode_pairs(valid_pairs, source_tokenizer, target_tokenizer)
+        if not self.train_data or not self.valid_data:
+            raise ValueError(f"need training and validation pairs, got {len(self.train_data)} and {len(self.valid_data)}")
+        self.sampler = BatchSampler([(len(s), len(t)) for s, t in self.train_data], config.batch_size, seed=config.seed)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
+                                           weight_decay=config.weight_decay)
+        self.net = DistributedDataParallel(model) if self.world_size > 1 else model
+        self.state = TrainerState()
+        self.history: dict[str, list] = {"steps": [], "epochs": []}
+
+    def restore(self) -> None:
+        saved = load_trainer_state(self.folder / "last", self.model, self.optimizer)
+        self.state = TrainerState(**saved["progress"])
+        self.history = saved["history"]
+        self.log(f"resuming from {self.folder / 'last'} at epoch {self.state.epoch + 1}, step {self.state.step}")
+
+    def run(self) -> TrainingResult:
+        self.model.train()
+        with _StopOnInterrupt() as interrupt:
+            while self.state.epoch < self.config.epochs and self.state.stopped is None:
+                started = time.perf_counter()
+                self._run_epoch(interrupt)
+                if self.state.stopped is not None:
                     break
-                chunk = [train_data[i] for i in batches[index]]
-                batch = collate([s for s, _ in chunk], [t for _, t in chunk])
-                tick = time.perf_counter()
-                global_tokens = all_sum(batch.target_tokens)
-                step = progress_state["step"] + 1
-                for group in optimizer.param_groups:
-                    group["lr"] = config.learning_rate(step)
-                loss_sum = _loss_sum(net, batch, config.label_smoothing)
-                # Each rank's sum over the global token count; DDP's gradient mean then gives the
-                # gradient of the global per-token mean.
-                (loss_sum * world_size / global_tokens).backward()
-                loss = all_sum(float(loss_sum.detach())) / global_tokens
-                norm = nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm if config.clip_norm > 0 else math.inf)
-                if not (math.isfinite(loss) and math.isfinite(float(norm))):
-                    raise TrainingDiverged(
-                        f"training diverged at step {step}: loss {loss}, gradient norm {float(norm)}; this step was "
-                        "not applied and nothing was saved after the last checkpoint (lower the learning rate)")
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                progress_state.update(batch=index + 1, step=step)
-                rate = global_tokens / max(time.perf_counter() - tick, 1e-9)
-                history["steps"].append({"step": step, "epoch": epoch + 1, "loss": loss, "tokens": global_tokens,
-                                         "tokens_per_s": rate})
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
-                if config.checkpoint_every and step % config.checkpoint_every == 0:
-                    checkpoint()
-                if config.max_steps is not None and step >= config.max_steps:
-                    stopped = "max-steps"
-                    break
-            if bar is not None:
-                bar.close()
-            if stopped != "epochs":
+                self._validate(started)
+                self._checkpoint("last")
+            if self.state.stopped in ("interrupted", "max-steps"):
+                self._checkpoint("last")
+                if self.state.stopped == "interrupted" and self.main:
+                    self.log(f"interrupted: checkpoint saved to {self.folder / 'last'}; continue with --resume")
+        s = self.state
+        return TrainingResult(self.folder, s.step, s.epoch, s.best_valid_loss, s.stopped or "epochs", self.history)
+
+    def _run_epoch(self, interrupt: _StopOnInterrupt) -> None:
+        """The optimiser steps of one epoch, from where the state says it stands; sets ``stopped``."""
+        config, state = self.config, self.state
+        epoch = state.epoch
+        batches = self.sampler.epoch(epoch, rank=self.rank, world_size=self.world_size)
+        bar = None
+        if self.progress and self.main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(batches), initial=state.batch, desc=f"epoch {epoch + 1}/{config.epochs}",
+                       unit="batch", leave=False, dynamic_ncols=True)
+        for index in range(state.batch, len(batches)):
+            if all_sum(float(interrupt.requested)) > 0:
+                state.stopped = "interrupted"
                 break
-            valid_loss = evaluate_loss(model, valid_data, config.eval_batch_size)
-            seconds = time.perf_counter() - started
-            # From the step records, so an epoch resumed halfway still counts all its batches.
-            steps = [s for s in history["steps"] if s["epoch"] == epoch + 1]
-            train_loss = sum(s["loss"] * s["tokens"] for s in steps) / max(sum(s["tokens"] for s in steps), 1)
-            history["epochs"].append({"epoch": epoch + 1, "step": progress_state["step"], "train_loss": train_loss,
-                                      "valid_loss": valid_loss, "seconds": seconds})
-            improved = valid_loss < progress_state["best_valid_loss"] - 1e-4
-            progress_state.update(epoch=epoch + 1, batch=0)
-            if improved:
-                progress_state.update(best_valid_loss=valid_loss, bad_epochs=0)
-                checkpoint("best", with_trainer=False)
-            else:
-                progress_state["bad_epochs"] += 1
-            if main:
-                log(f"epoch {epoch + 1}: train loss {train_loss:.3f}, valid loss "
-                    f"{valid_loss:.3f} (ppl {math.exp(min(valid_loss, 50)):.1f}){' *' if improved else ''}, {seconds:.0f}s")
-            if config.patience and progress_state["bad_epochs"] >= config.patience:
-                stopped = "early-stopping"
-            checkpoint()
-        if stopped in ("interrupted", "max-steps"):
-            checkpoint()
-            if stopped == "interrupted" and main:
-                log(f"interrupted: checkpoint saved to {folder / 'last'}; continue with --resume")
-    return TrainingResult(folder, progress_state["step"], progress_state["epoch"], progress_state["best_valid_loss"],
-                          stopped, history)
+            loss, tokens, rate = self._step([self.train_data[i] for i in batches[index]])
+            state.batch, state.step = index + 1, state.step + 1
+            self.history["steps"].append({"step": state.step, "epoch": epoch + 1, "loss": loss, "tokens": tokens,
+                                          "tokens_per_s": rate})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
+            if config.checkpoint_every and state.step % config.checkpoint_every == 0:
+                self._checkpoint("last")
+            if config.max_steps is not None and state.step >= config.max_steps:
+                state.stopped = "max-steps"
+                break
+        if bar is not None:
+            bar.close()
+
+    def _step(self, chunk) -> tuple[float, int, float]:
+        """One optimiser step on a batch; -> (mean loss per token over all ranks, tokens, tokens/s)."""
+        config = self.config
+        batch = collate([s for s, _ in chunk], [t for _, t in chunk])
+        tick = time.perf_counter()
+        global_tokens = all_sum(batch.target_tokens)
+        step = self.state.step + 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.learning_rate(step)
+        loss_sum = _loss_sum(self.net, batch, config.label_smoothing)
+        # Each rank's sum over the global token count; DDP's gradient mean then gives the gradient of
+        # the global per-token mean.
+        (loss_sum * self.world_size / global_tokens).backward()
+        loss = all_sum(float(loss_sum.detach())) / global_tokens
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_norm if config.clip_norm > 0 else math.inf)
+        if not (math.isfinite(loss) and math.isfinite(float(norm))):
+            raise TrainingDiverged(
+                f"training diverged at step {step}: loss {loss}, gradient norm {float(norm)}; this step was "
+                "not applied and nothing was saved after the last checkpoint (lower the learning rate)")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, global_tokens, global_tokens / max(time.perf_counter() - tick, 1e-9)
+
+    def _validate(self, started: float) -> None:
+        """Validation loss at the end of an epoch: history, best/ checkpoint, early stopping."""
+        state, epoch = self.state, self.state.epoch
+        valid_loss = evaluate_loss(self.model, self.valid_data, self.config.eval_batch_size)
+        seconds = time.perf_counter() - started
+        # From the step records, so an epoch resumed halfway still counts all its batches.
+        steps = [s for s in self.history["steps"] if s["epoch"] == epoch + 1]
+        train_loss = sum(s["loss"] * s["tokens"] for s in steps) / max(sum(s["tokens"] for s in steps), 1)
+        self.history["epochs"].append({"epoch": epoch + 1, "step": state.step, "train_loss": train_loss,
+                                       "valid_loss": valid_loss, "seconds": seconds})
+        improved = valid_loss < state.best_valid_loss - 1e-4
+        state.epoch, state.batch = epoch + 1, 0
+        if improved:
+            state.best_valid_loss, state.bad_epochs = valid_loss, 0
+            self._checkpoint("best")
+        else:
+            state.bad_epochs += 1
+        if self.main:
+            self.log(f"epoch {epoch + 1}: train loss {train_loss:.3f}, valid loss {valid_loss:.3f} "
+                     f"(ppl {math.exp(min(valid_loss, 50)):.1f}){' *' if improved else ''}, {seconds:.0f}s")
+        if self.config.patience and state.bad_epochs >= self.config.patience:
+            state.stopped = "early-stopping"
+
+    def _checkpoint(self, name: str) -> None:
+        """``last`` (resumable: optimiser, RNG, progress, history) or ``best`` (the model only); rank 0 writes."""
+        if not self.main:
+            return
+        resumable = name == "last"
+        progress = {k: v for k, v in asdict(self.state).items() if k != "stopped"}
+        trainer = {"progress": progress, "history": self.history, "training_config": asdict(self.config)}
+        save_checkpoint(self.folder / name, self.model, *self.tokenizers, trainer=trainer if resumable else None,
+                        optimizer=self.optimizer if resumable else None)
+        if resumable:
+            write_json(self.folder / "history.json", self.history)
