@@ -363,8 +363,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from . import bench
     from ._files import read_json, write_json
 
@@ -386,9 +384,6 @@ def _bench(args: argparse.Namespace) -> int:
     )
     out = args.out / "attention.json"
 
-    def progress(points):
-        return tqdm(list(points), desc="attnkit bench", unit="point", disable=args.quiet)
-
     written = []
 
     def save(report):  # the JSON is rewritten after every point: an interrupted run keeps what it finished
@@ -396,7 +391,7 @@ def _bench(args: argparse.Namespace) -> int:
         written.append(True)
 
     try:
-        bench.run(config, on_point=save, progress=progress)
+        bench.run(config, on_point=save, progress=not args.quiet)
     finally:
         if written:  # this run's points only, never a stale file from an earlier run
             rows = read_json(out, "benchmark results")["results"]
@@ -407,13 +402,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from functools import partial
-
-    from tqdm import tqdm
-
     from .inspect import report
 
-    progress = partial(tqdm, leave=False, dynamic_ncols=True, disable=args.quiet)
+    progress = not args.quiet
     if args.file is not None:
         if args.text or args.reference:
             raise ValueError("give texts either on the command line or with --file, not both")
@@ -462,7 +453,8 @@ def _inspect(args: argparse.Namespace) -> int:
                                           beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress)
         print(f"report: {path}")
     if args.aer:
-        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations)
+        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
+                                           progress=progress)
         for name, s in result["scores"].items():
             print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")

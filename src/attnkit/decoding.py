@@ -120,11 +120,15 @@ def translate(
     batch_size: int = 64,
     max_length: int | None = None,
     length_penalty: float = 1.0,
-    progress=None,
+    progress: bool = False,
 ) -> list[Translation]:
-    """Translate ``texts`` in batches of similar length; results come back in input order."""
+    """Translate ``texts`` in batches of similar length; results come back in input order.
+    ``progress`` shows a tqdm bar (sentences)."""
+    from tqdm.auto import tqdm
+
     was_training = model.training
     model.eval()
+    bar = tqdm(total=len(texts), desc="translating", unit="sent", leave=False, dynamic_ncols=True, disable=not progress)
     try:
         encoded = source_tokenizer.encode_batch(list(texts))
         for text, ids in zip(texts, encoded):
@@ -147,10 +151,10 @@ def translate(
                     weights=hyp.weights,
                     score=hyp.normalized_score,
                 )
-            if progress is not None:
-                progress(len(chunk))
+            bar.update(len(chunk))
         return results
     finally:
+        bar.close()
         model.train(was_training)
 
 

@@ -63,16 +63,9 @@ def evaluate_model(
     progress: bool = False,
 ) -> tuple[dict, list[Translation]]:
     """BLEU, chrF and BLEU by source length of ``model`` on ``pairs``; also the translations."""
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(pairs), desc="translating", unit="sent", leave=False, dynamic_ncols=True)
     started = time.perf_counter()
     outputs = translate(model, [p.source for p in pairs], source_tokenizer, target_tokenizer, beam_size=beam_size,
-                        progress=bar.update if bar is not None else None)
-    if bar is not None:
-        bar.close()
+                        progress=progress)
     hypotheses = [o.text for o in outputs]
     references = [p.target for p in pairs]
     scores = corpus_scores(hypotheses, references)

@@ -81,3 +81,18 @@ def test_user_text_is_plain_text_in_pictures(tmp_path):
     plot_heatmap([[0.2, 0.8], [0.6, 0.4]], path, x_labels=["$5", "and $6"], y_labels=["$x^{$", "b"],
                  title="costs $5 and $6", annotate=True, cmap="Blues")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pictures_leave_the_users_matplotlib_backend_and_pyplot_alone(tmp_path):
+    import sys
+
+    import matplotlib
+
+    from attnkit.viz import plot_heatmap
+
+    backend = matplotlib.get_backend()
+    figures = sys.modules["matplotlib.pyplot"].get_fignums() if "matplotlib.pyplot" in sys.modules else []
+    plot_heatmap([[0.5, 0.5]], tmp_path / "a.png")
+    assert matplotlib.get_backend() == backend
+    if "matplotlib.pyplot" in sys.modules:
+        assert sys.modules["matplotlib.pyplot"].get_fignums() == figures

@@ -70,3 +70,19 @@ def test_bad_views_raise_naming_the_problem(tmp_path):
     with pytest.raises(ValueError, match="views is empty"):
         write_viewer(tmp_path / "v.html", [])
     assert not (tmp_path / "v.html").exists()
+
+
+def test_the_page_comes_from_package_files_and_a_title_is_never_a_placeholder(tmp_path):
+    from importlib import resources
+
+    import numpy as np
+
+    from attnkit.viz.html import AttentionView, write_viewer
+
+    folder = resources.files("attnkit.viz") / "viewer"
+    script = (folder / "viewer.js").read_text(encoding="utf-8")
+    path = tmp_path / "v.html"
+    write_viewer(path, [AttentionView("self", ["a", "b"], np.full((1, 1, 2, 2), 0.5))], title="__DATA__ and __SCRIPT__")
+    page = path.read_text(encoding="utf-8")
+    assert script in page and (folder / "viewer.css").read_text(encoding="utf-8") in page
+    assert "<title>__DATA__ and __SCRIPT__</title>" in page and page.count(script) == 1

@@ -271,18 +271,20 @@ def run(
     config: AttentionBench,
     *,
     on_point: Callable[[dict], None] | None = None,
-    progress: Callable[[Iterator], Iterator] = lambda it: it,
+    progress: bool = False,
 ) -> dict:
     """Measure every point of ``config``; returns the report (config, machine, results rows).
 
     ``on_point(report_so_far)`` is called after each point (the CLI writes the JSON there, so
-    that an interrupted run keeps every finished point). ``progress`` wraps the point iterator (tqdm).
+    that an interrupted run keeps every finished point). ``progress`` shows a tqdm bar of the points.
     """
+    from tqdm.auto import tqdm
+
     history = _History()
     rows: list[dict] = []
     report = {"benchmark": "attention", "config": asdict(config), "machine": machine_info(config.device), "results": rows}
     points = list(config.points())
-    for mode, dtype, mask, n in progress(iter(points)):
+    for mode, dtype, mask, n in tqdm(points, desc="attnkit bench", unit="point", disable=not progress):
         base = {"mode": mode, "dtype": dtype, "mask": mask, "n": n}
         spec = {
             **base,

@@ -165,8 +165,12 @@ class IBMModel1:
         self.table: dict[str, dict[str, float]] = {}
         self.log_likelihoods: list[float] = []
 
-    def fit(self, pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, iterations: int = 5, progress=None) -> IBMModel1:
-        """EM on (source words, target words) pairs; t starts uniform. ``progress(i)`` after each iteration."""
+    def fit(self, pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, iterations: int = 5,
+            progress: bool = False) -> IBMModel1:
+        """EM on (source words, target words) pairs; t starts uniform. ``progress`` shows a tqdm bar
+        of the iterations."""
+        from tqdm.auto import tqdm
+
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         vocabulary = {w for _, target in pairs for w in target}
@@ -180,7 +184,7 @@ class IBMModel1:
                 for t in target:
                     row[t] = uniform
         self.log_likelihoods = []
-        for iteration in range(iterations):
+        for _ in tqdm(range(iterations), desc="IBM Model 1 EM", unit="iteration", leave=False, disable=not progress):
             counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
             log_likelihood = 0.0
             for source, target in pairs:
@@ -195,8 +199,6 @@ class IBMModel1:
                 norm = sum(row.values())
                 table[s] = {t: c / norm for t, c in row.items()}
             self.log_likelihoods.append(log_likelihood)
-            if progress is not None:
-                progress(iteration)
         self.table = dict(table)
         return self
 

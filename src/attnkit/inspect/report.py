@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +35,11 @@ logger = logging.getLogger(__name__)
 MAX_FLOW_TOKENS = 40  # attention flow solves L^2 max-flow problems: only for short texts
 
 
-def _identity(items: Iterable, **_) -> Iterable:
-    return items
+def _bar(items: Sequence, progress: bool, **options):
+    """A tqdm bar over ``items`` when ``progress``: the progress convention of every attnkit tool."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, leave=False, dynamic_ncols=True, disable=not progress, **options)
 
 
 def _write_markdown(path: Path, lines: list[str]) -> None:
@@ -75,7 +78,7 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
 
 
 def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Path, *, steps: int = 32,
-                    top_k: int = 16, progress: Callable = _identity, log: Callable[[str], None] | None = None) -> Path:
+                    top_k: int = 16, progress: bool = False, log: Callable[[str], None] | None = None) -> Path:
     """Inspect a BERT-style encoder on ``texts`` (the bundled :data:`SENTENCES` when None); returns report.md's path.
     Messages go to ``log`` (default: this module's logger at INFO)."""
     log = log or logger.info
@@ -108,7 +111,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     # itself is constant, a degenerate objective whose gradients are noise).
     partners = ([texts[(k + 1) % len(texts)] for k in range(len(texts))] if len(texts) > 1 else
                 [next(s for s in SENTENCES if s.strip() != texts[0].strip())])
-    examples = encoder_agreement(model, tokenizer, progress(texts, desc="attribution", unit="text"), partners, steps=steps)
+    examples = encoder_agreement(model, tokenizer, _bar(texts, progress, desc="attribution", unit="text"), partners, steps=steps)
 
     lines = ["# attnkit inspect: encoder", "", f"{len(texts)} texts, {roles.tokens} tokens, "
              f"{roles.shape[0]} layers x {roles.shape[1]} heads. Interactive view: [viewer.html](viewer.html).", "",
@@ -179,7 +182,7 @@ def _translation_views(model, source, target, text: str, forced: str, number: in
 
 
 def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, references: Sequence[str] | None = None,
-                        beam_size: int = 5, steps: int = 32, top_k: int = 16, progress: Callable = _identity,
+                        beam_size: int = 5, steps: int = 32, top_k: int = 16, progress: bool = False,
                         log: Callable[[str], None] | None = None) -> Path:
     """Inspect a translation checkpoint on ``texts``: alignments, viewer, agreement; returns report.md's path.
 
@@ -222,7 +225,7 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
     write_viewer(out / "viewer.html", views, title="attnkit inspect: translation", top_k=top_k)
     rows = []
     if isinstance(model, Seq2Seq):
-        examples = seq2seq_agreement(model, source, target, progress(pairs, desc="attribution", unit="text"), steps=steps)
+        examples = seq2seq_agreement(model, source, target, _bar(pairs, progress, desc="attribution", unit="text"), steps=steps)
         what = "output: log-probability of each " + ("reference" if references is not None else "output") + " token"
         section, rows = _agreement_section(examples, out, what)
         lines += section
@@ -235,7 +238,8 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
 
 
 def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
-                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), log: Callable[[str], None] | None = None) -> dict:
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), progress: bool = False,
+                       log: Callable[[str], None] | None = None) -> dict:
     """AER of the checkpoint's attention on the held-out verses of the bundled Greek -> English corpus,
     next to IBM Model 1 (trained by EM on the training and held-out verses' text, no gold links)
     and the diagonal baseline. Writes ``alignment.md``, ``alignment.json`` and an example PNG."""
@@ -256,8 +260,7 @@ def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None,
     attention_seconds = time.perf_counter() - started
     log(f"attention alignments of {len(test)} verses in {attention_seconds:.1f} s; IBM Model 1 ({ibm_iterations} EM iterations) ...")
     words = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
-    ibm = IBMModel1().fit([words(p) for p in train + test], iterations=ibm_iterations,
-                          progress=lambda i: log(f"IBM Model 1: EM iteration {i + 1}/{ibm_iterations} done"))
+    ibm = IBMModel1().fit([words(p) for p in train + test], iterations=ibm_iterations, progress=progress)
     methods["IBM Model 1"] = [ibm.align(*words(p)) for p in test]
     methods["diagonal"] = [diagonal_alignment(len(p.source.split()), len(p.target.split())) for p in test]
     scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}

@@ -502,7 +502,7 @@ _GGUF_NAMES: dict[str, str] = {
 }
 
 
-def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, progress: Callable | None = None):
+def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, progress: bool = False):
     """(DecoderLM, tokenizers.Tokenizer, Hugging Face-named state dict) from a Llama-architecture
     GGUF file; quantised tensors are dequantised with the ``gguf`` package."""
     try:
@@ -528,7 +528,9 @@ def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, pr
         raise ValueError(f"{path}: only the llama architecture is supported, got {arch!r}")
     heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
     state: dict[str, Tensor] = {}
-    for tensor in reader.tensors:
+    from tqdm.auto import tqdm
+
+    for tensor in tqdm(reader.tensors, desc="dequantising", unit="tensor", leave=False, disable=not progress):
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         weight = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: GGUF data is a read-only map
         name = tensor.name
@@ -546,8 +548,6 @@ def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, pr
                 weight = _unpermute(weight, kv_heads)
             hf = f"layers.{layer}.{_GGUF_NAMES[part]}.{suffix}"
         state[hf] = weight.to(dtype)
-        if progress is not None:
-            progress(1)
     config = DecoderConfig(
         vocab_size=state["embed_tokens.weight"].shape[0], d_model=field("llama.embedding_length"),
         num_layers=field("llama.block_count"), num_heads=heads, num_kv_heads=kv_heads,

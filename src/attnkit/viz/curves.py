@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from .heatmap import _pyplot, _save
+from .heatmap import _save, _subplots
 
 __all__ = ["plot_lines", "plot_distributions"]
 
@@ -25,8 +25,7 @@ def plot_lines(
 ) -> None:
     """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers;
     ``styles`` maps a label to matplotlib line options (color, linestyle, ...)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
         style = {"marker": "o" if markers else None, "markersize": 4, "linewidth": 1.5} | dict((styles or {}).get(label, {}))
         ax.plot(list(xs), list(ys), label=label, **style)
@@ -56,11 +55,10 @@ def plot_scaling(
     """Log-log panels side by side, one line per ``label: (xs, ys)`` in each ``panel title``, with
     dashed reference lines of the given slopes (n, n^2 by default) through each panel's lowest
     first point, so growth rates can be read off by eye."""
-    plt = _pyplot()
     names = list(panels)
     if not names:
         raise ValueError("plot_scaling needs at least one panel")
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
+    fig, axes = _subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
     colors = {}
     for ax, name in zip(axes[0], names):
         series = {label: (list(xs), list(ys)) for label, (xs, ys) in panels[name].items() if len(xs)}
@@ -108,11 +106,10 @@ def plot_distributions(
     """One horizontal box plot per ``label: values``, with every value drawn as a dot over its box."""
     import numpy as np
 
-    plt = _pyplot()
     if not samples or any(len(v) == 0 for v in samples.values()):
         raise ValueError(f"every sample needs at least one value, got sizes {[len(v) for v in samples.values()]}")
     labels = list(samples)
-    fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.55 * len(labels)))
+    fig, ax = _subplots(figsize=(7.5, 0.6 + 0.55 * len(labels)))
     data = [np.asarray(samples[k], dtype=float) for k in labels]
     import matplotlib
 

@@ -12,15 +12,15 @@ from .._files import atomic_path
 __all__ = ["plot_heatmap", "plot_heads", "plot_overview", "plot_head_values"]
 
 
-def _pyplot():
+def _subplots(nrows: int = 1, ncols: int = 1, *, figsize, constrained_layout: bool = False, **options):
+    """``plt.subplots`` without pyplot: a bare :class:`matplotlib.figure.Figure` (no global state, the
+    user's backend left alone; saving picks the canvas from the file's suffix)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("attnkit.viz needs matplotlib: pip install 'attnkit[viz]'") from error
-    return plt
+        from matplotlib.figure import Figure
+    except ImportError as error:  # pragma: no cover - matplotlib is a core dependency
+        raise ImportError("attnkit.viz needs matplotlib: pip install matplotlib") from error
+    fig = Figure(figsize=figsize, layout="constrained" if constrained_layout else None)
+    return fig, fig.subplots(nrows, ncols, **options)
 
 
 def _as_array(matrix) -> np.ndarray:
@@ -52,12 +52,10 @@ def label_step(n: int, max_labels: int) -> int:
 def _save(fig, path: str | os.PathLike) -> None:
     from matplotlib.text import Text
 
-    plt = _pyplot()
     for text in fig.findobj(Text):  # user text is plain text: "$5 and $6" is not mathematics
         text.set_parse_math(False)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(str(path))[1][1:] or "png")
-    plt.close(fig)
 
 
 def plot_heatmap(
@@ -76,12 +74,11 @@ def plot_heatmap(
 
     Rows are queries (y), columns are keys (x); ``annotate`` writes each value in its cell.
     """
-    plt = _pyplot()
     data = _as_array(matrix)
     if data.ndim != 2:
         raise ValueError(f"matrix must be 2-D (L, S), got shape {data.shape}")
     L, S = data.shape
-    fig, ax = plt.subplots(figsize=(min(16, 2 + 0.35 * S), min(16, 1.5 + 0.35 * L)))
+    fig, ax = _subplots(figsize=(min(16, 2 + 0.35 * S), min(16, 1.5 + 0.35 * L)))
     image = ax.imshow(data, cmap=cmap, aspect="auto")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _label_axis(ax, x_labels, S, "x")
@@ -105,14 +102,13 @@ def plot_heads(
     title: str = "",
 ) -> None:
     """Write a grid of (H, L, S) per-head weights, one panel per head."""
-    plt = _pyplot()
     data = _as_array(weights)
     if data.ndim != 3:
         raise ValueError(f"weights must be 3-D (H, L, S), got shape {data.shape}")
     H, L, S = data.shape
     columns = min(H, 4)
     rows = int(np.ceil(H / columns))
-    fig, axes = plt.subplots(
+    fig, axes = _subplots(
         rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False, constrained_layout=True
     )
     for h, ax in enumerate(axes.flat):
@@ -157,7 +153,6 @@ def plot_overview(
     ``attentions`` is (layers, H, L, S), or a list of per-layer (H, L, S) tensors; each thumbnail
     has its own colour scale so that the pattern (diagonal, stripes, broad) shows.
     """
-    plt = _pyplot()
     layers = [_as_array(a) for a in attentions]
     if not layers or any(a.ndim != 3 for a in layers) or len({a.shape for a in layers}) != 1:
         raise ValueError(f"attentions must be per-layer (H, L, S) arrays of one shape, got shapes {[a.shape for a in layers]}")
@@ -165,7 +160,7 @@ def plot_overview(
         raise ValueError(f"layer_names: expected {len(layers)}, got {len(layer_names)}")
     H = layers[0].shape[0]
     size = 1.1 if H > 8 else 1.5
-    fig, axes = plt.subplots(len(layers), H, figsize=(0.6 + size * H, 0.4 + size * len(layers)), squeeze=False)
+    fig, axes = _subplots(len(layers), H, figsize=(0.6 + size * H, 0.4 + size * len(layers)), squeeze=False)
     for l, layer in enumerate(layers):
         for h in range(H):
             ax = axes[l, h]
@@ -190,7 +185,6 @@ def plot_head_values(
     vmax: dict[str, float] | None = None,
 ) -> None:
     """One annotated (layers, heads) panel per named quantity (e.g. each head role's share and the entropy)."""
-    plt = _pyplot()
     if not values:
         raise ValueError("values is empty")
     arrays = {name: _as_array(v) for name, v in values.items()}
@@ -200,7 +194,7 @@ def plot_head_values(
     layers, heads = next(iter(shapes))
     columns = min(len(arrays), 2)
     rows = int(np.ceil(len(arrays) / columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(0.7 + 0.45 * heads * columns + 1.2 * columns, 0.8 + (0.35 * layers + 0.8) * rows),
+    fig, axes = _subplots(rows, columns, figsize=(0.7 + 0.45 * heads * columns + 1.2 * columns, 0.8 + (0.35 * layers + 0.8) * rows),
                              squeeze=False, constrained_layout=True)
     for ax, (name, data) in zip(axes.flat, arrays.items()):
         top = (vmax or {}).get(name)
