@@ -22,6 +22,31 @@ def test_tour_prints_every_mechanism_and_writes_one_png_each(tmp_path, capsys):
     assert not list(tmp_path.glob(".*")), "no temporary files left behind"
 
 
-def test_unknown_command_exits_with_usage():
-    with pytest.raises(SystemExit):
+def test_unknown_command_exits_with_usage(capsys):
+    with pytest.raises(SystemExit) as exit:
         main(["nope"])
+    assert exit.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_every_option_of_every_command_has_help_text():
+    import argparse
+
+    from attnkit.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = {name: [a.dest for a in parser._actions if not a.help] for name, parser in commands.choices.items()}
+    assert not any(missing.values()), missing
+
+
+def test_version_and_python_dash_m(capsys):
+    import subprocess
+    import sys
+
+    from attnkit import __version__
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0 and capsys.readouterr().out.strip() == f"attnkit {__version__}"
+    result = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == f"attnkit {__version__}"

@@ -21,7 +21,7 @@ from torch import Tensor
 from .data.batching import collate
 from .data.tokenizer import BOS, EOS, PAD, Tokenizer
 
-__all__ = ["Hypothesis", "Translation", "beam_search", "translate"]
+__all__ = ["Hypothesis", "Translation", "beam_search", "translate", "sample_next", "generate"]
 
 
 @dataclass(frozen=True)

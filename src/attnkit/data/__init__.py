@@ -1,7 +1,7 @@
 """Data: the bundled parallel corpus, user pair files, generated tasks, tokenisers, batching."""
 
 from .batching import Batch, BatchSampler, collate
-from .corpus import Pair, aligned_corpus, bible_corpus, read_pairs
+from .corpus import Pair, aligned_corpus, bible_corpus, read_pairs, read_texts
 from .synthetic import number_phrases
 from .tokenizer import Tokenizer
 
@@ -10,6 +10,7 @@ __all__ = [
     "bible_corpus",
     "aligned_corpus",
     "read_pairs",
+    "read_texts",
     "number_phrases",
     "Tokenizer",
     "Batch",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "SPLITS"]
+__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS"]
 
 SPLITS = ("train", "valid", "test")
 MAX_LINE_CHARS = 10_000
@@ -119,3 +119,30 @@ def _read_pairs(path: Path) -> list[Pair]:
     if not pairs:
         raise ValueError(f"{path}: no sentence pairs found")
     return pairs
+
+
+def read_texts(path: str | os.PathLike) -> tuple[list[str], list[str] | None]:
+    """Texts, one per line, or ``source<TAB>reference`` lines (UTF-8, a byte-order mark dropped).
+
+    Returns (texts, None) or (sources, references). Blank lines are skipped; an empty file, a mix
+    of lines with and without a tab, or a line over :data:`MAX_LINE_CHARS` raises ``ValueError``
+    naming the file.
+    """
+    path = Path(path)
+    try:
+        content = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    lines = [line for line in content.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{path}: no texts in it")
+    for number, line in enumerate(lines, 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise ValueError(f"{path}: a line of {len(line):,} characters; at most {MAX_LINE_CHARS:,}")
+    tabs = ["\t" in line for line in lines]
+    if all(tabs):
+        pairs = read_pairs(path)
+        return [p.source for p in pairs], [p.target for p in pairs]
+    if any(tabs):
+        raise ValueError(f"{path}: either every line is 'source<TAB>reference' or none has a tab")
+    return lines, None

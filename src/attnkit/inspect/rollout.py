@@ -59,13 +59,12 @@ def attention_flow(attentions: Sequence[torch.Tensor], *, residual: float = 0.5,
                    outputs: Sequence[int] | None = None) -> torch.Tensor:
     """(len(outputs), L) attention flow from every input token to each output position (all by default).
 
-    Needs SciPy. Cost: one max-flow per (output, input) pair on a graph of (layers + 1) x L nodes.
+    SciPy's max-flow (a core dependency). Cost: one max-flow per (output, input) pair on a graph
+    of (layers + 1) x L nodes.
     """
-    try:
-        from scipy.sparse import csr_matrix
-        from scipy.sparse.csgraph import maximum_flow
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("attention_flow needs SciPy: pip install scipy") from error
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
     mats = residual_attention(attentions, residual=residual).numpy()
     layers, L, _ = mats.shape
     outputs = list(range(L)) if outputs is None else list(outputs)

@@ -1,0 +1,66 @@
+"""The ``attnkit`` command: thin argument parsing, one sub-command per tool.
+
+    arguments.py        argparse types and checks every sub-command shares
+    translation.py      demo, train, translate, evaluate
+    language_models.py  cost, generate
+    tools.py            tour, bench, inspect
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import language_models, tools, translation
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="attnkit", description="Attention mechanisms: library and workbench.")
+    parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    tools.add_tour_parser(commands)
+    translation.add_demo_parser(commands)
+    translation.add_train_parser(commands)
+    translation.add_translate_parser(commands)
+    translation.add_evaluate_parser(commands)
+    language_models.add_cost_parser(commands)
+    language_models.add_generate_parser(commands)
+    tools.add_bench_parser(commands)
+    tools.add_inspect_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``attnkit`` command. A user mistake (a bad value, a missing, unreadable or unwritable
+    file, a missing optional package) ends with one line naming the argument and exit status 2; an
+    unexpected internal error keeps its traceback, since that is a bug to report."""
+    import logging
+
+    args = build_parser().parse_args(argv)
+    # The library logs; the command shows its INFO messages (epochs, steps of a report) on stdout.
+    # --quiet turns progress bars off, not messages.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("attnkit")
+    root.addHandler(handler)
+    previous_level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, ImportError) as error:  # bad input: a message, not a traceback
+        print(f"attnkit {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    finally:  # main() may be called again in one process (tests, notebooks): leave logging as it was
+        root.removeHandler(handler)
+        root.setLevel(previous_level)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

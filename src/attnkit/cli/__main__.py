@@ -1,0 +1,5 @@
+"""``python -m attnkit.cli``: the ``attnkit`` command."""
+
+from . import main
+
+raise SystemExit(main())

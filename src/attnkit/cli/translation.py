@@ -1,0 +1,239 @@
+"""The translation workbench: ``demo``, ``train``, ``translate``, ``evaluate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .arguments import (
+    MAX_BEAM,
+    check_texts,
+    check_writable,
+    float_in,
+    input_file,
+    int_in,
+    output_dir,
+    output_file,
+    stdin_lines,
+)
+
+__all__ = ['add_demo_parser', 'add_train_parser', 'add_translate_parser', 'add_evaluate_parser']
+
+
+_DATA_HELP = "'bible' (bundled KJV/Louis Segond), 'grc-en' (bundled word-aligned Greek NT/BSB) or a source<TAB>target file"
+
+def data_split(name: str, data: str, split: str, **kwargs):
+    """load_split with the argument's name in any error about the data."""
+    from ..workbench import load_split
+
+    try:
+        return load_split(data, split, **kwargs)
+    except ValueError as error:
+        raise ValueError(f"{name} {data}: {error}") from None
+    except OSError as error:
+        raise OSError(f"{name} {data}: {error}") from None
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A run folder means its best/ (or last/) checkpoint."""
+    for name in ("best", "last"):
+        if not (path / "checkpoint.json").exists() and (path / name / "checkpoint.json").exists():
+            return path / name
+    return path
+
+def check_beam(beam: int, checkpoint) -> None:
+    vocabulary = checkpoint.target_tokenizer.vocab_size
+    if beam > vocabulary:
+        raise ValueError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
+
+def check_trained_on_grc_en(checkpoint) -> None:
+    """--aer scores alignments on the Greek -> English verses: refuse a model whose source vocabulary
+    does not know Greek (more than half of the held-out verses' tokens unknown)."""
+    from ..data import aligned_corpus
+    from ..data.tokenizer import UNK
+
+    ids = [i for pair in aligned_corpus("test")[:50] for i in checkpoint.source_tokenizer.encode(pair.source)]
+    unknown = sum(i == UNK for i in ids) / max(1, len(ids))
+    if unknown > 0.5:
+        raise ValueError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
+                         f"{unknown:.0%} of the held-out Greek tokens unknown")
+
+def _demo(args: argparse.Namespace) -> int:
+    from ..workbench import run_demo
+
+    check_writable(args.out, "--out")
+    run_demo(args.out, models=args.models, epochs=args.epochs, train_limit=args.train_limit,
+             test_limit=args.test_limit, beam_size=args.beam, seed=args.seed, progress=not args.quiet)
+    return 0
+
+def add_demo_parser(commands) -> None:
+    """The ``demo`` sub-command's arguments."""
+    from ..workbench import DEMO_MODELS
+
+    demo = commands.add_parser("demo", help="the main job: bottleneck vs attention on the bundled corpus, with a report")
+    demo.add_argument("--out", type=output_dir, default=Path("out/demo"), help="folder for runs/ and report/")
+    demo.add_argument("--models", nargs="+", default=["bottleneck", "bahdanau"], choices=sorted(DEMO_MODELS),
+                      help="models to train and compare")
+    demo.add_argument("--epochs", type=int_in(1, 1000), default=3, help="epochs per model (default 3)")
+    demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
+    demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
+    demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
+    demo.add_argument("--seed", type=int, default=0, help="seed of initialisation and batching")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.set_defaults(run=_demo)
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..data import Tokenizer
+    from ..models import Seq2SeqConfig, build_model, preset
+    from ..training import TrainingConfig, check_run_folder, train
+    from ..training.distributed import broadcast_text, is_main, setup_distributed
+    from ..workbench import build_tokenizers
+
+    model_options = (["preset"] if args.arch == "transformer"
+                     else ["attention", "cell", "embedding_dim", "hidden_size", "layers"])
+    options = {name: getattr(args, name) for name in
+               ["data", "valid", "direction", "arch", *model_options, "tokenizer", "vocab_size", "dropout"]}
+    check_run_folder(args.out, resume=args.resume, overwrite=args.overwrite, options=options)
+    check_writable(args.out, "--out")
+    if args.resume:
+        print("resuming: data and model options are the run's; training options from this command line: epochs, "
+              "batch-size, lr, clip, label-smoothing, warmup, patience, max-steps, checkpoint-every", file=sys.stderr)
+    setup_distributed()
+    torch.manual_seed(args.seed)
+    train_pairs = data_split("--data", args.data, "train", direction=args.direction)
+    valid_pairs = (data_split("--valid", str(args.valid), "test") if args.valid else
+                   data_split("--data", args.data, "valid", direction=args.direction))
+    if args.resume:
+        from ..training import load_checkpoint
+
+        checkpoint = load_checkpoint(args.out / "last")
+        model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
+    else:
+        texts = None
+        if is_main():  # train the tokenisers once and share them, so every rank has the same ids
+            source, target = build_tokenizers(train_pairs, kind=args.tokenizer, vocab_size=args.vocab_size)
+            texts = source.to_json() + "\0" + target.to_json()
+        source_json, target_json = broadcast_text(texts).split("\0")
+        source, target = Tokenizer.from_json(source_json), Tokenizer.from_json(target_json)
+        vocab = {"source_vocab": source.vocab_size, "target_vocab": target.vocab_size}
+        if args.arch == "transformer":
+            config = preset(args.preset, **vocab, dropout=args.dropout)
+        else:
+            config = Seq2SeqConfig(**vocab, attention=args.attention, cell=args.cell, embedding_dim=args.embedding_dim,
+                                   hidden_size=args.hidden_size, num_layers=args.layers, dropout=args.dropout)
+        model = build_model(config)
+    schedule = {} if args.warmup is None else {"warmup_steps": args.warmup}
+    training = TrainingConfig.recipe(model.config.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                     clip_norm=args.clip, label_smoothing=args.label_smoothing, patience=args.patience,
+                                     seed=args.seed, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
+                                     **schedule)
+    result = train(model, source, target, train_pairs, valid_pairs, training, args.out, resume=args.resume,
+                   overwrite=args.overwrite, options=options, progress=not args.quiet)
+    if is_main():
+        print(f"{result.stopped} after {result.steps} steps; checkpoints in {args.out.resolve()} (best/, last/)")
+    return 130 if result.stopped == "interrupted" else 0
+
+def add_train_parser(commands) -> None:
+    """The ``train`` sub-command's arguments."""
+    from ..models.config import PRESETS, SEQ2SEQ_ATTENTIONS
+
+    train = commands.add_parser("train", help="train a translation model (also under torchrun for data parallelism)")
+    train.add_argument("--data", default="bible", help=_DATA_HELP)
+    train.add_argument("--valid", type=input_file, help="a separate source<TAB>target validation file")
+    train.add_argument("--direction", default="en-fr", choices=["en-fr", "fr-en"], help="for --data bible")
+    train.add_argument("--out", type=output_dir, required=True,
+                       help="run folder: last/, best/, history.json (new, empty, or an attnkit run)")
+    train.add_argument("--arch", default="seq2seq", choices=["seq2seq", "transformer"], help="model family")
+    train.add_argument("--attention", default="bahdanau", choices=SEQ2SEQ_ATTENTIONS,
+                       help="for --arch seq2seq: 'none' is the fixed-length bottleneck")
+    train.add_argument("--cell", default="gru", choices=["gru", "lstm"], help="for --arch seq2seq: the RNN cell")
+    train.add_argument("--embedding-dim", type=int_in(1, 65536), default=128, help="for --arch seq2seq")
+    train.add_argument("--hidden-size", type=int_in(1, 65536), default=256, help="for --arch seq2seq")
+    train.add_argument("--layers", type=int_in(1, 64), default=1, help="for --arch seq2seq: stacked RNN layers")
+    transformer_presets = sorted(name for name, config in PRESETS.items() if config.kind == "transformer")
+    train.add_argument("--preset", default="transformer-small", choices=transformer_presets,
+                       help="for --arch transformer")
+    train.add_argument("--tokenizer", default="bpe", choices=["bpe", "word"], help="subword (BPE) or word level")
+    train.add_argument("--vocab-size", type=int_in(8, 1_000_000), default=4000, help="per side")
+    train.add_argument("--epochs", type=int_in(1, 100_000), default=10, help="epochs at most (early stopping may end sooner)")
+    train.add_argument("--batch-size", type=int_in(1, 1_000_000), default=64, help="sentences per batch")
+    train.add_argument("--lr", type=float_in(0.0, 10.0, low_open=True), default=2e-3, help="peak learning rate")
+    train.add_argument("--clip", type=float_in(0.0), default=1.0, help="max gradient norm; 0 disables clipping")
+    train.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.1,
+                       help="in [0, 1)")
+    train.add_argument("--dropout", type=float_in(0.0, 1.0, high_open=True), default=0.2, help="in [0, 1)")
+    train.add_argument("--warmup", type=int_in(0), help="warm-up steps (default 4000 for the Transformer, 0 otherwise)")
+    train.add_argument("--patience", type=int_in(0), default=3, help="epochs without a better validation loss")
+    train.add_argument("--max-steps", type=int_in(1), help="stop after this many optimiser steps")
+    train.add_argument("--checkpoint-every", type=int_in(0), default=0,
+                       help="also save last/ every N steps (0: each epoch)")
+    train.add_argument("--seed", type=int, default=0, help="seed of initialisation, batching and dropout")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in OUT exactly where it stopped (data and model options must match)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start again in OUT, deleting the attnkit run there (never other files)")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.set_defaults(run=_train)
+
+def _translate(args: argparse.Namespace) -> int:
+    from ..decoding import translate
+    from ..training import load_checkpoint
+    from ..workbench import plot_alignment
+
+    texts = check_texts("text", args.text) if args.text else stdin_lines()
+    if args.heatmap is not None:
+        check_writable(args.heatmap.parent, "--heatmap")
+    checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
+    check_beam(args.beam, checkpoint)
+    outputs = translate(checkpoint.model, texts, checkpoint.source_tokenizer, checkpoint.target_tokenizer,
+                        beam_size=args.beam)
+    for number, output in enumerate(outputs, 1):
+        print(output.text)
+        if args.heatmap is not None and output.weights is not None:
+            path = args.heatmap if len(outputs) == 1 else args.heatmap.with_name(f"{args.heatmap.stem}-{number}{args.heatmap.suffix}")
+            plot_alignment(output, path, title=output.source[:80])
+            print(f"  alignment: {path}", file=sys.stderr)
+    return 0
+
+def add_translate_parser(commands) -> None:
+    """The ``translate`` sub-command's arguments."""
+    translate = commands.add_parser("translate", help="translate text and draw its alignment")
+    translate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run folder")
+    translate.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
+    translate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
+    translate.add_argument("--heatmap", type=output_file, help="write the alignment heatmap PNG here")
+    translate.set_defaults(run=_translate)
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from ..training import load_checkpoint
+    from ..workbench import evaluate_model
+
+    if args.json is not None:
+        check_writable(args.json.parent, "--json")
+    checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
+    check_beam(args.beam, checkpoint)
+    pairs = data_split("--data", args.data, "test", direction=args.direction)[: args.limit]
+    scores, _ = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
+                               beam_size=args.beam, progress=not args.quiet)
+    print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['sentences']} sentences, beam {args.beam})")
+    for row in scores["by_length"]:
+        print(f"  source {row['bucket']:>5} words: BLEU {row['bleu']:6.2f}  ({row['sentences']} sentences)")
+    if args.json is not None:
+        from .._files import write_json
+
+        write_json(args.json, scores)
+    return 0
+
+def add_evaluate_parser(commands) -> None:
+    """The ``evaluate`` sub-command's arguments."""
+    evaluate = commands.add_parser("evaluate", help="BLEU, chrF and BLEU by source length on a test set")
+    evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run folder")
+    evaluate.add_argument("--data", default="bible", help=_DATA_HELP + " (the test split of the bible)")
+    evaluate.add_argument("--direction", default="en-fr", choices=["en-fr", "fr-en"], help="for --data bible")
+    evaluate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
+    evaluate.add_argument("--limit", type=int_in(1), help="the first N test pairs only")
+    evaluate.add_argument("--json", type=output_file, help="also write the scores as JSON")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    evaluate.set_defaults(run=_evaluate)
