@@ -9,6 +9,16 @@ import torch
 
 from attnkit.functional.backends import tiled
 
+def pytest_collection_modifyitems(config, items):
+    """Markers by place: tests/external/ are "external", the Chromium tests "browser"."""
+    for item in items:
+        path = item.path.as_posix()
+        if "/tests/external/" in path:
+            item.add_marker(pytest.mark.external)
+        if path.endswith("test_viewer_browser.py"):
+            item.add_marker(pytest.mark.browser)
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: two workers with two threads each would oversubscribe 2 cores.
     torch.set_num_threads(1)

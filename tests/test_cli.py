@@ -9,6 +9,7 @@ from attnkit.cli import main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_tour_prints_every_mechanism_and_writes_one_png_each(tmp_path, capsys):
     assert main(["tour", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out

@@ -12,6 +12,7 @@ from attnkit.cli import main
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_inspect_minilm_writes_report_viewer_and_pictures(tmp_path, capsys):
     out = tmp_path / "minilm"
     text = "The trophy didn't fit in the <b>suitcase</b>."
@@ -36,6 +37,7 @@ def greek_checkpoint(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path, capsys):
     out = tmp_path / "grc"
     assert main(["inspect", "--model", str(greek_checkpoint), "--out", str(out), "--steps", "2", "--beam", "1",

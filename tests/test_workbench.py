@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from attnkit.cli import main
 
 
+@pytest.mark.slow
 def test_demo_writes_the_report(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--epochs", "1", "--train-limit", "150", "--test-limit", "60",
                  "--beam", "2", "--quiet"]) == 0

@@ -68,6 +68,7 @@ def test_bad_configs_are_rejected_with_the_argument_named(kwargs, words):
         bench.AttentionBench(**kwargs)
 
 
+@pytest.mark.slow
 def test_run_times_and_measures_every_point_in_fresh_processes(tmp_path):
     config = bench.AttentionBench(masks=("window",), modes=("fwd+bwd",), window=16, memory=True,
                                   **dict(TINY, sizes=(96,)))
@@ -89,6 +90,7 @@ def test_a_failing_worker_comes_back_as_an_error_not_an_exception():
     assert "error" in result and "KeyError" in result["error"]
 
 
+@pytest.mark.slow
 def test_cli_writes_json_and_plots_and_renders_markdown(tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", "--out", str(out), "--sizes", "64", "128", "--masks", "causal", "padding",

@@ -50,6 +50,7 @@ def smollm2():
     return load_gguf(smollm2_gguf())
 
 
+@pytest.mark.slow
 def test_smollm2_logits_equal_transformers_llama_on_a_real_prompt(smollm2):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -70,6 +71,7 @@ def test_smollm2_logits_equal_transformers_llama_on_a_real_prompt(smollm2):
     assert tokenizer.decode([int(got[0, -1].argmax())]).strip() == "The"
 
 
+@pytest.mark.slow
 def test_generate_cli_streams_an_answer(capsys):
     from attnkit.cli import main
 

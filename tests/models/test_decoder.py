@@ -14,6 +14,7 @@ from attnkit.models.encoder import EncoderModel
 from attnkit.models.transformer import TransformerEncoder
 
 
+@pytest.mark.slow
 def test_preset_parameter_counts():
     assert count_parameters(DecoderLM(preset("gpt2-small"))) == 124_439_808  # tied embeddings
     assert count_parameters(EncoderModel(preset("bert-base"))) == 109_482_240

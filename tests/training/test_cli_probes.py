@@ -132,7 +132,6 @@ PROBES = [
                                                                                        "not a readable safetensors"]),
     (["inspect", "--model", "{run}", "--file", "{empty.tsv}"], ["--file", "no texts"]),
     (["inspect", "--model", "{run}", "--aer", "--limit", "3"], ["--aer", "grc-en"]),
-    (["generate", "--prompt", "hello", "--max-new-tokens", "9000"], ["--prompt", "8,192-token context"]),
     (["tour", "--out", "/proc/attnkit-probe"], ["--out", "cannot write"]),
     (["demo", "--out", "/proc/attnkit-probe", "--train-limit", "10"], ["--out", "cannot write"]),
     (["bench", "--out", "/proc/attnkit-probe", "--sizes", "8"], ["--out", "cannot write"]),
@@ -168,6 +167,13 @@ def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, caps
     for word in words:
         assert word in err, f"{word!r} not in: {err}"
     assert time.perf_counter() - started < 60
+
+
+@pytest.mark.slow  # loads SmolLM2
+def test_a_prompt_past_the_context_is_refused(capsys):
+    assert main(["generate", "--prompt", "hello", "--max-new-tokens", "9000"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt" in err and "8,192-token context" in err and "Traceback" not in err
 
 
 def test_a_users_files_survive_a_refused_train(world):

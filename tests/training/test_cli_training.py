@@ -45,6 +45,7 @@ def test_malformed_file_is_reported_with_its_line(tmp_path, capsys):
     assert "bad.tsv:2: expected 'source<TAB>target'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(phrase_file, tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -70,6 +71,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(phrase_file, tmp_path):
     assert json.loads((run / "last" / "trainer.json").read_text())["progress"]["epoch"] == progress["epoch"] + 1
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_step_equals_one_process_on_the_same_global_batch(phrase_file, tmp_path):
     args = ["train", "--data", str(phrase_file), "--max-steps", "1", "--batch-size", "16", "--dropout", "0",
             "--attention", "luong-general", *TINY]

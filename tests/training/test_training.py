@@ -27,6 +27,7 @@ def _seq2seq(source, target, attention="luong-dot", **changes):
                                  attention=attention, attention_dim=32, **({"dropout": 0.0} | changes)))
 
 
+@pytest.mark.slow
 def test_tiny_attention_model_learns_the_task_and_the_known_alignment(phrases, tmp_path):
     """Acceptance: >= 95% exact match and attention argmax on the gold source word for >= 90% of
     target words, trained on 2 CPU threads in well under a minute."""
