@@ -10,13 +10,15 @@ from pathlib import Path
 __all__ = ["MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
            "check_texts", "stdin_lines", "check_writable"]
 
+
 MAX_TEXT_CHARS = 1_000
 """Longest text argument (a sentence or a prompt, not a document): bounds the work before it starts."""
-
 MAX_BEAM = 100
+"""Widest beam any command accepts (and never wider than the target vocabulary)."""
 
 
 # -- argument types: a bad value is refused by argparse ("argument --x: ...", exit 2) before any work --
+
 
 def int_in(low: int, high: int | None = None):
     def parse(text: str) -> int:
@@ -30,6 +32,7 @@ def int_in(low: int, high: int | None = None):
         return value
 
     return parse
+
 
 def float_in(low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
     def parse(text: str) -> float:
@@ -49,6 +52,7 @@ def float_in(low: float, high: float | None = None, *, low_open: bool = False, h
 
     return parse
 
+
 def output_file(text: str) -> Path:
     path = Path(text)
     if not text.strip():
@@ -56,6 +60,7 @@ def output_file(text: str) -> Path:
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
     return path
+
 
 def output_dir(text: str) -> Path:
     path = Path(text)
@@ -65,6 +70,7 @@ def output_dir(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r} is a file; give a folder")
     return path
 
+
 def input_file(text: str) -> Path:
     path = Path(text)
     if path.is_dir():
@@ -72,6 +78,7 @@ def input_file(text: str) -> Path:
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text!r}")
     return path
+
 
 def check_texts(name: str, texts: list[str]) -> list[str]:
     """User texts: valid UTF-8 (argv undecodable bytes arrive as surrogates), not blank, bounded."""
@@ -86,6 +93,7 @@ def check_texts(name: str, texts: list[str]) -> list[str]:
             raise ValueError(f"{name}: a text of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} (one sentence)")
     return texts
 
+
 def stdin_lines() -> list[str]:
     data = sys.stdin.buffer.read()
     try:
@@ -96,6 +104,7 @@ def stdin_lines() -> list[str]:
     if not lines:
         raise ValueError("no text: give sentences as arguments or one per line on stdin")
     return check_texts("stdin", lines)
+
 
 def check_writable(folder: Path, name: str) -> None:
     """Fail now, not after an hour of training, if ``folder`` cannot be written."""

@@ -12,7 +12,7 @@ from .arguments import (
     int_in,
 )
 
-__all__ = ['add_cost_parser', 'add_generate_parser']
+__all__ = ["add_cost_parser", "add_generate_parser"]
 
 
 def _model_config(spec: str):
@@ -30,6 +30,7 @@ def _model_config(spec: str):
     if not isinstance(data, dict):
         raise ValueError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
     return config_from_dict(data) if "kind" in data else config_from_hf(data)
+
 
 def _cost(args: argparse.Namespace) -> int:
     from ..cost import estimate
@@ -57,6 +58,7 @@ def _cost(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     return 0
 
+
 def add_cost_parser(commands) -> None:
     """The ``cost`` sub-command's arguments."""
     from ..models.config import PRESETS
@@ -67,6 +69,7 @@ def add_cost_parser(commands) -> None:
     cost.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8"],
                       help="bytes per stored value")
     cost.set_defaults(run=_cost)
+
 
 def _load_lm(spec: str):
     """(DecoderLM, tokenizers.Tokenizer) from "smollm2", a .gguf file or a Hugging Face folder."""
@@ -86,6 +89,7 @@ def _load_lm(spec: str):
             raise ValueError(f"{path} holds an encoder, not a language model")
         return model, Tokenizer.from_file(str(path / "tokenizer.json"))
     raise ValueError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
+
 
 def _generate(args: argparse.Namespace) -> int:
     import torch
@@ -124,6 +128,7 @@ def _generate(args: argparse.Namespace) -> int:
              on_tokens=stream)
     print()
     return 0
+
 
 def add_generate_parser(commands) -> None:
     """The ``generate`` sub-command's arguments."""

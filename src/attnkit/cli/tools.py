@@ -16,7 +16,7 @@ from .arguments import (
 )
 from .translation import check_beam, check_trained_on_grc_en, resolve_checkpoint
 
-__all__ = ['add_tour_parser', 'add_bench_parser', 'add_inspect_parser']
+__all__ = ["add_tour_parser", "add_bench_parser", "add_inspect_parser"]
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -32,12 +32,14 @@ def _tour(args: argparse.Namespace) -> int:
     print(f"\nheatmaps written to {Path(args.out).resolve()}")
     return 0
 
+
 def add_tour_parser(commands) -> None:
     """The ``tour`` sub-command's arguments."""
     tour = commands.add_parser("tour", help="run every mechanism once and write one heatmap PNG per mechanism")
     tour.add_argument("--out", type=output_dir, default=Path("out/tour"), help="folder for the PNGs (default out/tour)")
     tour.add_argument("--seed", type=int, default=0, help="seed of the word vectors")
     tour.set_defaults(run=_tour)
+
 
 def _bench(args: argparse.Namespace) -> int:
     from .. import bench
@@ -77,6 +79,7 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"wrote {out} and {len(pictures)} plots in {args.out}")
     return 0
 
+
 def add_bench_parser(commands) -> None:
     """The ``bench`` sub-command's arguments."""
     from .. import bench
@@ -108,6 +111,7 @@ def add_bench_parser(commands) -> None:
     bench_cmd.add_argument("--render", type=input_file, help="print an attention.json as a markdown table and exit")
     bench_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     bench_cmd.set_defaults(run=_bench)
+
 
 def _inspect(args: argparse.Namespace) -> int:
     from ..inspect import report
@@ -158,6 +162,7 @@ def _inspect(args: argparse.Namespace) -> int:
             print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")
     return 0
+
 
 def add_inspect_parser(commands) -> None:
     """The ``inspect`` sub-command's arguments."""

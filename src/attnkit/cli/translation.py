@@ -18,10 +18,11 @@ from .arguments import (
     stdin_lines,
 )
 
-__all__ = ['add_demo_parser', 'add_train_parser', 'add_translate_parser', 'add_evaluate_parser']
+__all__ = ["add_demo_parser", "add_train_parser", "add_translate_parser", "add_evaluate_parser"]
 
 
 _DATA_HELP = "'bible' (bundled KJV/Louis Segond), 'grc-en' (bundled word-aligned Greek NT/BSB) or a source<TAB>target file"
+
 
 def data_split(name: str, data: str, split: str, **kwargs):
     """load_split with the argument's name in any error about the data."""
@@ -34,6 +35,7 @@ def data_split(name: str, data: str, split: str, **kwargs):
     except OSError as error:
         raise OSError(f"{name} {data}: {error}") from None
 
+
 def resolve_checkpoint(path: Path) -> Path:
     """A run folder means its best/ (or last/) checkpoint."""
     for name in ("best", "last"):
@@ -41,10 +43,12 @@ def resolve_checkpoint(path: Path) -> Path:
             return path / name
     return path
 
+
 def check_beam(beam: int, checkpoint) -> None:
     vocabulary = checkpoint.target_tokenizer.vocab_size
     if beam > vocabulary:
         raise ValueError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
+
 
 def check_trained_on_grc_en(checkpoint) -> None:
     """--aer scores alignments on the Greek -> English verses: refuse a model whose source vocabulary
@@ -58,6 +62,7 @@ def check_trained_on_grc_en(checkpoint) -> None:
         raise ValueError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
                          f"{unknown:.0%} of the held-out Greek tokens unknown")
 
+
 def _demo(args: argparse.Namespace) -> int:
     from ..workbench import run_demo
 
@@ -65,6 +70,7 @@ def _demo(args: argparse.Namespace) -> int:
     run_demo(args.out, models=args.models, epochs=args.epochs, train_limit=args.train_limit,
              test_limit=args.test_limit, beam_size=args.beam, seed=args.seed, progress=not args.quiet)
     return 0
+
 
 def add_demo_parser(commands) -> None:
     """The ``demo`` sub-command's arguments."""
@@ -81,6 +87,7 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--seed", type=int, default=0, help="seed of initialisation and batching")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
+
 
 def _train(args: argparse.Namespace) -> int:
     import torch
@@ -135,6 +142,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"{result.stopped} after {result.steps} steps; checkpoints in {args.out.resolve()} (best/, last/)")
     return 130 if result.stopped == "interrupted" else 0
 
+
 def add_train_parser(commands) -> None:
     """The ``train`` sub-command's arguments."""
     from ..models.config import PRESETS, SEQ2SEQ_ATTENTIONS
@@ -177,6 +185,7 @@ def add_train_parser(commands) -> None:
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(run=_train)
 
+
 def _translate(args: argparse.Namespace) -> int:
     from ..decoding import translate
     from ..training import load_checkpoint
@@ -197,6 +206,7 @@ def _translate(args: argparse.Namespace) -> int:
             print(f"  alignment: {path}", file=sys.stderr)
     return 0
 
+
 def add_translate_parser(commands) -> None:
     """The ``translate`` sub-command's arguments."""
     translate = commands.add_parser("translate", help="translate text and draw its alignment")
@@ -205,6 +215,7 @@ def add_translate_parser(commands) -> None:
     translate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
     translate.add_argument("--heatmap", type=output_file, help="write the alignment heatmap PNG here")
     translate.set_defaults(run=_translate)
+
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..training import load_checkpoint
@@ -225,6 +236,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
         write_json(args.json, scores)
     return 0
+
 
 def add_evaluate_parser(commands) -> None:
     """The ``evaluate`` sub-command's arguments."""
