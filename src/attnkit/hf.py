@@ -1,0 +1,227 @@
+"""attnkit inside Hugging Face transformers: ``"attnkit"`` as an attention implementation.
+
+    import attnkit.hf
+    attnkit.hf.register()
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attnkit")
+
+Every attention call of a model whose family routes attention through transformers'
+``AttentionInterface`` then runs :func:`attnkit.attention` (``backend="auto"``): grouped-query heads
+without repeating K/V, masks as booleans (transformers builds them with its SDPA mask function,
+which leaves out a mask that causality alone describes), T5's ``position_bias`` as an additive
+bias, sliding windows given as ``sliding_window`` as a window. With ``output_attentions=True`` the
+exact weights come back while the output stays on the fast backend (attnkit's weights on demand).
+
+What a family asks for and attnkit does not implement is refused with :class:`UnsupportedFeature`
+naming the model and the feature (Gemma 2's logit softcapping, attention sinks), never computed
+differently. Requires the ``hf`` extra (transformers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .functional.attention import attention
+
+__all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "record", "Recording",
+           "UnsupportedFeature"]
+
+IMPLEMENTATION = "attnkit"
+"""The name to pass as ``attn_implementation``."""
+
+FAMILIES: dict[str, str] = {
+    # model_type: what is verified against attn_implementation="eager" (tests/external/test_hf_bridge.py)
+    "bert": "hidden states and weights, padding",
+    "modernbert": "hidden states and weights, padding, local (windowed) and global layers",
+    "gpt2": "logits, weights, padding, greedy generation with the KV cache",
+    "llama": "logits, weights, padding, greedy generation with the KV cache",
+    "mistral": "logits, weights, padding, sliding window, greedy generation",
+    "qwen2": "logits, weights, padding, greedy generation",
+    "qwen3": "logits, weights, padding, greedy generation",
+    "gemma2": "logits, weights, padding, sliding window, greedy generation; attention softcapping refused",
+    "gemma3": "logits, weights, padding, sliding window, greedy generation",
+    "phi3": "logits, weights, padding, greedy generation",
+    "smollm3": "logits, weights, padding, greedy generation",
+    "olmo2": "logits, weights, padding, greedy generation",
+    "bart": "logits, encoder / decoder / cross weights, padding, greedy generation",
+    "marian": "logits, encoder / decoder / cross weights, padding, greedy generation",
+    "t5": "logits (relative position bias), encoder / decoder / cross weights, padding, greedy generation",
+    "whisper": "logits, encoder / decoder / cross weights",
+}
+"""The families whose attention runs through attnkit, tested family by family (README lists them)."""
+
+# Keyword arguments families pass that change the numbers and that attnkit does not implement.
+_REFUSED = {"softcap": "attention logit softcapping (Gemma 2)", "s_aux": "attention sinks (s_aux)",
+            "sinks": "attention sinks"}
+
+
+class UnsupportedFeature(ValueError):
+    """A model asks its attention for something attnkit does not implement."""
+
+
+def register() -> None:
+    """Register ``"attnkit"`` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, attnkit_attention_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)  # booleans, None where causality says it all
+
+
+def _refuse_unsupported(module: nn.Module, kwargs: dict) -> None:
+    for name, feature in _REFUSED.items():
+        value = kwargs.get(name)
+        if value is not None and value is not False:
+            owner = type(module).__name__
+            raise UnsupportedFeature(f"{owner} asks for {feature} ({name}={_short(value)}), which attnkit's attention "
+                                     "does not implement; load this model with attn_implementation='eager' or 'sdpa'")
+
+
+def _short(value) -> str:
+    return f"tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
+
+
+def attnkit_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """transformers' attention-function signature: query (B, H, L, E), key/value (B, Hkv, S, E),
+    ``attention_mask`` boolean (True = attend) or additive float, broadcastable to (B, H, L, S);
+    returns the output as (B, L, H, Ev) and the weights (B, H, L, S) when ``output_attentions``."""
+    _refuse_unsupported(module, kwargs)
+    L, S = query.shape[2], key.shape[2]
+    mask = bias = None
+    if attention_mask is not None:
+        attention_mask = attention_mask[..., :S]  # some families pass a mask as long as a static cache
+        if attention_mask.dtype == torch.bool:
+            mask = attention_mask
+        else:
+            bias = attention_mask.to(query.dtype)
+    position_bias = kwargs.get("position_bias")
+    if position_bias is not None:  # T5: relative position bias, (1|B, H, L, S), added to the scores
+        position_bias = position_bias[..., :S].to(query.dtype)
+        if mask is not None:
+            position_bias = position_bias.masked_fill(~mask, float("-inf"))
+            mask = None
+        bias = position_bias if bias is None else bias + position_bias
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    # As transformers' SDPA path: a mask, when given, already holds causality; a single new token
+    # sees every cached key. With a cache, query i is position S - L + i: causal bottom-right.
+    causal = bool(causal) and attention_mask is None and L > 1
+    recording = _RECORDING.get()
+    wanted = recording.heads_of(module) if recording is not None else None
+    window = kwargs.get("sliding_window") if causal else None
+    result = attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        is_causal=causal,
+        causal_align="bottom-right",
+        window=window if window and window < S else None,
+        scale=scaling,
+        dropout_p=dropout if module.training else 0.0,
+        need_weights=wanted if wanted is not None else _weights_requested(kwargs),
+    )
+    weights = result.weights
+    if wanted is not None:
+        recording.store(module, weights)
+        weights = weights if _weights_requested(kwargs) else None
+    return result.output.transpose(1, 2).contiguous(), weights
+
+
+def _weights_requested(kwargs: dict) -> bool:
+    """Whether the caller asked for attention weights: ``output_attentions`` in the call, or
+    transformers' output collector gathering attentions (some families, GPT-2 among them, drop the
+    keyword before it reaches the attention function)."""
+    if kwargs.get("output_attentions"):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # an older or newer transformers without the collector: only the keyword counts
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(key.endswith("attentions") for key in collected)
+
+
+@dataclass
+class Recording:
+    """What :func:`record` captured: per attention module (by its name in the model) the weights
+    (B, len(heads), L, S) of every call, in call order (one per forward; one per step in generation)."""
+
+    heads: dict[int, list[int]]  # id(module) -> heads to capture
+    names: dict[int, str]
+    weights: dict[str, list[Tensor]] = field(default_factory=dict)
+
+    def heads_of(self, module: nn.Module) -> list[int] | None:
+        return self.heads.get(id(module))
+
+    def store(self, module: nn.Module, weights: Tensor) -> None:
+        self.weights.setdefault(self.names[id(module)], []).append(weights.detach())
+
+
+_RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("attnkit_hf_recording", default=None)
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules of a transformers model, in ``named_modules`` order: those that call
+    the attention interface (they carry ``config`` and the projections of a family's attention)."""
+    found = []
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind.endswith(("Attention", "SelfAttention", "CrossAttention")) and not any(
+                isinstance(child, type(module)) for child in module.children()):
+            found.append((name, module))
+    return found
+
+
+@contextlib.contextmanager
+def record(model: nn.Module, *, layers: Sequence[int] | None = None, heads: Sequence[int] | None = None
+           ) -> Iterator[Recording]:
+    """Capture the exact attention weights of the chosen heads of the chosen attention modules only
+    (indices into :func:`attention_modules`; all when None), while every output stays on attnkit's
+    fast path: a head's weights cost that head's (B, 1, L, S), not the whole layer's.
+
+        with attnkit.hf.record(model, layers=[3], heads=[5]) as rec:
+            model(**inputs)
+        rec.weights  # {"model.layers.3.self_attn": [tensor (B, 1, L, S)]}
+    """
+    modules = attention_modules(model)
+    if getattr(model.config, "_attn_implementation", None) != IMPLEMENTATION:
+        raise ValueError(f"record() needs a model loaded with attn_implementation={IMPLEMENTATION!r}, this one uses "
+                         f"{getattr(model.config, '_attn_implementation', None)!r}")
+    chosen = range(len(modules)) if layers is None else list(layers)
+    bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
+    if bad:
+        raise ValueError(f"layers must index the model's {len(modules)} attention modules, got {bad}")
+    head_list = None if heads is None else [int(h) for h in heads]
+    selected = {id(modules[i][1]): head_list for i in chosen}
+    recording = Recording(heads={k: (v if v is not None else _all_heads(modules, k)) for k, v in selected.items()},
+                          names={id(m): name for name, m in modules})
+    token = _RECORDING.set(recording)
+    try:
+        yield recording
+    finally:
+        _RECORDING.reset(token)
+
+
+def _all_heads(modules, module_id: int) -> list[int]:
+    module = next(m for _, m in modules if id(m) == module_id)
+    config = getattr(module, "config", None)
+    count = getattr(module, "num_heads", None) or getattr(config, "num_attention_heads", None)
+    if count is None:
+        raise ValueError(f"cannot tell how many heads {type(module).__name__} has; pass heads=[...]")
+    return list(range(int(count)))
