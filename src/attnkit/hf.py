@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from .functional.attention import attention
 
-__all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "record", "Recording",
-           "UnsupportedFeature"]
+__all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "attnkit_mask", "record",
+           "Recording", "UnsupportedFeature"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -64,13 +64,38 @@ class UnsupportedFeature(ValueError):
     """A model asks its attention for something attnkit does not implement."""
 
 
+# Families whose attention modules pass ``sliding_window`` to the attention function: for them a
+# causal sliding-window mask without padding is not built at all; attnkit applies the window itself
+# (and the tiled backend skips the blocks outside it).
+_WINDOW_PASSED = frozenset({"mistral", "qwen2", "gemma2", "gemma3"})
+
+
 def register() -> None:
     """Register ``"attnkit"`` with transformers' attention and mask interfaces (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(IMPLEMENTATION, attnkit_attention_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)  # booleans, None where causality says it all
+    AttentionMaskInterface.register(IMPLEMENTATION, attnkit_mask)
+
+
+def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0, *,
+                 attention_mask: Tensor | None = None, local_size: int | None = None,
+                 allow_is_causal_skip: bool = True, config=None, **kwargs) -> Tensor | None:
+    """transformers' SDPA mask (booleans, True = attend; None where causality alone says it all), and
+    also None for a plain causal sliding window without padding in a family that passes
+    ``sliding_window`` to its attention: that (L, S) mask is never built."""
+    from transformers.masking_utils import sdpa_mask
+
+    structural = (
+        local_size is not None and allow_is_causal_skip and config is not None
+        and getattr(config, "model_type", None) in _WINDOW_PASSED and q_offset == 0 and kv_offset == 0
+        and q_length == kv_length and (attention_mask is None or bool(attention_mask.all()))
+    )
+    if structural:
+        return None
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask,
+                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, config=config, **kwargs)
 
 
 def _refuse_unsupported(module: nn.Module, kwargs: dict) -> None:
@@ -116,13 +141,15 @@ def attnkit_attention_forward(
             position_bias = position_bias.masked_fill(~mask, float("-inf"))
             mask = None
         bias = position_bias if bias is None else bias + position_bias
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
-    # As transformers' SDPA path: a mask, when given, already holds causality; a single new token
-    # sees every cached key. With a cache, query i is position S - L + i: causal bottom-right.
-    causal = bool(causal) and attention_mask is None and L > 1
+    causal_module = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))  # as sdpa
+    # As transformers' SDPA path: a mask, when given, already holds causality (and any window); a
+    # single new token sees every cached key. With a cache, query i is position S - L + i: causal
+    # bottom-right. Without a mask, a causal module's sliding window is applied here.
+    causal = causal_module and attention_mask is None and L > 1
+    window = kwargs.get("sliding_window") if causal_module and attention_mask is None else None
+    window = window if window and window < S else None
     recording = _RECORDING.get()
     wanted = recording.heads_of(module) if recording is not None else None
-    window = kwargs.get("sliding_window") if causal else None
     result = attention(
         query,
         key,
@@ -131,7 +158,7 @@ def attnkit_attention_forward(
         bias=bias,
         is_causal=causal,
         causal_align="bottom-right",
-        window=window if window and window < S else None,
+        window=window,
         scale=scaling,
         dropout_p=dropout if module.training else 0.0,
         need_weights=wanted if wanted is not None else _weights_requested(kwargs),

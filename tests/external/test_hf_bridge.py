@@ -167,3 +167,21 @@ def test_record_captures_only_the_chosen_heads_of_the_chosen_layers(rng):
     with pytest.raises(ValueError, match="attn_implementation='attnkit'"):
         with attnkit.hf.record(eager):
             pass
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_an_unpadded_sliding_window_runs_as_a_window_without_a_mask(family, rng, monkeypatch):
+    eager, ours = _pair(family)
+    seen = []
+    real = attnkit.hf.attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((kwargs["mask"], kwargs["window"]))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attnkit.hf, "attention", spy)
+    ids = torch.randint(3, 99, (2, 40), generator=rng)  # 40 tokens, window 5: no (L, S) mask is built
+    with torch.no_grad():
+        expected, got = eager(input_ids=ids).logits, ours(input_ids=ids).logits
+    assert (got - expected).abs().max() <= ATOL
+    assert all(mask is None for mask, _ in seen) and any(window == 5 for _, window in seen)
