@@ -21,7 +21,7 @@ from torch import Tensor
 from .data.batching import collate
 from .data.tokenizer import BOS, EOS, PAD, Tokenizer
 
-__all__ = ["Hypothesis", "Translation", "beam_search", "translate", "sample_next", "generate"]
+__all__ = ["Hypothesis", "Translation", "beam_search", "translate", "sample_next", "generate", "pad_prompts"]
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,20 @@ def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
 
 
 @torch.no_grad()
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Token-id prompts of different lengths as (input_ids, attention_mask) (B, L), padded on the
+    left (the side generation needs: every row's last token is real)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
 def generate(
     model,
     input_ids: Tensor,
@@ -206,9 +220,13 @@ def generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     on_tokens=None,
+    attention_mask: Tensor | None = None,
 ) -> Generation:
-    """Continue prompts input_ids (B, L) (equal lengths) with a decoder-only LM.
+    """Continue prompts input_ids (B, L) with a decoder-only LM.
 
+    Prompts of different lengths are padded on the left with ``attention_mask`` (B, L) 0 at the
+    padding (as :func:`pad_prompts` makes them): padded positions are never attended to and each
+    row's positions count its real tokens only, so a row's output equals running it alone.
     With ``use_cache`` the prompt is run once and each new token attends to cached keys and values
     (a rolling cache under a sliding window); without it every step recomputes the whole prefix
     (the baseline the cache is measured against). ``on_tokens(ids (B,))`` is called after every
@@ -218,13 +236,30 @@ def generate(
         raise ValueError(f"input_ids must have shape (B, L) with L >= 1, got {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    B = input_ids.shape[0]
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(attention_mask.shape)}")
+        attention_mask = attention_mask.bool()
+        if not bool(attention_mask[:, -1].all()):
+            raise ValueError("attention_mask: pad prompts on the left (every row's last token must be real)")
     was_training = model.training
     model.eval()
-    B = input_ids.shape[0]
     stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=input_ids.device)
     cache = model.new_cache() if use_cache else None
     sequence = input_ids
-    logits = model(input_ids, cache=cache, last_only=True).logits[:, -1]
+    full_mask = attention_mask  # (B, prompt + generated) when padding is in play
+    positions = None if attention_mask is None else (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+    def run(ids: Tensor, *, last_only: bool = True) -> Tensor:
+        kwargs = {}
+        if full_mask is not None:
+            held = ids.shape[1] + (0 if cache is None else cache[0].length)
+            kwargs = {"attention_mask": full_mask[:, -held:], "position_ids": positions[:, -ids.shape[1]:]}
+        return model(ids, cache=cache, last_only=last_only, **kwargs).logits[:, -1]
+
+    logits = run(input_ids)
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     lengths = [max_new_tokens] * B
     new = []
@@ -241,11 +276,14 @@ def generate(
             done |= hit
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
+            if full_mask is not None:
+                full_mask = torch.cat([full_mask, full_mask.new_ones(B, 1)], 1)
+                positions = torch.cat([positions, positions[:, -1:] + 1], 1)
             if use_cache:
-                logits = model(token[:, None], cache=cache).logits[:, -1]
+                logits = run(token[:, None])
             else:
                 sequence = torch.cat([input_ids, torch.stack(new, 1)], 1)
-                logits = model(sequence, last_only=True).logits[:, -1]
+                logits = run(sequence)
     finally:
         model.train(was_training)
     tokens = torch.stack(new, 1)

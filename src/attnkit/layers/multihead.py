@@ -117,6 +117,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool | Sequence[int] = False,
         cache: KVCache | None = None,
         causal_align: str | None = None,
+        positions: Tensor | None = None,
     ) -> AttentionOutput:
         """Attend from query (B, L, D) to key (B, S, kdim) / value (B, S, vdim).
 
@@ -124,6 +125,8 @@ class MultiHeadAttention(nn.Module):
         ``mask``, ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in
         :func:`attnkit.attention`; with a ``cache`` the new keys are appended and causal masks are
         aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
+        ``positions`` (L,) or (B, L): the rotary positions of the new tokens (default: the cache's
+        position onwards), e.g. per row after left padding.
 
         Returns:
             :class:`AttentionOutput` with output (B, L, D), per-head weights (B, H, L, S) or None
@@ -139,14 +142,14 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
         offset = 0 if cache is None or cache.static else cache.position
         if self.rotary is not None:
-            q = self.rotary(q, offset=offset)
+            q = self.rotary(q, offset=offset, positions=positions)
         if cache is not None and cache.static and cache.length:
             k, v = cache.keys, cache.values  # cross attention: encoder keys projected once
         else:
             k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, E)
             v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, Hkv, S, E)
             if self.rotary is not None:
-                k = self.rotary(k, offset=offset)
+                k = self.rotary(k, offset=offset, positions=positions)
             if cache is not None:
                 k, v = cache.update(k, v)
         if causal_align is None:

@@ -13,6 +13,7 @@ Shapes: B batch, L new tokens, S all tokens attended (cached + new), D model dim
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..functional.checks import check_rank
@@ -47,12 +48,13 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None, need_weights: bool = False
+        self, x: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None, need_weights: bool = False,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, L, D), mask (B, 1, 1, S) True at real tokens -> (B, L, D) and, with ``need_weights``,
         the attention weights (B, H, L, S)."""
         attended = self.self_attn(self.attn_norm(x), mask=mask, is_causal=True, window=self.window, cache=cache,
-                                  need_weights=need_weights)
+                                  need_weights=need_weights, positions=positions)
         x = x + self.dropout(attended.output)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
         return x, attended.weights
@@ -91,13 +93,16 @@ class DecoderLM(nn.Module):
         cache: list[KVCache] | None = None,
         need_weights: bool = False,
         last_only: bool = False,
+        position_ids: Tensor | None = None,
     ) -> LMOutput:
         """Logits for input_ids (B, L).
 
         Args:
-            attention_mask: (B, S) True (or 1) at real tokens, S = cached + new positions; padded
-                positions are never attended to. Positions still count from 0 at the first column
-                (pad on the right, or give each row its own call).
+            attention_mask: (B, S) True (or 1) at real tokens, S = cached (held) + new positions;
+                padded positions are never attended to.
+            position_ids: (B, L) the positions of the new tokens, per row (after left padding:
+                the count of real tokens before each); default: the cache's position onwards,
+                from 0 at the first column.
             cache: from :meth:`new_cache`; the new tokens continue the cached ones.
             need_weights: also return each layer's attention weights (B, H, L, S).
             last_only: logits (B, 1, V) of the last position only (generation needs no more; the
@@ -106,7 +111,14 @@ class DecoderLM(nn.Module):
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
         offset = 0 if cache is None else cache[0].position
-        if self.positions is not None and offset + L > self.config.max_len:
+        if position_ids is not None:
+            if tuple(position_ids.shape) != (B, L) or position_ids.dtype != torch.long:
+                raise ValueError(f"position_ids must be int64 of shape (B, L) = ({B}, {L}), got "
+                                 f"{position_ids.dtype} {tuple(position_ids.shape)}")
+            top = int(position_ids.max()) if position_ids.numel() else -1
+            if self.positions is not None and (top >= self.config.max_len or int(position_ids.min()) < 0):
+                raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got up to {top}")
+        elif self.positions is not None and offset + L > self.config.max_len:
             raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
         mask = None
         if attention_mask is not None:
@@ -119,11 +131,12 @@ class DecoderLM(nn.Module):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         x = self.tokens(input_ids)
         if self.positions is not None:
-            x = self.positions(x, offset)
+            x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
         x = self.dropout(x)
         attentions = [] if need_weights else None
         for i, layer in enumerate(self.layers):
-            x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights)
+            x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
+                               positions=position_ids)
             if attentions is not None:
                 attentions.append(weights)
         x = self.norm(x)
