@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from .functional.attention import attention
 
 __all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "attnkit_mask", "record",
-           "Recording", "UnsupportedFeature"]
+           "Recording", "UnsupportedFeature", "InspectedModel", "load_for_inspection"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -252,3 +252,69 @@ def _all_heads(modules, module_id: int) -> list[int]:
     if count is None:
         raise ValueError(f"cannot tell how many heads {type(module).__name__} has; pass heads=[...]")
     return list(range(int(count)))
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, tokens: nn.Module):
+        super().__init__()
+        self.tokens = tokens
+
+
+class InspectedModel(nn.Module):
+    """A transformers encoder or decoder seen through the interface of attnkit's
+    :class:`~attnkit.models.EncoderModel`, so that :func:`attnkit.inspect.report.inspect_encoder`
+    (head roles, rollout, flow, viewer, attribution agreement) runs on it unchanged. A decoder gives
+    its causal attention (the "causal view"). ``embeddings.tokens`` is the model's input embedding,
+    which attribution hooks."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.embeddings = _Embeddings(model.get_input_embeddings())
+        import inspect as _inspect
+
+        self._takes_types = "token_type_ids" in _inspect.signature(model.forward).parameters
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                *, need_weights: bool = False):
+        from .models.outputs import EncoderOutput
+
+        extra = {"token_type_ids": token_type_ids} if self._takes_types and token_type_ids is not None else {}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=need_weights,
+                         output_hidden_states=True, use_cache=False, **extra)
+        attentions = list(out.attentions) if need_weights else None
+        return EncoderOutput(out.hidden_states[-1], None, attentions)
+
+
+def load_for_inspection(folder) -> tuple[InspectedModel, object, str]:
+    """(model, ``tokenizers.Tokenizer``, kind) from a Hugging Face folder (config.json, safetensors,
+    tokenizer.json) of a claimed family, loaded with ``attn_implementation="attnkit"``; kind is
+    "encoder" or "decoder". Encoder-decoder folders are refused (not supported by the inspector's
+    Hugging Face path yet)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+    from transformers import AutoConfig, AutoModel
+
+    from ._files import read_json
+
+    folder = Path(folder)
+    config = read_json(folder / "config.json", "Hugging Face config")
+    family = config.get("model_type") if isinstance(config, dict) else None
+    if family not in FAMILIES:
+        raise UnsupportedFeature(f"{folder}: model_type {family!r} is not one of the families attnkit runs "
+                                 f"({', '.join(FAMILIES)})")
+    if config.get("is_encoder_decoder"):
+        raise UnsupportedFeature(f"{folder}: {family} is an encoder-decoder; inspecting Hugging Face encoder-decoders "
+                                 "is not supported yet (attnkit translation checkpoints are)")
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{folder}: no tokenizer.json (a fast tokenizer file) to tokenise the texts")
+    register()
+    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    model = AutoModel.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
+                                      local_files_only=True).float().eval()
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    kind = "decoder" if getattr(hf_config, "is_decoder", False) or family not in ("bert", "modernbert") else "encoder"
+    return InspectedModel(model), tokenizer, kind

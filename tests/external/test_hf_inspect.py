@@ -1,0 +1,75 @@
+"""attnkit inspect on Hugging Face folders, through attn_implementation="attnkit": the real MiniLM
+gives the same attention as attnkit's native loader, and tiny saved folders of an encoder and a
+decoder get the full report; an encoder-decoder folder is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from attnkit.cli import main  # noqa: E402
+from attnkit.inspect.roles import SENTENCES, encoder_attentions  # noqa: E402
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "."]
+
+
+def _tokenizer_json(folder, *, bert: bool) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    if bert:
+        tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                                 special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def test_minilm_through_transformers_equals_the_native_path():
+    from attnkit.hf import load_for_inspection
+    from attnkit.models.pretrained import load_minilm, minilm_folder
+
+    native, tokenizer = load_minilm()
+    bridged, bridged_tokenizer, kind = load_for_inspection(minilm_folder())
+    assert kind == "encoder"
+    texts = SENTENCES[:4]
+    expected, tokens = encoder_attentions(native, tokenizer, texts)
+    got, bridged_tokens = encoder_attentions(bridged, bridged_tokenizer, texts)
+    assert tokens == bridged_tokens
+    for a_layers, b_layers in zip(expected, got):
+        for a, b in zip(a_layers, b_layers):
+            assert (a - b).abs().max() <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_inspect_cli_on_a_saved_folder(tmp_path, family, capsys):
+    folder = tmp_path / family
+    if family == "bert":
+        config = transformers.BertConfig(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=37, max_position_embeddings=64)
+        transformers.BertModel(config).save_pretrained(folder)
+    else:
+        config = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=37)
+        transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    _tokenizer_json(folder, bert=family == "bert")
+    out = tmp_path / "report"
+    assert main(["inspect", "--model", str(folder), "--out", str(out), "--steps", "2", "--quiet",
+                 "the cat sat on the mat .", "a dog ran ."]) == 0
+    printed = capsys.readouterr().out
+    assert ("encoder" if family == "bert" else "decoder") in printed
+    assert (out / "report.md").is_file() and (out / "viewer.html").is_file() and (out / "roles.png").is_file()
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["texts"]) == 2
+
+
+def test_an_encoder_decoder_folder_is_refused_by_name(tmp_path, capsys):
+    folder = tmp_path / "bart"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bart", "is_encoder_decoder": True}))
+    assert main(["inspect", "--model", str(folder), "one text"]) == 2
+    assert "encoder-decoder" in capsys.readouterr().err
