@@ -6,6 +6,7 @@ call alongside (each in a fresh process).
 Usage:
     python benchmarks/hf.py                              # n = 4096 and 16384
     python benchmarks/hf.py --sizes 4096 --modes fwd
+    python benchmarks/hf.py --record 8192                # memory of attnkit.hf.record: one head of one layer
 Prints a table and writes JSON (default benchmarks/results/hf.json). Eager is skipped where its
 (n, n) weights per head and layer would exceed --max-eager-gb.
 """
@@ -60,9 +61,34 @@ def call(model, n: int, mode: str):
 def worker(spec: dict) -> dict:
     from attnkit.bench.harness import peak_extra_mb
 
-    run = call(build(spec["family"], spec["impl"]), spec["n"], spec["mode"])
+    model = build(spec["family"], spec["impl"])
+    run = call(model, spec["n"], spec["mode"])
+    if spec.get("record"):
+        import attnkit.hf
+
+        plain = run
+
+        def run():
+            with attnkit.hf.record(model, layers=[0], heads=[0]) as recording:
+                plain()
+            return recording
     run()  # warm-up
     return {"peak_extra_mb": peak_extra_mb(run)}
+
+
+def record_memory(n: int) -> dict:
+    """Peak extra memory of a forward pass at n tokens with and without capturing one head of one
+    layer, each in a fresh process; the claim: the difference is at most one head's (n, n) float32
+    weights plus 20%."""
+    from attnkit.bench.harness import run_worker
+
+    here = str(Path(__file__).resolve())
+    spec = {"family": "llama", "n": n, "mode": "fwd", "impl": "attnkit"}
+    plain = run_worker(here, spec, timeout=1800)["peak_extra_mb"]
+    recorded = run_worker(here, spec | {"record": True}, timeout=1800)["peak_extra_mb"]
+    one_head = n * n * 4 / 2**20
+    return {"n": n, "plain_mb": plain, "record_one_head_mb": recorded, "difference_mb": recorded - plain,
+            "one_head_weights_mb": one_head, "ratio": (recorded - plain) / one_head}
 
 
 def main(argv=None) -> int:
@@ -73,10 +99,20 @@ def main(argv=None) -> int:
     parser.add_argument("--max-eager-gb", type=float, default=2.0)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "hf.json")
+    parser.add_argument("--record", type=int, metavar="N", help="only measure record()'s memory at N tokens")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    if args.record:
+        from attnkit._files import write_json
+
+        result = record_memory(args.record)
+        print(f"n={result['n']}: forward +{result['plain_mb']:.0f} MB, with one head recorded "
+              f"+{result['record_one_head_mb']:.0f} MB; difference {result['difference_mb']:.0f} MB = "
+              f"{result['ratio']:.2f} x one head's weights ({result['one_head_weights_mb']:.0f} MB)")
+        write_json(args.out.with_name("hf_record.json"), result)
         return 0
     from attnkit._files import write_json
     from attnkit.bench.harness import machine_info, run_worker, time_round_robin
