@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from .functional.attention import attention
 
 __all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "attnkit_mask", "record",
-           "Recording", "UnsupportedFeature", "InspectedModel", "load_for_inspection"]
+           "Recording", "attention_modules", "UnsupportedFeature", "InspectedModel", "load_for_inspection"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -204,15 +204,13 @@ _RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("a
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The attention modules of a transformers model, in ``named_modules`` order: those that call
-    the attention interface (they carry ``config`` and the projections of a family's attention)."""
-    found = []
-    for name, module in model.named_modules():
-        kind = type(module).__name__
-        if kind.endswith(("Attention", "SelfAttention", "CrossAttention")) and not any(
-                isinstance(child, type(module)) for child in module.children()):
-            found.append((name, module))
-    return found
+    """The attention modules of a transformers model, in ``named_modules`` order: the innermost
+    modules whose class name ends in "Attention" (BertSelfAttention, not the BertAttention that
+    wraps it; LlamaAttention; BartAttention for self and cross attention alike)."""
+    candidates = [(name, m) for name, m in model.named_modules() if type(m).__name__.endswith("Attention")]
+    chosen = {id(m) for _, m in candidates}
+    return [(name, m) for name, m in candidates
+            if not any(id(inner) in chosen for inner in m.modules() if inner is not m)]
 
 
 @contextlib.contextmanager
