@@ -12,6 +12,7 @@ spread, so that the kept top-k holds a realistic share of the mass), it measures
 Usage:
     python benchmarks/viewer.py
     python benchmarks/viewer.py --sizes 512 --top-k 4 16 64 --minilm
+    python benchmarks/viewer.py --sizes 2048 --causal --out benchmarks/results/viewer_decoder.json
 Prints a table and writes JSON (default benchmarks/results/viewer.json).
 """
 
@@ -44,10 +45,17 @@ HOVER = """(direction) => {
 }"""
 
 
-def random_weights(L: int, layers: int, heads: int) -> tuple[np.ndarray, list[str]]:
+def random_weights(L: int, layers: int, heads: int, *, causal: bool = False) -> tuple[np.ndarray, list[str]]:
+    """Random attention; ``causal``: a decoder's, each query's weights on keys up to itself only."""
     rng = np.random.default_rng(0)
-    weights = rng.gamma(0.1, size=(layers, heads, L, L)).astype(np.float32)
-    return weights / weights.sum(-1, keepdims=True), [f"tok{i}" for i in range(L)]
+    weights = np.empty((layers, heads, L, L), dtype=np.float32)
+    below = np.tril(np.ones((L, L), dtype=bool)) if causal else None
+    for layer in range(layers):  # one layer at a time: float64 draws for all layers would need 2x the memory
+        draw = rng.gamma(0.1, size=(heads, L, L)).astype(np.float32)
+        if causal:
+            draw *= below
+        weights[layer] = draw / draw.sum(-1, keepdims=True)
+    return weights, [f"tok{i}" for i in range(L)]
 
 
 def minilm_weights(L: int) -> tuple[np.ndarray, list[str]]:
@@ -69,8 +77,9 @@ def minilm_weights(L: int) -> tuple[np.ndarray, list[str]]:
     return torch.stack(attentions[0]).numpy(), tokens[0]
 
 
-def measure(browser, L: int, layers: int, heads: int, top_k: int, folder: Path, *, real: bool = False) -> dict:
-    weights, tokens = minilm_weights(L) if real else random_weights(L, layers, heads)
+def measure(browser, L: int, layers: int, heads: int, top_k: int, folder: Path, *, real: bool = False,
+            causal: bool = False) -> dict:
+    weights, tokens = minilm_weights(L) if real else random_weights(L, layers, heads, causal=causal)
     layers, heads, L = weights.shape[:3]
     path = folder / f"viewer-{L}-{layers}x{heads}-k{top_k}.html"
     started = time.perf_counter()
@@ -85,7 +94,7 @@ def measure(browser, L: int, layers: int, heads: int, top_k: int, folder: Path, 
     hover_to_ms = page.evaluate(HOVER, "to")
     hover_from_ms = page.evaluate(HOVER, "from")
     page.close()
-    return {"weights": "MiniLM" if real else "random", "tokens": L, "layers": layers, "heads": heads, "top_k": top_k, "write_s": write_seconds,
+    return {"weights": "MiniLM" if real else ("causal" if causal else "random"), "tokens": L, "layers": layers, "heads": heads, "top_k": top_k, "write_s": write_seconds,
             "file_mb": path.stat().st_size / 1e6, "float32_mb": weights.nbytes / 1e6, "kept_mass": float(kept),
             "load_ms": load_ms, "switch_head_ms": switch_ms, "hover_attends_to_ms": hover_to_ms,
             "hover_attended_by_ms": hover_from_ms}
@@ -99,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, nargs="+", default=[16])
     parser.add_argument("--minilm", action="store_true",
                         help="also real all-MiniLM-L6-v2 attention (6 x 12 heads) at each size up to 512 tokens")
+    parser.add_argument("--causal", action="store_true", help="random attention of a decoder (keys up to the query)")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/viewer.json"))
     args = parser.parse_args(argv)
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(L, k, False) for L in args.sizes for k in args.top_k]
         cases += [(L, k, True) for L in args.sizes if args.minilm and L <= 512 for k in args.top_k]
         for L, k, real in cases:
-            r = measure(browser, L, args.layers, args.heads, k, Path(tmp), real=real)
+            r = measure(browser, L, args.layers, args.heads, k, Path(tmp), real=real, causal=args.causal and not real)
             rows.append(r)
             print(f"{r['weights']:>7} {r['tokens']:>6} {r['layers']:>3}x{r['heads']:<2} {k:>5} {r['write_s']:>8.2f} {r['file_mb']:>8.2f} {r['float32_mb']:>8.1f} "
                   f"{r['kept_mass']:>5.2f} {r['load_ms']:>8.0f} {r['switch_head_ms']:>9.1f} {r['hover_attends_to_ms']:>9.2f} "
