@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from .functional.attention import attention
 
 __all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "attnkit_mask", "record",
-           "Recording", "attention_modules", "UnsupportedFeature", "InspectedModel", "load_for_inspection"]
+           "Recording", "attention_modules", "UnsupportedFeature", "InspectedModel", "load_for_inspection",
+           "seq2seq_attentions"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -284,15 +285,49 @@ class InspectedModel(nn.Module):
         return EncoderOutput(out.hidden_states[-1], None, attentions)
 
 
-def load_for_inspection(folder) -> tuple[InspectedModel, object, str]:
+def seq2seq_attentions(model: nn.Module, tokenizer, text: str, reference: str | None = None,
+                       *, max_new_tokens: int = 64) -> dict:
+    """Attention of a transformers encoder-decoder on one source text, with the reference (or the
+    model's own greedy output) forced through it: encoder self, decoder self and cross attention,
+    each (layers, H, L, S), and the tokens of each side. Runs with ``attn_implementation="attnkit"``."""
+    source = tokenizer.encode(text)
+    ids = torch.tensor([source.ids])
+    start = model.config.decoder_start_token_id
+    if start is None:
+        raise UnsupportedFeature(f"{type(model).__name__}: the config has no decoder_start_token_id")
+    with torch.no_grad():
+        if reference is None:
+            generated = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                       do_sample=False)[0].tolist()
+            target = [t for t in generated[1:]]  # drop the decoder start token
+        else:
+            target = tokenizer.encode(reference).ids
+        if not target:
+            raise ValueError(f"nothing to force for {text[:60]!r}: an empty output")
+        decoder_inputs = torch.tensor([[start, *target[:-1]]])
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), decoder_input_ids=decoder_inputs,
+                    output_attentions=True, use_cache=False)
+    stack = lambda attentions: torch.stack([a[0] for a in attentions]).float()  # noqa: E731
+    return {
+        "keys": list(source.tokens),
+        "inputs": [tokenizer.id_to_token(t) or str(t) for t in decoder_inputs[0].tolist()],
+        "outputs": [tokenizer.id_to_token(t) or str(t) for t in target],
+        "output_text": tokenizer.decode(target),
+        "encoder": stack(out.encoder_attentions),
+        "decoder": stack(out.decoder_attentions),
+        "cross": stack(out.cross_attentions),
+    }
+
+
+def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     """(model, ``tokenizers.Tokenizer``, kind) from a Hugging Face folder (config.json, safetensors,
     tokenizer.json) of a claimed family, loaded with ``attn_implementation="attnkit"``; kind is
-    "encoder" or "decoder". Encoder-decoder folders are refused (not supported by the inspector's
-    Hugging Face path yet)."""
+    "encoder", "decoder" (both as an :class:`InspectedModel`) or "encoder-decoder" (the
+    transformers model itself, for :func:`seq2seq_attentions`)."""
     from pathlib import Path
 
     from tokenizers import Tokenizer
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
     from ._files import read_json
 
@@ -302,17 +337,21 @@ def load_for_inspection(folder) -> tuple[InspectedModel, object, str]:
     if family not in FAMILIES:
         raise UnsupportedFeature(f"{folder}: model_type {family!r} is not one of the families attnkit runs "
                                  f"({', '.join(FAMILIES)})")
-    if config.get("is_encoder_decoder"):
-        raise UnsupportedFeature(f"{folder}: {family} is an encoder-decoder; inspecting Hugging Face encoder-decoders "
-                                 "is not supported yet (attnkit translation checkpoints are)")
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{folder}: no tokenizer.json (a fast tokenizer file) to tokenise the texts")
+    if family == "whisper":
+        raise UnsupportedFeature(f"{folder}: whisper takes audio features, not text; its attention runs through "
+                                 "attnkit (attnkit.hf) but `attnkit inspect` reads texts")
     register()
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    model = AutoModel.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
-                                      local_files_only=True).float().eval()
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    kind = "decoder" if getattr(hf_config, "is_decoder", False) or family not in ("bert", "modernbert") else "encoder"
+    if getattr(hf_config, "is_encoder_decoder", False):
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
+                                                      local_files_only=True).float().eval()
+        return model, tokenizer, "encoder-decoder"
+    model = AutoModel.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
+                                      local_files_only=True).float().eval()
+    kind = "encoder" if family in ("bert", "modernbert") else "decoder"
     return InspectedModel(model), tokenizer, kind

@@ -67,9 +67,40 @@ def test_inspect_cli_on_a_saved_folder(tmp_path, family, capsys):
     assert len(results["texts"]) == 2
 
 
-def test_an_encoder_decoder_folder_is_refused_by_name(tmp_path, capsys):
+@pytest.mark.slow
+@pytest.mark.parametrize("forced", [False, True])
+def test_inspect_cli_on_an_encoder_decoder_folder(tmp_path, forced, capsys):
+    from attnkit.hf import load_for_inspection, seq2seq_attentions
+
     folder = tmp_path / "bart"
+    config = transformers.BartConfig(vocab_size=len(WORDS), d_model=32, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
+                                     decoder_ffn_dim=37, max_position_embeddings=64, pad_token_id=0, bos_token_id=2,
+                                     eos_token_id=3, decoder_start_token_id=3, forced_bos_token_id=None)
+    eager = transformers.BartForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    eager.save_pretrained(folder)
+    _tokenizer_json(folder, bert=False)
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("the cat sat .\ta dog ran .\n" if forced else "the cat sat .\n")
+    out = tmp_path / "report"
+    assert main(["inspect", "--model", str(folder), "--file", str(pairs), "--out", str(out), "--quiet"]) == 0
+    assert "encoder-decoder" in capsys.readouterr().out
+    assert (out / "report.md").is_file() and (out / "viewer.html").is_file() and (out / "alignment-1.png").is_file()
+    # The captured attention equals eager's on the same forced target.
+    model, tokenizer, _ = load_for_inspection(folder)
+    run = seq2seq_attentions(model, tokenizer, "the cat sat .", "a dog ran .")
+    target = tokenizer.encode("a dog ran .").ids
+    with torch.no_grad():
+        expected = eager(input_ids=torch.tensor([tokenizer.encode("the cat sat .").ids]),
+                         decoder_input_ids=torch.tensor([[3, *target[:-1]]]), output_attentions=True)
+    assert (run["cross"] - torch.stack([a[0] for a in expected.cross_attentions])).abs().max() <= 1e-5
+    assert (run["encoder"] - torch.stack([a[0] for a in expected.encoder_attentions])).abs().max() <= 1e-5
+
+
+def test_a_whisper_folder_is_refused_by_name(tmp_path, capsys):
+    folder = tmp_path / "whisper"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "bart", "is_encoder_decoder": True}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "whisper", "is_encoder_decoder": True}))
+    (folder / "tokenizer.json").write_text("{}")
     assert main(["inspect", "--model", str(folder), "one text"]) == 2
-    assert "encoder-decoder" in capsys.readouterr().err
+    assert "audio" in capsys.readouterr().err

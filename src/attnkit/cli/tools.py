@@ -147,13 +147,23 @@ def _inspect(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint, run or Hugging Face folder: "
                                 f"{folder}")
     if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
-        if references or args.aer:
-            raise ValueError("--reference and --aer need a translation checkpoint, not a Hugging Face folder")
-        from ..hf import load_for_inspection
+        if args.aer:
+            raise ValueError("--aer needs a translation checkpoint trained on grc-en, not a Hugging Face folder")
+        from ..hf import load_for_inspection, seq2seq_attentions
 
         model, tokenizer, kind = load_for_inspection(folder)
-        path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
-                                      progress=progress)
+        if kind == "encoder-decoder":
+            if not texts:
+                raise ValueError("give source texts (or --file with source<TAB>reference lines) for an encoder-decoder")
+            forced = references or [None] * len(texts)
+            if len(forced) != len(texts):
+                raise ValueError(f"--reference must match the texts in number: {len(forced)} and {len(texts)}")
+            runs = [seq2seq_attentions(model, tokenizer, t, r) for t, r in zip(texts, forced)]
+            path = report.inspect_encoder_decoder(runs, texts, args.out, source=str(folder), references=references,
+                                                  top_k=args.top_k)
+        else:
+            path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps,
+                                          top_k=args.top_k, progress=progress)
         print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
         return 0
     if not texts and not args.aer:

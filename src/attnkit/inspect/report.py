@@ -28,7 +28,8 @@ from .alignment import IBMModel1, alignment_error_rate, attention_word_weights, 
 from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
 from .rollout import attention_flow, attention_rollout
 
-__all__ = ["inspect_encoder", "inspect_translation", "evaluate_alignment", "MAX_FLOW_TOKENS"]
+__all__ = ["inspect_encoder", "inspect_translation", "inspect_encoder_decoder", "evaluate_alignment",
+           "MAX_FLOW_TOKENS"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +235,35 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
     _write_markdown(out / "report.md", lines)
     write_json(out / "results.json", {"texts": list(texts), "outputs": [t.text for t in translations],
                                       "forced": forced, "agreement": rows})
+    return out / "report.md"
+
+
+def inspect_encoder_decoder(runs: Sequence[dict], texts: Sequence[str], out: str | Path, *, source: str,
+                            references: Sequence[str] | None = None, top_k: int = 16) -> Path:
+    """Report on an encoder-decoder's attention from precomputed runs (one per text, as
+    :func:`attnkit.hf.seq2seq_attentions` returns them: tokens, encoder self / decoder self / cross
+    attention (layers, H, L, S), the output): alignment pictures (last layer's cross attention, mean
+    over heads), the viewer with all three kinds per text, report.md and results.json."""
+    from ..viz import AttentionView, plot_heatmap, write_viewer
+
+    out = Path(out)
+    lines = ["# attnkit inspect: encoder-decoder", "", f"Model `{_md(source)}`. Interactive view: "
+             "[viewer.html](viewer.html).", "", "## Alignments (last layer's cross attention, mean over heads)", ""]
+    views = []
+    for k, (text, run) in enumerate(zip(texts, runs), 1):
+        views += [AttentionView(f"text {k}: encoder self-attention", run["keys"], run["encoder"]),
+                  AttentionView(f"text {k}: decoder self-attention (decoder inputs)", run["inputs"], run["decoder"]),
+                  AttentionView(f"text {k}: cross attention (rows: the token predicted)", run["outputs"], run["cross"],
+                                keys=run["keys"])]
+        plot_heatmap(run["cross"][-1].mean(0), out / f"alignment-{k}.png", x_labels=run["keys"], y_labels=run["outputs"],
+                     title=text[:80], x_title="source", y_title="output" if references is None else "reference",
+                     cmap="Greys")
+        lines += [f"**{k}.** {_md(text)}", "", f"- {'reference (forced)' if references is not None else 'output'}: "
+                  f"{_md(run['output_text'])}", "", f"![alignment {k}](alignment-{k}.png)", ""]
+    write_viewer(out / "viewer.html", views, title="attnkit inspect: encoder-decoder", top_k=top_k)
+    _write_markdown(out / "report.md", lines)
+    write_json(out / "results.json", {"texts": list(texts), "outputs": [r["output_text"] for r in runs],
+                                      "forced": references is not None})
     return out / "report.md"
 
 
