@@ -30,7 +30,7 @@ from .functional.attention import attention
 
 __all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "attnkit_mask", "record",
            "Recording", "attention_modules", "UnsupportedFeature", "InspectedModel", "load_for_inspection",
-           "seq2seq_attentions"]
+           "seq2seq_attentions", "load_gguf_for_inspection"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -317,6 +317,35 @@ def seq2seq_attentions(model: nn.Module, tokenizer, text: str, reference: str | 
         "decoder": stack(out.decoder_attentions),
         "cross": stack(out.cross_attentions),
     }
+
+
+def load_gguf_for_inspection(path) -> tuple[InspectedModel, object, str]:
+    """(model, tokenizer, "decoder") from a Llama-architecture GGUF file (SmolLM2 as our data package
+    ships it), read and dequantised by transformers' own GGUF code and run with
+    ``attn_implementation="attnkit"``; the tokenizer is attnkit's, rebuilt from the GGUF vocabulary."""
+    from pathlib import Path
+
+    import gguf
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from .models.pretrained import _gguf_tokenizer
+
+    path = Path(path)
+    register()
+    meta = load_gguf_checkpoint(str(path))
+    config = transformers.LlamaConfig(**meta["config"])
+    model = transformers.LlamaModel._from_config(config, attn_implementation=IMPLEMENTATION).eval()
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"},
+                          strict=True)
+    reader = gguf.GGUFReader(str(path))
+
+    def field(name: str, default=None):
+        value = reader.fields.get(name)
+        return default if value is None else value.contents()
+
+    return InspectedModel(model), _gguf_tokenizer(field), "decoder"
 
 
 def load_for_inspection(folder) -> tuple[nn.Module, object, str]:

