@@ -82,21 +82,27 @@ def register() -> None:
 
 def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0, *,
                  attention_mask: Tensor | None = None, local_size: int | None = None,
-                 allow_is_causal_skip: bool = True, config=None, **kwargs) -> Tensor | None:
-    """transformers' SDPA mask (booleans, True = attend; None where causality alone says it all), and
-    also None for a plain causal sliding window without padding in a family that passes
-    ``sliding_window`` to its attention: that (L, S) mask is never built."""
+                 allow_is_causal_skip: bool = True, allow_is_bidirectional_skip: bool = False, config=None,
+                 **kwargs) -> Tensor | None:
+    """The mask transformers asks for, with no (L, S) tensor where structure says it all.
+
+    A plain causal or bidirectional mask (transformers allows skipping it: no extra mask function, no
+    packed sequences) over a prompt without a cache is returned as its padding alone, (B, 1, 1, S),
+    or None without padding; the attention function adds the structure (causality from the module,
+    the window from ``sliding_window``). A sliding window only where the family passes
+    ``sliding_window`` to its attention. Anything else: transformers' SDPA mask (booleans)."""
     from transformers.masking_utils import sdpa_mask
 
-    structural = (
-        local_size is not None and allow_is_causal_skip and config is not None
-        and getattr(config, "model_type", None) in _WINDOW_PASSED and q_offset == 0 and kv_offset == 0
-        and q_length == kv_length and (attention_mask is None or bool(attention_mask.all()))
-    )
-    if structural:
-        return None
+    plain = allow_is_causal_skip or allow_is_bidirectional_skip
+    window_known = local_size is None or getattr(config, "model_type", None) in _WINDOW_PASSED
+    if plain and window_known and config is not None and q_offset == 0 and kv_offset == 0 and q_length == kv_length:
+        if attention_mask is None or bool(attention_mask.all()):
+            return None
+        if attention_mask.dim() == 2 and attention_mask.shape == (batch_size, kv_length):
+            return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S): padding only
     return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask,
-                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, config=config, **kwargs)
+                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip,
+                     allow_is_bidirectional_skip=allow_is_bidirectional_skip, config=config, **kwargs)
 
 
 def _refuse_unsupported(module: nn.Module, kwargs: dict) -> None:
@@ -143,11 +149,13 @@ def attnkit_attention_forward(
             mask = None
         bias = position_bias if bias is None else bias + position_bias
     causal_module = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))  # as sdpa
-    # As transformers' SDPA path: a mask, when given, already holds causality (and any window); a
-    # single new token sees every cached key. With a cache, query i is position S - L + i: causal
-    # bottom-right. Without a mask, a causal module's sliding window is applied here.
-    causal = causal_module and attention_mask is None and L > 1
-    window = kwargs.get("sliding_window") if causal_module and attention_mask is None else None
+    # A full (B|1, 1, L, S) mask from transformers already holds causality and any window. No mask,
+    # or attnkit_mask's padding-only (B, 1, 1, S) one, leaves the structure to attnkit: causality
+    # from the module, the window from sliding_window (a single new token sees every cached key).
+    # With a cache, query i is position S - L + i: causal bottom-right.
+    structural = attention_mask is None or (attention_mask.shape[-2] == 1 and L > 1)
+    causal = causal_module and structural and L > 1
+    window = kwargs.get("sliding_window") if causal_module and structural else None
     window = window if window and window < S else None
     recording = _RECORDING.get()
     wanted = recording.heads_of(module) if recording is not None else None

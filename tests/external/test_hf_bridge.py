@@ -185,3 +185,25 @@ def test_an_unpadded_sliding_window_runs_as_a_window_without_a_mask(family, rng,
         expected, got = eager(input_ids=ids).logits, ours(input_ids=ids).logits
     assert (got - expected).abs().max() <= ATOL
     assert all(mask is None for mask, _ in seen) and any(window == 5 for _, window in seen)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "bert"])
+def test_padding_travels_as_padding_not_as_an_l_by_s_mask(family, rng, monkeypatch):
+    eager, ours = _pair(family)
+    seen = []
+    real = attnkit.hf.attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((None if kwargs["mask"] is None else tuple(kwargs["mask"].shape), kwargs["is_causal"]))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attnkit.hf, "attention", spy)
+    ids = torch.randint(3, 99, (2, 24), generator=rng)
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[1, :7] = 0  # left padding
+    with torch.no_grad():
+        expected = (eager(input_ids=ids, attention_mask=mask)[0])
+        got = ours(input_ids=ids, attention_mask=mask)[0]
+    assert (got - expected)[mask.bool()].abs().max() <= ATOL
+    assert seen and all(shape == (2, 1, 1, 24) for shape, _ in seen)
+    assert all(causal == (family != "bert") for _, causal in seen)
