@@ -24,7 +24,7 @@ from .._files import atomic_path, read_json
 from .config import DecoderConfig, EncoderConfig
 from .decoder import DecoderLM
 from .encoder import EncoderModel
-from .weights import check_tensors
+from .weights import check_tensors, read_safetensors
 
 __all__ = [
     "FAMILIES",
@@ -412,21 +412,9 @@ def load_hf_state_dict(
     return heads
 
 
-def _read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"weights file not found: {path}") from None
-    except (SafetensorError, OSError) as error:
-        raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
-
-
 def load_hf_safetensors(model: nn.Module, path: str | os.PathLike, family: str) -> list[str]:
     """:func:`load_hf_state_dict` from a safetensors file; returns the task-head tensors skipped."""
-    return load_hf_state_dict(model, _read_safetensors(path), family, source=str(path))
+    return load_hf_state_dict(model, read_safetensors(path), family, source=str(path))
 
 
 def save_hf_safetensors(model: nn.Module, path: str | os.PathLike, family: str) -> None:
@@ -453,7 +441,7 @@ def load_hf_folder(folder: str | os.PathLike, *, ignore: Iterable[str] = ()) -> 
     if not folder.is_dir():
         raise FileNotFoundError(f"Hugging Face folder not found: {folder}")
     config = config_from_hf(read_json(folder / "config.json", "Hugging Face config"), ignore=ignore)
-    tensors = _read_safetensors(folder / "model.safetensors")
+    tensors = read_safetensors(folder / "model.safetensors")
     if isinstance(config, EncoderConfig) and not any(n.endswith("pooler.dense.weight") for n in tensors):
         config = dataclasses.replace(config, pooler=False)
     model = EncoderModel(config) if isinstance(config, EncoderConfig) else DecoderLM(config)

@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 from .._files import atomic_path
 
-__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "LEGACY_NAMES"]
+__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "LEGACY_NAMES",
+           "read_safetensors"]
 
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -64,18 +65,23 @@ def current_name(name: str) -> str:
     return name
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    """Load safetensors weights into ``model`` in place; any mismatch raises ``ValueError``."""
+def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
+    """The tensors of a safetensors file; a missing file raises ``FileNotFoundError``, anything that
+    is not safetensors (a pickle, garbage, a truncated file) ``ValueError``. Nothing is unpickled."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        tensors = load_file(str(path))
+        return load_file(str(path))
     except FileNotFoundError:
         raise FileNotFoundError(f"weights file not found: {path}") from None
     except (SafetensorError, OSError) as error:
         raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
-    tensors = {current_name(name): tensor for name, tensor in tensors.items()}
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load safetensors weights into ``model`` in place; any mismatch raises ``ValueError``."""
+    tensors = {current_name(name): tensor for name, tensor in read_safetensors(path).items()}
     expected = {name: tuple(t.shape) for name, t in unique_state_dict(model).items()}
     check_tensors(expected, {name: tuple(t.shape) for name, t in tensors.items()}, str(path))
     with torch.no_grad():

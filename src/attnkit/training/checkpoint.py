@@ -30,7 +30,7 @@ from .._files import read_json, write_json
 from ..data.tokenizer import Tokenizer
 from ..models import build_model
 from ..models.config import config_from_dict, config_to_dict
-from ..models.weights import current_name, check_tensors, load_weights, save_weights
+from ..models.weights import check_tensors, current_name, load_weights, read_safetensors, save_weights
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "load_trainer_state", "CheckpointError",
            "recover_checkpoint"]
@@ -125,8 +125,9 @@ def _complete(folder: Path) -> bool:
 
 
 def recover_checkpoint(folder: str | os.PathLike) -> bool:
-    """Finish or undo a swap that a crash interrupted; remove stale temporaries. Returns whether
-    ``folder`` is a checkpoint afterwards.
+    """Finish or undo a swap that a crash interrupted; remove stale temporaries. Returns whether a
+    checkpoint folder is in place afterwards (verified against its manifest only when a crash left
+    something behind; loading verifies it in any case).
 
     A save writes ``.<name>.tmp-<pid>`` completely (manifest last), renames ``<name>`` to
     ``.<name>.old-<pid>``, renames the temporary to ``<name>``, then deletes the old one. Killed
@@ -134,19 +135,20 @@ def recover_checkpoint(folder: str | os.PathLike) -> bool:
     into place; leftovers of any step are deleted once ``<name>`` is complete.
     """
     folder = Path(folder)
-    temporaries = sorted(folder.parent.glob(f".{folder.name}.tmp-*"), key=lambda p: p.stat().st_mtime)
-    olds = sorted(folder.parent.glob(f".{folder.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    newest_first = lambda paths: sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True)  # noqa: E731
+    temporaries = newest_first(folder.parent.glob(f".{folder.name}.tmp-*"))
+    olds = newest_first(folder.parent.glob(f".{folder.name}.old-*"))
+    if not temporaries and not olds:  # nothing was interrupted: no need to hash the checkpoint here
+        return folder.is_dir()
     if not folder.exists():
-        for candidate in [*reversed([t for t in temporaries if _complete(t)]), *reversed([o for o in olds if _complete(o)])]:
+        candidate = next((p for p in [*temporaries, *olds] if _complete(p)), None)
+        if candidate is not None:
             os.replace(candidate, folder)
-            break
-    if _complete(folder):
-        for path in folder.parent.glob(f".{folder.name}.tmp-*"):
-            shutil.rmtree(path, ignore_errors=True)
-        for path in folder.parent.glob(f".{folder.name}.old-*"):
-            shutil.rmtree(path, ignore_errors=True)
-        return True
-    return False
+    if not _complete(folder):
+        return False
+    for path in [*temporaries, *olds]:
+        shutil.rmtree(path, ignore_errors=True)  # the one moved into place is gone from its old name
+    return True
 
 
 def _verified(folder: Path) -> dict:
@@ -228,8 +230,6 @@ def _check_shapes_before_building(config, weights: Path) -> None:
 
 def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
     """Restore the weights, the optimiser and the RNG from a training checkpoint; return trainer.json."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     manifest = _verified(folder)
     if "trainer.json" not in manifest["files"]:
@@ -240,9 +240,9 @@ def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: t
         raise CheckpointError(f"cannot resume from {folder}: {error}") from error
     trainer = read_json(folder / "trainer.json")
     try:
-        tensors = load_file(str(folder / "trainer.safetensors"))
-    except Exception as error:  # SafetensorError on a pickle or garbage: never unpickled, a clear refusal
-        raise CheckpointError(f"{folder / 'trainer.safetensors'}: not a readable safetensors file ({error})") from error
+        tensors = read_safetensors(folder / "trainer.safetensors")
+    except ValueError as error:  # a pickle or garbage: never unpickled, a clear refusal
+        raise CheckpointError(str(error)) from error
     if optimizer is not None:
         extra = trainer["optimizer"]
         state: dict[int, dict] = {}
