@@ -99,11 +99,14 @@ def attention(
     window: int | None = None,
     bias=None,
     scale: float | None = None,
+    score_mod=None,
 ):
     """Scaled dot-product attention, one example and one head at a time.
 
     q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev); query head h reads key head h // (H/Hkv).
     mask: boolean broadcastable to (B, H, L, S); bias: float broadcastable to (B, H, L, S).
+    score_mod: ``f(scores, b, h, i, keys) -> scores`` on one row's scores (scaled, plus bias) of
+    the allowed key indices ``keys``, before the softmax (FlexAttention's score_mod, row-wise).
 
     Returns (output (B, H, L, Ev), weights (B, H, L, S), lse (B, H, L)).
     """
@@ -132,6 +135,8 @@ def attention(
                 if keys.size == 0:
                     continue
                 s = k[b, kv, keys] @ q[b, h, i] * scale + bias[b, h, i, keys]  # scores of allowed keys
+                if score_mod is not None:
+                    s = score_mod(s, b, h, i, keys)
                 lse[b, h, i] = _logsumexp(s)
                 a = np.exp(s - lse[b, h, i])
                 weights[b, h, i, keys] = a

@@ -5,6 +5,7 @@ The one place where a backend is chosen. Layers call this function and never bra
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -14,9 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import masks as _masks
-from .checks import Dims, check_bias, check_mask, check_qkv
+from .block_mask import BlockMask, ScoreMod
+from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv
 from .backends import BACKENDS
-from .backends._common import Problem, head_weights
+from .backends._common import Problem, head_weights, score_mod_needs_grad
 from .softmax import masked_softmax
 
 __all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "BACKEND_NAMES"]
@@ -87,14 +89,52 @@ def _heads(need_weights: bool | Sequence[int], H: int) -> list[int] | None:
     return heads
 
 
+AUTO_TILED_MAX_OCCUPANCY = 0.5
+"""``auto`` takes the tiled backend for a block mask (or a boolean mask it has classified) whose
+non-empty tiles are at most this fraction of all tiles: the tiled backend's dense speed is about
+0.75x SDPA's on 2 cores, so below one half it wins with a margin (benchmarks/sparse.py)."""
+AUTO_CLASSIFY_MIN_ENTRIES = 1 << 22
+"""``auto`` classifies a plain boolean (L, S) mask into tiles only from L x S >= 4M entries (2K x
+2K): below that SDPA's dense time is a few milliseconds and the skipping cannot pay."""
+
+
 def choose_backend(problem: Problem) -> str:
-    """The backend ``"auto"`` runs: SDPA, except for sliding windows long enough that the tiled
-    backend's block skipping wins (S >= AUTO_TILED_MIN_KEYS_PER_WINDOW x window)."""
+    """The backend ``"auto"`` runs.
+
+    - a ``score_mod``: tiled (reference if it reads tensors that need gradients);
+    - a block mask with at most AUTO_TILED_MAX_OCCUPANCY of its tiles non-empty: tiled;
+    - a sliding window long enough that block skipping wins (S >= AUTO_TILED_MIN_KEYS_PER_WINDOW
+      x window): tiled;
+    - otherwise SDPA (block masks and windows materialised).
+    A bias that needs gradients always goes to SDPA (or reference with a score_mod).
+    """
+    learned_bias = problem.bias is not None and problem.bias.requires_grad
+    if problem.score_mod is not None:
+        if learned_bias or (torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod)):
+            return "reference"
+        return "tiled"
+    if learned_bias:
+        return "sdpa"
+    if problem.block_mask is not None and problem.block_mask.occupancy() <= AUTO_TILED_MAX_OCCUPANCY:
+        return "tiled"
     window = problem.window
     if window is not None and problem.dims.S >= AUTO_TILED_MIN_KEYS_PER_WINDOW * window:
-        if problem.bias is None or not problem.bias.requires_grad:
-            return "tiled"
+        return "tiled"
     return "sdpa"
+
+
+def _classified(problem: Problem) -> Problem:
+    """For ``auto``: a large boolean mask with a real query dim becomes a block mask when few of
+    its tiles hold anything (one pass over the mask), so that the tiled backend can skip the rest."""
+    mask = problem.mask
+    if mask is None or mask.shape[-2] == 1 or problem.dims.L * problem.dims.S < AUTO_CLASSIFY_MIN_ENTRIES:
+        return problem
+    if problem.bias is not None and problem.bias.requires_grad:
+        return problem
+    blocks = BlockMask.from_dense(mask if mask.dim() == 4 else mask[None, None])
+    if blocks.occupancy() > AUTO_TILED_MAX_OCCUPANCY:
+        return problem
+    return dataclasses.replace(problem, mask=None, block_mask=blocks)
 
 
 def attention(
@@ -102,7 +142,7 @@ def attention(
     k: Tensor,
     v: Tensor,
     *,
-    mask: Tensor | None = None,
+    mask: Tensor | BlockMask | None = None,
     is_causal: bool = False,
     causal_align: str = "top-left",
     window: int | None = None,
@@ -111,6 +151,7 @@ def attention(
     dropout_p: float = 0.0,
     backend: str = "auto",
     need_weights: bool | Sequence[int] = False,
+    score_mod: ScoreMod | None = None,
 ) -> AttentionOutput:
     r"""Scaled dot-product attention, softmax(q k^T * scale + bias, masked) v (Vaswani et al. 2017).
 
@@ -123,7 +164,9 @@ def attention(
             no copies are made where the backend can avoid them.
         v: (B, Hkv, S, Ev) values.
         mask: boolean, True = may attend; shape (L, S) or (B|1, H|1, L|1, S). Nothing else is
-            broadcast. See :mod:`attnkit.masks`.
+            broadcast. Or a :class:`~attnkit.masks.BlockMask` (from a ``mask_mod``, e.g. a
+            Longformer or document pattern): the tiled backend skips its empty tiles and does no
+            mask work on its full ones; reference and sdpa materialise it. See :mod:`attnkit.masks`.
         is_causal: query i attends keys j <= i + offset, offset given by ``causal_align``.
         causal_align: ``"top-left"`` (offset 0, PyTorch's ``is_causal``) or ``"bottom-right"``
             (offset S - L, for decoding with a KV cache).
@@ -138,6 +181,11 @@ def attention(
         need_weights: False, True (all heads) or a sequence of head indices. Weights are exact
             whatever the backend: fast backends keep their output path and recompute the weights
             of the asked-for heads only.
+        score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` (FlexAttention's semantics)
+            applied to the scaled scores (plus ``bias``) before masking: ALiBi, tanh softcapping,
+            relative position bias. Index tensors broadcast as (B,1,1,1), (1,H,1,1), (1,1,L',1),
+            (1,1,1,S'). Runs in the tiled backend (gradients for q, k, v) and the reference
+            backend (also gradients for tensors the function reads); not in sdpa.
 
     Returns:
         :class:`AttentionOutput` (output (B, H, L, Ev), weights or None, lse or None).
@@ -145,7 +193,13 @@ def attention(
         The returned weights are those before dropout.
     """
     dims: Dims = check_qkv(q, k, v)
+    block_mask = None
+    if isinstance(mask, BlockMask):
+        check_block_mask(mask, dims, q.device)
+        block_mask, mask = mask, None
     check_mask(mask, dims, q.device)
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
     check_bias(bias, dims, q)
     if backend not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
@@ -169,8 +223,14 @@ def attention(
         causal_align=causal_align,
         window=window,
         dropout_p=float(dropout_p),
+        block_mask=block_mask,
+        score_mod=score_mod,
     )
-    name = choose_backend(problem) if backend == "auto" else backend
+    if backend == "auto":
+        problem = _classified(problem)
+        name = choose_backend(problem)
+    else:
+        name = backend
     if dims.S == 0 or dims.L == 0:
         name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
     result = BACKENDS[name](q, k, v, problem)

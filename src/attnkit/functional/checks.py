@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Dims", "check_qkv", "check_mask", "check_bias", "check_same", "check_rank"]
+__all__ = ["Dims", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank"]
 
 
 class Dims(NamedTuple):
@@ -139,3 +139,16 @@ def check_bias(bias: Tensor | None, dims: Dims, q: Tensor, name: str = "bias") -
         raise TypeError(f"{name} must be a float tensor added to the scores, got dtype {bias.dtype}")
     check_same("q", q, **{name: bias})
     _check_broadcastable(name, bias, dims)
+
+
+def check_block_mask(mask, dims: Dims, device: torch.device, name: str = "mask") -> None:
+    """Validate a :class:`~attnkit.functional.block_mask.BlockMask` against the sizes of the call:
+    shape (B|1, H|1, L, S), on q's device."""
+    B, H, L, S = mask.shape
+    if B not in (1, dims.B) or H not in (1, dims.H) or L != dims.L or S != dims.S:
+        raise ValueError(
+            f"{name}: block mask of shape {mask.shape} does not fit (B, H, L, S) = "
+            f"({dims.B}, {dims.H}, {dims.L}, {dims.S}); expected (B|1, H|1, L, S)"
+        )
+    if mask.device != device:
+        raise TypeError(f"{name}: block mask is on {mask.device} but q is on {device}")

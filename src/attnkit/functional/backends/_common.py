@@ -9,9 +9,12 @@ import torch
 from torch import Tensor
 
 from .. import masks as _masks
+from ..block_mask import BlockMask, ScoreMod
 from ..checks import Dims
 
-__all__ = ["Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights"]
+__all__ = [
+    "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights", "score_mod_needs_grad",
+]
 
 
 class BackendResult(NamedTuple):
@@ -28,7 +31,9 @@ class Problem:
 
     ``mask`` and ``bias`` have one of the shapes accepted by :func:`attnkit.attention`:
     (L, S) or (B|1, H|1, L|1, S). ``is_causal`` / ``window`` are the structural masks, which the
-    tiled backend evaluates block by block instead of materialising.
+    tiled backend evaluates block by block instead of materialising; so is ``block_mask`` (a
+    :class:`BlockMask` given as ``attention(mask=...)``; then ``mask`` is None). ``score_mod``
+    rewrites the scaled (and biased) scores before masking.
     """
 
     dims: Dims
@@ -39,9 +44,13 @@ class Problem:
     causal_align: str = "top-left"
     window: int | None = None
     dropout_p: float = 0.0
+    block_mask: BlockMask | None = None
+    score_mod: ScoreMod | None = None
     offset: int = field(init=False, default=0)  # key index aligned with query 0 (attnkit.masks.causal_offset)
 
     def __post_init__(self) -> None:
+        if self.mask is not None and self.block_mask is not None:
+            raise ValueError("a Problem takes a boolean mask or a block mask, not both")
         # Computed once per call; the tiled backend reads it per block without validating again.
         object.__setattr__(self, "offset", _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align))
 
@@ -73,12 +82,27 @@ class Problem:
     def dense_mask(self, device) -> Tensor | None:
         """The whole boolean mask, user mask and structure combined; None if nothing is masked."""
         L, S = self.dims.L, self.dims.S
-        structure = self.structural_block(0, L, 0, S, device)
-        if structure is None:
-            return self.mask
-        if self.mask is None:
-            return structure
-        return _masks.and_masks(self.mask, structure)
+        parts = [m for m in (self.mask, self.structural_block(0, L, 0, S, device)) if m is not None]
+        if self.block_mask is not None:
+            parts.append(self.block_mask.to_dense())
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else _masks.and_masks(*parts)
+
+    def modify_scores(self, scores: Tensor, q0: int, k0: int, heads: Tensor | None = None) -> Tensor:
+        """Apply ``score_mod`` to scores (B, H', bq, bk) of rows q0.. and keys k0.. (H' = all heads,
+        or those in ``heads``), with FlexAttention's broadcast indices; returns the new scores."""
+        B, H, bq, bk = scores.shape
+        device = scores.device
+        b = torch.arange(B, device=device).view(B, 1, 1, 1)
+        h = (torch.arange(H, device=device) if heads is None else heads).view(1, H, 1, 1)
+        q_idx = torch.arange(q0, q0 + bq, device=device).view(1, 1, bq, 1)
+        kv_idx = torch.arange(k0, k0 + bk, device=device).view(1, 1, 1, bk)
+        out = self.score_mod(scores, b, h, q_idx, kv_idx)
+        if not isinstance(out, Tensor) or out.shape != scores.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"score_mod must return a tensor of the score's shape {tuple(scores.shape)}, got {got}")
+        return out
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -131,6 +155,7 @@ def head_weights(
     k_sel = k.index_select(1, torch.div(index, dims.groups, rounding_mode="floor")).to(acc)  # (B, h, S, E)
     mask = _select_heads(problem.mask, heads)
     bias = _select_heads(problem.bias, heads)
+    block_mask = problem.block_mask
     lse_sel = None if lse is None else lse.index_select(1, index)
     out = torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
     # Blocks of ~1M scores (4 MB in float32), updated in place: the only memory beyond the
@@ -142,10 +167,15 @@ def head_weights(
         scores = (q_sel[:, :, q0:q1].to(acc) * problem.scale) @ k_t
         if bias is not None:
             scores += slice_block(bias, q0, q1, 0, dims.S).to(acc)
+        if problem.score_mod is not None:
+            scores = problem.modify_scores(scores, q0, 0, heads=index)
         allowed = problem.structural_block(q0, q1, 0, dims.S, q.device)
         if mask is not None:
             user = slice_block(mask, q0, q1, 0, dims.S)
             allowed = user if allowed is None else user & allowed
+        if block_mask is not None:
+            tile = _select_heads(block_mask.tile(q0, q1, 0, dims.S), heads)
+            allowed = tile if allowed is None else tile & allowed
         if allowed is not None:
             scores.masked_fill_(~allowed, float("-inf"))
         if lse_sel is None:
@@ -156,3 +186,12 @@ def head_weights(
         lse_block = lse_block.masked_fill(torch.isinf(lse_block), 0.0)
         out[:, :, q0:q1] = scores.sub_(lse_block[..., None]).exp_()
     return out
+
+
+def score_mod_needs_grad(score_mod: ScoreMod) -> bool:
+    """Whether ``score_mod`` reads tensors that require gradients (a learned bias table): probed
+    once on a single score under autograd. The tiled backend gives gradients for q, k and v only."""
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    with torch.enable_grad():
+        out = score_mod(torch.zeros(1, 1, 1, 1), zero, zero, zero, zero)
+    return isinstance(out, Tensor) and out.requires_grad

@@ -25,6 +25,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     scores = (q_g @ k_g.transpose(-1, -2)) * problem.scale  # (B, Hkv, G, L, S)
     if problem.bias is not None:
         scores = scores + group_heads(problem.bias, dims).to(acc)
+    if problem.score_mod is not None:
+        scores = problem.modify_scores(scores.flatten(1, 2), 0, 0).unflatten(1, (dims.Hkv, dims.groups))
     mask = group_heads(problem.dense_mask(q.device), dims)
     weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
     lse = _masked_logsumexp(scores, mask)  # (B, Hkv, G, L)

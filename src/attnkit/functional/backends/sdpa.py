@@ -30,9 +30,11 @@ def _zeroes_masked_rows(device_type: str, dtype: torch.dtype, float_mask: bool) 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     dims = problem.dims
+    if problem.score_mod is not None:
+        raise ValueError("the sdpa backend cannot apply a score_mod; use backend='tiled' (or 'reference')")
     options = dict(dropout_p=problem.dropout_p, scale=problem.scale, enable_gqa=dims.Hkv != dims.H)
     top_left = problem.causal_align == "top-left" or dims.L == dims.S
-    if problem.mask is None and problem.bias is None and problem.window is None:
+    if problem.mask is None and problem.block_mask is None and problem.bias is None and problem.window is None:
         if not problem.is_causal or top_left:
             return BackendResult(F.scaled_dot_product_attention(q, k, v, is_causal=problem.is_causal, **options))
     mask = problem.dense_mask(q.device)

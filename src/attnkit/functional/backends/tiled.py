@@ -14,7 +14,11 @@ log-sum-exp, p = exp(s - lse), and uses D = rowsum(dO * O):
 
     dV += p^T dO;  dP = dO V^T;  dS = p (dP - D);  dQ += dS K scale;  dK += dS^T Q scale.
 
-Key blocks that a user-supplied boolean mask rules out entirely are skipped as well.
+Key blocks that a user-supplied boolean mask rules out entirely are skipped as well. With a
+:class:`~attnkit.functional.block_mask.BlockMask`, queries go in the mask's row blocks and only its
+non-empty tiles are visited, in runs of one kind: full runs need no mask work, partial runs
+evaluate the mask for that run only. A ``score_mod`` rewrites each block's scores; its
+derivative comes from autograd on the block in the backward pass.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ._common import BackendResult, Problem, compute_dtype, group_heads, slice_block
+from ._common import BackendResult, Problem, compute_dtype, group_heads, score_mod_needs_grad, slice_block
 
 __all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS", "NO_SHIFT_BOUND"]
 
@@ -54,15 +58,28 @@ def _block_k(problem: Problem) -> int:
     return max(MIN_BLOCK_K, SCORE_BLOCK_ELEMENTS // max(1, per_key))
 
 
-def _blocks(problem: Problem) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
-    """Yield (q0, q1, key blocks) for every query block with at least one key to visit."""
+def _blocks(problem: Problem) -> Iterator[tuple[int, int, list[tuple[int, int, bool]]]]:
+    """Yield (q0, q1, key blocks) for every query block with at least one key to visit; a key
+    block is (k0, k1, partial): ``partial`` when the block mask must be evaluated there."""
     dims = problem.dims
     block_k = _block_k(problem)
-    for q0 in range(0, dims.L, BLOCK_Q):
-        q1 = min(dims.L, q0 + BLOCK_Q)
+    mask = problem.block_mask
+    if mask is None:
+        for q0 in range(0, dims.L, BLOCK_Q):
+            q1 = min(dims.L, q0 + BLOCK_Q)
+            lo, hi = problem.key_range(q0, q1)
+            if hi > lo:
+                yield q0, q1, [(k0, min(hi, k0 + block_k), False) for k0 in range(lo, hi, block_k)]
+        return
+    mask_q, mask_k = mask.block_size
+    # block_k was sized for BLOCK_Q query rows; keep the score block's element count.
+    width = max(1, block_k * BLOCK_Q // mask_q // mask_k)
+    for row, runs in enumerate(mask.runs(width)):
+        q0, q1 = row * mask_q, min(dims.L, (row + 1) * mask_q)
         lo, hi = problem.key_range(q0, q1)
-        if hi > lo:
-            yield q0, q1, [(k0, min(hi, k0 + block_k)) for k0 in range(lo, hi, block_k)]
+        key_blocks = [(max(k0, lo), min(k1, hi), partial) for k0, k1, partial in runs if k0 < hi and k1 > lo]
+        if key_blocks:
+            yield q0, q1, key_blocks
 
 
 class _Blocks:
@@ -77,13 +94,24 @@ class _Blocks:
         self.bias = group_heads(problem.bias, problem.dims)
 
     def scores(
-        self, q_block: Tensor, k_t: Tensor, q0: int, q1: int, k0: int, k1: int, out: Tensor | None = None
+        self,
+        q_block: Tensor,
+        k_t: Tensor,
+        q0: int,
+        q1: int,
+        k0: int,
+        k1: int,
+        partial: bool = False,
+        out: Tensor | None = None,
+        modified: list | None = None,
     ) -> Tensor | None:
         """(B, Hkv, G, bq, bk) scores in log2 units (times log2 e) with -inf where masked; None if
         the block is fully masked.
 
         ``q_block`` is scaled by scale x log2 e and ``k_t`` (B, Hkv, 1, E, S) already in the
-        accumulation dtype."""
+        accumulation dtype. ``partial``: apply the block mask's tile. With a score_mod and a
+        ``modified`` list, the block's (raw scores requiring grad, modified scores) are appended
+        to it for the backward pass."""
         user = None if self.mask is None else slice_block(self.mask, q0, q1, k0, k1)
         if user is not None and not bool(user.any()):
             return None
@@ -93,11 +121,25 @@ class _Blocks:
             s = q_block @ k_t[..., k0:k1]
         if self.bias is not None:
             s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc) * LOG2E
-        structure = self.problem.structural_block(q0, q1, k0, k1, self.device)
+        problem = self.problem
+        if problem.score_mod is not None:
+            raw = s.mul_(1.0 / LOG2E)
+            if modified is not None:
+                with torch.enable_grad():
+                    raw = raw.detach().requires_grad_()
+                    new = problem.modify_scores(raw.flatten(1, 2), q0, k0)
+                modified.append((raw, new))
+                s = new.detach().unflatten(1, raw.shape[1:3]) * LOG2E
+            else:
+                s = problem.modify_scores(raw.flatten(1, 2), q0, k0).unflatten(1, raw.shape[1:3]).mul_(LOG2E)
+        structure = problem.structural_block(q0, q1, k0, k1, self.device)
         if user is not None:
             s.masked_fill_(~user, float("-inf"))
         if structure is not None:
             s.masked_fill_(~structure, float("-inf"))
+        if partial:
+            tile = group_heads(problem.block_mask.tile(q0, q1, k0, k1), problem.dims)
+            s.masked_fill_(~tile, float("-inf"))
         return s
 
     def keep(self, shape: torch.Size, q0: int, k0: int) -> Tensor:
@@ -116,7 +158,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
     q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
     k_t = k.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S); half types converted once
     v_g = v.to(acc)[:, :, None]  # (B, Hkv, 1, S, Ev)
-    key_norm = None if problem.bias is not None else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1)
+    shifted = problem.bias is not None or problem.score_mod is not None  # scores not bounded by norms
+    key_norm = None if shifted else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1)
     out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
     lse = torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc, device=q.device)
     score_buffer = product_buffer = None
@@ -132,8 +175,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
             (q_block.norm(dim=-1) * key_norm[..., None] <= NO_SHIFT_BOUND * LOG2E).all()
         )
         row_max = None if bounded else torch.full_like(row_sum, float("-inf"))
-        for k0, k1 in key_blocks:
-            s = blocks.scores(q_block, k_t, q0, q1, k0, k1, out=score_buffer)
+        for k0, k1, partial in key_blocks:
+            s = blocks.scores(q_block, k_t, q0, q1, k0, k1, partial, out=score_buffer)
             if s is None:
                 continue
             if bounded:  # |s| <= NO_SHIFT_BOUND: 2^s neither overflows nor underflows, no max needed
@@ -180,8 +223,9 @@ def _backward(
         d_out_block = d_out_g[..., q0:q1, :].to(acc)
         lse_block = lse_g[..., q0:q1, None]
         delta_block = delta[..., q0:q1, None]
-        for k0, k1 in key_blocks:
-            s = blocks.scores(q_block, k_t, q0, q1, k0, k1)
+        for k0, k1, partial in key_blocks:
+            modified = [] if problem.score_mod is not None else None
+            s = blocks.scores(q_block, k_t, q0, q1, k0, k1, partial, modified=modified)
             if s is None:
                 continue
             p = s.sub_(lse_block).exp2_()  # (B, Hkv, G, bq, bk)
@@ -193,6 +237,10 @@ def _backward(
             else:
                 d_v[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", p, d_out_block)
             d_s = p.mul_(d_p.sub_(delta_block))
+            if modified:  # chain through score_mod: d raw = (d modified / d raw)^T d_s
+                raw, new = modified[0]
+                (d_raw,) = torch.autograd.grad(new, raw, d_s.flatten(1, 2))
+                d_s = d_raw
             d_q[..., q0:q1, :] += d_s @ k_g[..., k0:k1, :]
             d_k[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", d_s, q_raw)
     d_q = (d_q * problem.scale).flatten(1, 2)
@@ -222,6 +270,11 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         raise ValueError(
             "the tiled backend does not propagate gradients to bias; use backend='reference' "
             "or 'sdpa' for a learned bias"
+        )
+    if problem.score_mod is not None and torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod):
+        raise ValueError(
+            "score_mod reads tensors that require gradients; the tiled backend propagates gradients "
+            "to q, k and v only: use backend='reference' for a learned score_mod"
         )
     seed = None
     if problem.dropout_p > 0:
