@@ -244,26 +244,17 @@ def _per_example(name: str, values, dtype_kind: str) -> Tensor:
     return values if values.dim() == 2 else values[None]
 
 
-def _rows(table: Tensor, b: Tensor, name: str) -> Tensor:
-    """Index the batch dim of a (B|1, N) table with the tile's b, refusing a silent broadcast."""
+def _take(table: Tensor, b: Tensor, index: Tensor, name: str) -> Tensor:
+    """table[b, index] for a (B|1, N) table, broadcasting b (B, 1, 1, 1) against index tiles; also
+    works on FlexAttention's scalar indices. A per-example table needs the block mask's B to match."""
     if table.shape[0] == 1:
-        return table[0]
-    if b.shape[0] != table.shape[0]:
+        return table[0][index]
+    if b.dim() and b.shape[0] != table.shape[0]:
         raise ValueError(
             f"{name} has {table.shape[0]} rows (one per example) but the block mask was built "
             f"with B={b.shape[0]}; pass B={table.shape[0]} to block_mask"
         )
-    return table[b[:, 0, 0, 0]][:, None, None]  # (B, 1, 1, N)
-
-
-def _take(table: Tensor, b: Tensor, index: Tensor, name: str) -> Tensor:
-    rows = _rows(table, b, name)
-    if rows.dim() == 1:
-        return rows[index]
-    # (B, 1, 1, N) gathered at index (1, 1, bq, 1) or (1, 1, 1, bk)
-    flat = index.reshape(-1)
-    picked = rows[..., flat]  # (B, 1, 1, n)
-    return picked.reshape(rows.shape[0], 1, *index.shape[2:])
+    return table[b, index]
 
 
 def causal_mod(offset: int = 0) -> MaskMod:
