@@ -174,19 +174,20 @@ def test_the_tiled_backend_skips_empty_tiles_and_does_no_mask_work_on_full_ones(
 
     monkeypatch.setattr(tiled._Blocks, "scores", recording)
     tiles = []
-    real_tile = masks.BlockMask.tile
+    real_blocked = masks.BlockMask.blocked
 
-    def counting_tile(self, *args):
+    def counting_blocked(self, *args):
         tiles.append(args)
-        return real_tile(self, *args)
+        return real_blocked(self, *args)
 
-    monkeypatch.setattr(masks.BlockMask, "tile", counting_tile)
+    monkeypatch.setattr(masks.BlockMask, "blocked", counting_blocked)
     q, k, v = (randn(1, 2, L, 16, generator=rng, requires_grad=True) for _ in range(3))
     out = attnkit.attention(q, k, v, mask=bm, backend="tiled").output
     out.sum().backward()
     kinds = bm.kinds[0, 0]
     assert seen, "no block computed"
-    assert len(tiles) == sum(1 for *_, partial in seen if partial), "the mask is evaluated on partial runs only"
+    assert sorted(tiles) == sorted(block[:4] for block in seen if block[4]), "the mask is applied on partial runs only"
+    assert len(bm._blocked) == len(tiles) // 2, "each partial run's mask is evaluated once, reused in backward"
     computed = torch.zeros(L, S, dtype=torch.bool)
     for q0, q1, k0, k1, partial in seen:
         rows, cols = slice(q0 // 32, -(-q1 // 32)), slice(k0 // 32, -(-k1 // 32))

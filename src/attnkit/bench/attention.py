@@ -17,12 +17,18 @@ Implementations:
     reference / sdpa / tiled / auto   ``attnkit.attention(backend=...)``.
 
 Masks: ``dense``; ``causal``; ``window`` (causal sliding window); ``padding`` (the last quarter of
-the keys are padding, as in a batch whose longest example sets the length).
+the keys are padding, as in a batch whose longest example sets the length). Sparse patterns (not
+in the default sweep): ``band`` (a two-sided band |i - j| <= window / 2 handed to attnkit as a
+plain boolean tensor, to test ``auto``'s routing) and ``longformer``, ``bigbird``, ``documents``,
+``sinks`` (attnkit.masks.PATTERNS defaults, handed to attnkit as a BlockMask built before timing,
+its build time reported as ``mask_build_s``). torch-sdpa and naive get the equivalent boolean
+tensor; flex gets the very same mask_mod.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -34,10 +40,12 @@ import torch.nn.functional as F
 
 from .harness import machine_info, peak_extra_mb, run_worker, time_round_robin
 
-__all__ = ["IMPLEMENTATIONS", "MASKS", "MODES", "DTYPES", "AttentionBench", "run", "naive_attention"]
+__all__ = ["IMPLEMENTATIONS", "MASKS", "DEFAULT_MASKS", "MODES", "DTYPES", "AttentionBench", "run", "naive_attention"]
 
 IMPLEMENTATIONS = ("torch-sdpa", "naive", "flex", "reference", "sdpa", "tiled", "auto")
-MASKS = ("dense", "causal", "window", "padding")
+DEFAULT_MASKS = ("dense", "causal", "window", "padding")
+PATTERN_MASKS = ("longformer", "bigbird", "documents", "sinks")
+MASKS = (*DEFAULT_MASKS, "band", *PATTERN_MASKS)
 MODES = ("fwd", "fwd+bwd")
 DTYPES = ("float32", "bfloat16", "float16")
 BASELINE = "torch-sdpa"
@@ -48,7 +56,7 @@ class AttentionBench:
     """What to measure. Shapes are (batch, heads, n, head_dim) for q, k and v (L = S = n)."""
 
     sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-    masks: tuple[str, ...] = MASKS
+    masks: tuple[str, ...] = DEFAULT_MASKS
     modes: tuple[str, ...] = ("fwd",)
     dtypes: tuple[str, ...] = ("float32",)
     impls: tuple[str, ...] = IMPLEMENTATIONS
@@ -98,9 +106,28 @@ def naive_attention(q, k, v, mask=None):
 # One point inside a worker process
 
 
+@functools.lru_cache(maxsize=4)
+def _sparse(kind: str, n: int, window: int, device):
+    """(mask_mod, BlockMask or None, seconds to build it) of a sparse mask kind."""
+    from .. import masks
+
+    mod = masks.window_mod(window) if kind == "band" else masks.PATTERNS[kind](n)
+    if kind == "band":
+        return mod, None, 0.0
+    start = time.perf_counter()
+    blocks = masks.block_mask(mod, None, None, n, n, device=device)
+    return mod, blocks, time.perf_counter() - start
+
+
 def _boolean_mask(kind: str, n: int, window: int, batch: int, device) -> torch.Tensor | None:
     from .. import masks
 
+    if kind in ("band", *PATTERN_MASKS):
+        mod, blocks, _ = _sparse(kind, n, window, device)
+        if blocks is not None:
+            return blocks.to_dense()[0, 0]
+        index = torch.arange(n, device=device)
+        return mod(None, None, index[:, None], index[None, :])
     if kind == "causal":
         return masks.causal(n, n, device=device)
     if kind == "window":
@@ -124,7 +151,9 @@ def _flex(kind: str, n: int, window: int, batch: int, device):
         "padding": lambda b, h, i, j: j < length,
     }
     block_mask = None
-    if kind in mods:
+    if kind in ("band", *PATTERN_MASKS):
+        block_mask = create_block_mask(_sparse(kind, n, window, device)[0], None, None, n, n, device=device)
+    elif kind in mods:
         block_mask = create_block_mask(mods[kind], None, None, n, n, device=device)
     compiled = torch.compile(flex_attention, dynamic=False)
     return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
@@ -137,12 +166,17 @@ def _forward_calls(spec: dict, q, k, v) -> dict[str, Callable[[], torch.Tensor]]
     need_bool = {"torch-sdpa", "naive"} & set(spec["impls"])
     bool_mask = _boolean_mask(kind, n, window, batch, q.device) if need_bool else None
     # attnkit takes the structure as arguments (nothing materialised); padding as a (B, 1, 1, S) mask.
-    kwargs = {
-        "dense": {},
-        "causal": {"is_causal": True},
-        "window": {"window": window},
-        "padding": {"mask": _boolean_mask("padding", n, window, batch, q.device)},
-    }[kind]
+    if kind == "band":
+        kwargs = {"mask": bool_mask if bool_mask is not None else _boolean_mask(kind, n, window, batch, q.device)}
+    elif kind in PATTERN_MASKS:
+        kwargs = {"mask": _sparse(kind, n, window, q.device)[1]}
+    else:
+        kwargs = {
+            "dense": {},
+            "causal": {"is_causal": True},
+            "window": {"window": window},
+            "padding": {"mask": _boolean_mask("padding", n, window, batch, q.device)},
+        }[kind]
     calls = {}
     for impl in spec["impls"]:
         if impl == "torch-sdpa":
@@ -206,6 +240,11 @@ def time_worker(spec: dict) -> dict:
     )
     for name, seconds in compile_s.items():
         result[name]["compile_s"] = seconds
+    if spec["mask"] in PATTERN_MASKS:
+        build_s = _sparse(spec["mask"], spec["n"], spec["window"], spec["device"])[2]
+        for name in ("reference", "sdpa", "tiled", "auto"):
+            if name in result:
+                result[name]["mask_build_s"] = build_s
     return result
 
 
@@ -250,7 +289,7 @@ def _quadratic_bytes(impl: str, mask: str, mode: str, config: AttentionBench, n:
     per_matrix = config.batch * config.heads * n * n * 4
     if impl in ("naive", "reference"):
         return per_matrix * (3 if mode == "fwd" else 5)
-    if impl in ("torch-sdpa", "sdpa") and mask == "window":
+    if impl in ("torch-sdpa", "sdpa") and mask in ("window", "band", *PATTERN_MASKS):
         return n * n * 5  # the boolean (n, n) mask and SDPA's float copy of it
     return 0.0
 

@@ -89,7 +89,7 @@ def add_bench_parser(commands) -> None:
     bench_cmd.add_argument("--out", type=output_dir, default=Path("out/bench"), help="folder for attention.json and the plots")
     bench_cmd.add_argument("--sizes", type=int_in(1, 1 << 24), nargs="+",
                            default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], help="sequence lengths n")
-    bench_cmd.add_argument("--masks", nargs="+", choices=bench.MASKS, default=list(bench.MASKS), help="mask kinds")
+    bench_cmd.add_argument("--masks", nargs="+", choices=bench.MASKS, default=list(bench.DEFAULT_MASKS), help="mask kinds (sparse patterns: band, longformer, bigbird, documents, sinks)")
     bench_cmd.add_argument("--modes", nargs="+", choices=bench.MODES, default=["fwd"], help="forward or forward+backward")
     bench_cmd.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"], default=["float32"],
                            help="input dtypes")

@@ -89,10 +89,11 @@ def _heads(need_weights: bool | Sequence[int], H: int) -> list[int] | None:
     return heads
 
 
-AUTO_TILED_MAX_OCCUPANCY = 0.5
+AUTO_TILED_MAX_OCCUPANCY = 0.6
 """``auto`` takes the tiled backend for a block mask (or a boolean mask it has classified) whose
 non-empty tiles are at most this fraction of all tiles: the tiled backend's dense speed is about
-0.75x SDPA's on 2 cores, so below one half it wins with a margin (benchmarks/sparse.py)."""
+0.75-0.8x SDPA's on 2 cores, so below 0.6 it wins (BigBird at 2K, occupancy 0.56: tiled 1.08x
+SDPA with the boolean mask; benchmarks/sparse.py)."""
 AUTO_CLASSIFY_MIN_ENTRIES = 1 << 22
 """``auto`` classifies a plain boolean (L, S) mask into tiles only from L x S >= 4M entries (2K x
 2K): below that SDPA's dense time is a few milliseconds and the skipping cannot pay."""

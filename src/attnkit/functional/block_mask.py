@@ -33,6 +33,11 @@ DEFAULT_BLOCK = 128
 """Tile side, as FlexAttention's default; the tiled backend takes queries in blocks of this size."""
 TILE_ELEMENTS = 1 << 24
 """Most mask entries evaluated at once while classifying tiles (16 MiB of booleans)."""
+CACHE_ELEMENTS = 1 << 26
+"""Most entries of partial tiles a block mask keeps (64 MiB of booleans): the tiled backend
+evaluates a partial run's mask once and reuses it in every later forward and backward pass."""
+INDEX_DTYPE = torch.int32
+"""Index tensors given to mask_mod and score_mod are int32, as FlexAttention's."""
 
 
 def _positive(name: str, value) -> int:
@@ -77,6 +82,8 @@ class BlockMask:
         self.mask_mod = mask_mod
         self._dense = dense
         self._runs: dict[int, list[list[tuple[int, int, bool]]]] = {}
+        self._blocked: dict[tuple[int, int, int, int], Tensor] = {}
+        self._cached = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -128,10 +135,10 @@ class BlockMask:
         if self._dense is not None:
             return self._dense[..., q0:q1, k0:k1]
         device = self.device
-        b = torch.arange(B, device=device).view(B, 1, 1, 1)
-        h = torch.arange(H, device=device).view(1, H, 1, 1)
-        q_idx = torch.arange(q0, q1, device=device).view(1, 1, -1, 1)
-        kv_idx = torch.arange(k0, k1, device=device).view(1, 1, 1, -1)
+        b = torch.arange(B, device=device, dtype=INDEX_DTYPE).view(B, 1, 1, 1)
+        h = torch.arange(H, device=device, dtype=INDEX_DTYPE).view(1, H, 1, 1)
+        q_idx = torch.arange(q0, q1, device=device, dtype=INDEX_DTYPE).view(1, 1, -1, 1)
+        kv_idx = torch.arange(k0, k1, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, -1)
         out = self.mask_mod(b, h, q_idx, kv_idx)
         if not isinstance(out, Tensor) or out.dtype != torch.bool:
             got = out.dtype if isinstance(out, Tensor) else type(out).__name__
@@ -146,6 +153,18 @@ class BlockMask:
                 "q_idx (1,1,bq,1), kv_idx (1,1,1,bk)"
             ) from error
 
+    def blocked(self, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+        """``~tile(q0, q1, k0, k1)``, True where masked, kept for reuse while the cache has room."""
+        key = (q0, q1, k0, k1)
+        found = self._blocked.get(key)
+        if found is not None:
+            return found
+        blocked = ~self.tile(q0, q1, k0, k1)
+        if self._cached + blocked.numel() <= CACHE_ELEMENTS:
+            self._blocked[key] = blocked
+            self._cached += blocked.numel()
+        return blocked
+
     def to_dense(self) -> Tensor:
         """The whole mask (B|1, H|1, L, S); O(L x S) memory (the reference and SDPA backends)."""
         if self._dense is not None:
@@ -155,6 +174,8 @@ class BlockMask:
         rows = max(1, TILE_ELEMENTS // max(1, B * H * S))
         for q0 in range(0, L, rows):
             out[:, :, q0 : q0 + rows] = self.tile(q0, min(L, q0 + rows), 0, S)
+        if out.numel() <= CACHE_ELEMENTS:  # SDPA and reference calls reuse it
+            self._dense = out
         return out
 
     # ------------------------------------------------------------------ iteration for the tiled backend

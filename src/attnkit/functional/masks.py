@@ -45,6 +45,7 @@ __all__ = [
     "block_mask",
     "causal_mod",
     "padding_mod",
+    "real_tokens_mod",
     "window_mod",
     "longformer_mod",
     "bigbird_mod",
@@ -274,6 +275,17 @@ def padding_mod(lengths: Tensor) -> MaskMod:
         return kv_idx < _take(table, b, torch.zeros_like(q_idx), "lengths")
 
     return _named(mod, "padding_mod")
+
+
+def real_tokens_mod(real: Tensor) -> MaskMod:
+    """Padding anywhere (left, right, inside): query i and key j must both be real tokens, so a
+    padding query attends nothing (zero output). real: (L,) or (B, L) boolean, True at real tokens."""
+    table = _per_example("real", real, "bool")
+
+    def mod(b, h, q_idx, kv_idx):
+        return _take(table, b, q_idx, "real") & _take(table, b, kv_idx, "real")
+
+    return _named(mod, "real_tokens_mod")
 
 
 def window_mod(window: int) -> MaskMod:

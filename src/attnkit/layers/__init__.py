@@ -16,6 +16,7 @@ from .positional import (
     sinusoidal_table,
 )
 from .self_attention import SelfAttention
+from .sparse import LongformerSelfAttention
 
 __all__ = [
     "BahdanauAttention",
@@ -26,6 +27,7 @@ __all__ = [
     "LinearAttention",
     "PerformerAttention",
     "LinformerAttention",
+    "LongformerSelfAttention",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .. import masks as _masks
-from ..block_mask import BlockMask, ScoreMod
+from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod
 from ..checks import Dims
 
 __all__ = [
@@ -94,10 +94,10 @@ class Problem:
         or those in ``heads``), with FlexAttention's broadcast indices; returns the new scores."""
         B, H, bq, bk = scores.shape
         device = scores.device
-        b = torch.arange(B, device=device).view(B, 1, 1, 1)
-        h = (torch.arange(H, device=device) if heads is None else heads).view(1, H, 1, 1)
-        q_idx = torch.arange(q0, q0 + bq, device=device).view(1, 1, bq, 1)
-        kv_idx = torch.arange(k0, k0 + bk, device=device).view(1, 1, 1, bk)
+        b = torch.arange(B, device=device, dtype=INDEX_DTYPE).view(B, 1, 1, 1)
+        h = (torch.arange(H, device=device, dtype=INDEX_DTYPE) if heads is None else heads.to(INDEX_DTYPE)).view(1, H, 1, 1)
+        q_idx = torch.arange(q0, q0 + bq, device=device, dtype=INDEX_DTYPE).view(1, 1, bq, 1)
+        kv_idx = torch.arange(k0, k0 + bk, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, bk)
         out = self.score_mod(scores, b, h, q_idx, kv_idx)
         if not isinstance(out, Tensor) or out.shape != scores.shape:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
@@ -191,7 +191,7 @@ def head_weights(
 def score_mod_needs_grad(score_mod: ScoreMod) -> bool:
     """Whether ``score_mod`` reads tensors that require gradients (a learned bias table): probed
     once on a single score under autograd. The tiled backend gives gradients for q, k and v only."""
-    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    zero = torch.zeros(1, 1, 1, 1, dtype=INDEX_DTYPE)
     with torch.enable_grad():
         out = score_mod(torch.zeros(1, 1, 1, 1), zero, zero, zero, zero)
     return isinstance(out, Tensor) and out.requires_grad

@@ -138,8 +138,7 @@ class _Blocks:
         if structure is not None:
             s.masked_fill_(~structure, float("-inf"))
         if partial:
-            tile = group_heads(problem.block_mask.tile(q0, q1, k0, k1), problem.dims)
-            s.masked_fill_(~tile, float("-inf"))
+            s.masked_fill_(group_heads(problem.block_mask.blocked(q0, q1, k0, k1), problem.dims), float("-inf"))
         return s
 
     def keep(self, shape: torch.Size, q0: int, k0: int) -> Tensor:
