@@ -174,20 +174,20 @@ def test_the_tiled_backend_skips_empty_tiles_and_does_no_mask_work_on_full_ones(
 
     monkeypatch.setattr(tiled._Blocks, "scores", recording)
     tiles = []
-    real_blocked = masks.BlockMask.blocked
+    real_additive = masks.BlockMask.additive
 
-    def counting_blocked(self, *args):
-        tiles.append(args)
-        return real_blocked(self, *args)
+    def counting_additive(self, *args):
+        tiles.append(args[:4])
+        return real_additive(self, *args)
 
-    monkeypatch.setattr(masks.BlockMask, "blocked", counting_blocked)
+    monkeypatch.setattr(masks.BlockMask, "additive", counting_additive)
     q, k, v = (randn(1, 2, L, 16, generator=rng, requires_grad=True) for _ in range(3))
     out = attnkit.attention(q, k, v, mask=bm, backend="tiled").output
     out.sum().backward()
     kinds = bm.kinds[0, 0]
     assert seen, "no block computed"
     assert sorted(tiles) == sorted(block[:4] for block in seen if block[4]), "the mask is applied on partial runs only"
-    assert len(bm._blocked) == len(tiles) // 2, "each partial run's mask is evaluated once, reused in backward"
+    assert len(bm._additive) == len(tiles) // 2, "each partial run's mask is evaluated once, reused in backward"
     computed = torch.zeros(L, S, dtype=torch.bool)
     for q0, q1, k0, k1, partial in seen:
         rows, cols = slice(q0 // 32, -(-q1 // 32)), slice(k0 // 32, -(-k1 // 32))

@@ -92,6 +92,18 @@ class _Blocks:
         self.seed = seed
         self.mask = group_heads(problem.mask, problem.dims)  # (B|1, Hkv|1, G|1, L|1, S)
         self.bias = group_heads(problem.bias, problem.dims)
+        self._structure: dict[tuple[int, int, int], Tensor | None] = {}
+
+    def structure(self, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
+        """The structural (causal / window) mask of a block as an additive tile, or None if it
+        allows everything. A tile depends only on its shape and on q0 + offset - k0, so the
+        diagonal tiles of a call are built once each."""
+        key = (q1 - q0, k1 - k0, q0 + self.problem.offset - k0)
+        if key not in self._structure:
+            allowed = self.problem.structural_block(q0, q1, k0, k1, self.device)
+            self._structure[key] = None if allowed is None else torch.zeros(
+                allowed.shape, dtype=self.acc, device=self.device).masked_fill_(~allowed, float("-inf"))
+        return self._structure[key]
 
     def scores(
         self,
@@ -132,13 +144,13 @@ class _Blocks:
                 s = new.detach().unflatten(1, raw.shape[1:3]) * LOG2E
             else:
                 s = problem.modify_scores(raw.flatten(1, 2), q0, k0).unflatten(1, raw.shape[1:3]).mul_(LOG2E)
-        structure = problem.structural_block(q0, q1, k0, k1, self.device)
         if user is not None:
             s.masked_fill_(~user, float("-inf"))
+        structure = self.structure(q0, q1, k0, k1)
         if structure is not None:
-            s.masked_fill_(~structure, float("-inf"))
+            s.add_(structure)
         if partial:
-            s.masked_fill_(group_heads(problem.block_mask.blocked(q0, q1, k0, k1), problem.dims), float("-inf"))
+            s.add_(group_heads(problem.block_mask.additive(q0, q1, k0, k1, self.acc), problem.dims))
         return s
 
     def keep(self, shape: torch.Size, q0: int, k0: int) -> Tensor:
