@@ -1,6 +1,7 @@
 """Models composed from the layers: RNN encoder-decoders and Transformers."""
 
 from .blocks import count_parameters
+from .decoder import document_positions, pack_documents, packed_lm_losses
 from .config import PRESETS, Seq2SeqConfig, TransformerConfig, preset
 from .outputs import EncoderOutput, LMOutput, StepOutput, TranslationOutput
 from .seq2seq import Seq2Seq
@@ -19,6 +20,9 @@ __all__ = [
     "TranslationOutput",
     "LMOutput",
     "EncoderOutput",
+    "pack_documents",
+    "document_positions",
+    "packed_lm_losses",
 ]
 
 

@@ -16,13 +16,69 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..functional import masks
 from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding
 from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
 from .outputs import LMOutput
 
-__all__ = ["DecoderLM", "DecoderBlock"]
+__all__ = ["DecoderLM", "DecoderBlock", "pack_documents", "document_positions", "packed_lm_losses"]
+
+
+def pack_documents(documents: list[Tensor], length: int, pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Pack 1-D token tensors into rows of ``length`` tokens, first fit in the given order.
+
+    Returns input_ids (B, length) and document_ids (B, length): the index of each token's document
+    in ``documents``, -1 on padding. A document longer than ``length`` is refused, not cut.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive int, got {length!r}")
+    rows: list[list[tuple[int, Tensor]]] = []
+    room: list[int] = []
+    for index, doc in enumerate(documents):
+        if not isinstance(doc, Tensor) or doc.dim() != 1 or doc.numel() == 0:
+            raise ValueError(f"documents[{index}] must be a non-empty 1-D tensor of token ids")
+        if doc.numel() > length:
+            raise ValueError(f"documents[{index}] has {doc.numel()} tokens > length={length}")
+        row = next((r for r, free in enumerate(room) if free >= doc.numel()), None)
+        if row is None:
+            rows.append([])
+            room.append(length)
+            row = len(rows) - 1
+        rows[row].append((index, doc))
+        room[row] -= doc.numel()
+    device = documents[0].device if documents else None
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long, device=device)
+    document_ids = torch.full((len(rows), length), -1, dtype=torch.long, device=device)
+    for r, row in enumerate(rows):
+        start = 0
+        for index, doc in row:
+            input_ids[r, start : start + doc.numel()] = doc
+            document_ids[r, start : start + doc.numel()] = index
+            start += doc.numel()
+    return input_ids, document_ids
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """(B, L) positions restarting at 0 where the document id changes (0 on padding)."""
+    L = document_ids.shape[1]
+    index = torch.arange(L, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return torch.where(document_ids >= 0, index - first, torch.zeros_like(index))
+
+
+def packed_lm_losses(logits: Tensor, input_ids: Tensor, document_ids: Tensor, num_documents: int) -> Tensor:
+    """Per-document summed next-token cross-entropy (num_documents,) of a packed batch: a token
+    predicts the next one only inside its own document (no loss across a boundary or on padding)."""
+    targets = input_ids[:, 1:]
+    same = (document_ids[:, 1:] == document_ids[:, :-1]) & (document_ids[:, :-1] >= 0)
+    token_loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), reduction="none")
+    ids = document_ids[:, :-1].flatten().clamp(min=0)
+    weights = same.flatten().to(token_loss.dtype)
+    return torch.zeros(num_documents, dtype=token_loss.dtype, device=logits.device).index_add(0, ids, token_loss * weights)
 
 
 class DecoderBlock(nn.Module):
@@ -94,6 +150,7 @@ class DecoderLM(nn.Module):
         need_weights: bool = False,
         last_only: bool = False,
         position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> LMOutput:
         """Logits for input_ids (B, L).
 
@@ -107,9 +164,22 @@ class DecoderLM(nn.Module):
             need_weights: also return each layer's attention weights (B, H, L, S).
             last_only: logits (B, 1, V) of the last position only (generation needs no more; the
                 output layer is the largest matrix of a small LM).
+            document_ids: (B, L) integers for packed sequences (:func:`attnkit.models.pack_documents`):
+                each token attends only earlier tokens of its own document (a
+                :func:`~attnkit.masks.document_mod` block mask, so the tiled backend skips the rest)
+                and positions restart at 0 in each document unless ``position_ids`` says otherwise;
+                negative ids mark padding. Not with ``attention_mask`` or ``cache``.
         """
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
+        if document_ids is not None:
+            if attention_mask is not None or cache is not None:
+                raise ValueError("document_ids replaces attention_mask (mark padding with id -1) and takes no cache")
+            if tuple(document_ids.shape) != (B, L) or document_ids.is_floating_point() or document_ids.dtype == torch.bool:
+                raise ValueError(f"document_ids must be integers of shape (B, L) = ({B}, {L}), got "
+                                 f"{document_ids.dtype} {tuple(document_ids.shape)}")
+            if position_ids is None:
+                position_ids = document_positions(document_ids)
         offset = 0 if cache is None else cache[0].position
         if position_ids is not None:
             if tuple(position_ids.shape) != (B, L) or position_ids.dtype != torch.long:
@@ -129,6 +199,8 @@ class DecoderLM(nn.Module):
                     f"got {tuple(attention_mask.shape)}"
                 )
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        if document_ids is not None:
+            mask = masks.block_mask(masks.document_mod(document_ids), B, None, L, L, device=input_ids.device)
         x = self.tokens(input_ids)
         if self.positions is not None:
             x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
