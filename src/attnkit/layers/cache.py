@@ -6,7 +6,7 @@ from torch import Tensor
 
 from ..functional.checks import check_rank, check_same
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "SinkCache"]
 
 
 class KVCache:
@@ -116,3 +116,81 @@ class KVCache:
             new_values[:, :, : self.length] = self.values
         self._keys, self._values = new_keys, new_values
         self._start, self._end = 0, self.length
+
+
+class SinkCache(KVCache):
+    """StreamingLLM's cache (Xiao et al. 2023): the first ``sinks`` positions ("attention sinks")
+    kept for ever, plus a rolling window of the most recent ones, so memory stays constant however
+    long the text. Each query attends the sinks and the ``window`` most recent keys (itself included).
+
+    Keys are cached *before* rotation: :class:`~attnkit.MultiHeadAttention` rotates the held keys
+    at their index in the cache (0 .. S-1) on every step and each query at its own index, so that
+    distances to recent keys are the true ones, and a query that has seen more than
+    ``sinks + window - 1`` keys sits at position ``sinks + window - 1`` for the sinks, exactly as
+    StreamingLLM decodes token by token (its queries rotated at their cache position). Steps of
+    several tokens (prompts, chunked scoring) give each query the keys and positions it would
+    have had one token at a time.
+
+    After an update it holds at most ``sinks + window - 1`` positions.
+    """
+
+    def __init__(self, sinks: int, window: int) -> None:
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be a non-negative int, got {sinks!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive int, got {window!r}")
+        super().__init__()
+        self.sinks = sinks
+        self.window = window  # read by MultiHeadAttention, not the parent's rolling logic
+        self._held_keys: Tensor | None = None
+        self._held_values: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self._held_keys is None else self._held_keys.shape[2]
+
+    @property
+    def keys(self) -> Tensor | None:
+        return self._held_keys
+
+    @property
+    def values(self) -> Tensor | None:
+        return self._held_values
+
+    @property
+    def limit(self) -> int:
+        """The cache index at and beyond which a query's sink positions stop growing."""
+        return self.sinks + self.window - 1
+
+    def reset(self) -> None:
+        self._held_keys = self._held_values = None
+        self.position = 0
+
+    def reorder(self, index: Tensor) -> None:
+        if self._held_keys is not None:
+            self._held_keys = self._held_keys.index_select(0, index)
+            self._held_values = self._held_values.index_select(0, index)
+
+    def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Append unrotated (B, Hkv, S_new, E) keys and values; return every held one (sinks,
+        the last window - 1 before this step, the new ones), then evict down to the sinks and
+        the last window - 1."""
+        import torch
+
+        check_rank("keys", keys, 4, "(B, Hkv, S_new, E)")
+        check_rank("values", values, 4, "(B, Hkv, S_new, Ev)")
+        check_same("keys", keys, values=values)
+        if self._held_keys is not None:
+            if keys.shape[:2] != self._held_keys.shape[:2] or keys.shape[3] != self._held_keys.shape[3]:
+                raise ValueError(f"cache holds keys of shape {tuple(self._held_keys.shape)}, got new keys {tuple(keys.shape)}")
+            keys = torch.cat([self._held_keys, keys], dim=2)
+            values = torch.cat([self._held_values, values], dim=2)
+        self.position += keys.shape[2] - self.length
+        held = self.limit
+        if keys.shape[2] > held:
+            recent = self.window - 1
+            keep = lambda x: torch.cat([x[:, :, : self.sinks], x[:, :, x.shape[2] - recent :]], dim=2)  # noqa: E731
+            self._held_keys, self._held_values = keep(keys), keep(values)
+        else:
+            self._held_keys, self._held_values = keys, values
+        return keys, values

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from ..functional import attention
 from ..functional.checks import check_rank
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.heads import merge_heads, split_heads
-from .cache import KVCache
+from .cache import KVCache, SinkCache
 from .positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention"]
@@ -140,6 +141,8 @@ class MultiHeadAttention(nn.Module):
             value = key
         self._check_inputs(query, key, value)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
+        if isinstance(cache, SinkCache):
+            return self._attend_with_sinks(q, key, value, cache, mask, is_causal, window, bias, need_weights, positions)
         offset = 0 if cache is None or cache.static else cache.position
         if self.rotary is not None:
             q = self.rotary(q, offset=offset, positions=positions)
@@ -170,3 +173,44 @@ class MultiHeadAttention(nn.Module):
         )
         output = self.out_proj(merge_heads(result.output))  # (B, L, D)
         return AttentionOutput(output=output, weights=result.weights, lse=result.lse)
+
+    def _attend_with_sinks(self, q, key, value, cache: SinkCache, mask, is_causal, window, bias, need_weights, positions):
+        """Self attention through a :class:`SinkCache`: keys cached unrotated, rotated at their
+        cache index each step; queries past the cache's limit meet the sinks at the limit's
+        position (a second attention call over the sinks, merged by log-sum-exp)."""
+        if not is_causal or window is not None or mask is not None or bias is not None or positions is not None:
+            raise ValueError("a SinkCache is for causal self attention without window, mask, bias or positions: "
+                             "it supplies the sinks + window pattern itself")
+        if need_weights:
+            raise ValueError("need_weights is not available with a SinkCache (the sinks are attended in a second call)")
+        k = split_heads(self.k_proj(key), self.num_kv_heads)
+        v = split_heads(self.v_proj(value), self.num_kv_heads)
+        keys, values = cache.update(k, v)  # unrotated (B, Hkv, S, E)
+        S, L = keys.shape[2], q.shape[2]
+        device = q.device
+        index = torch.arange(S - L, S, device=device)  # the queries' cache indices
+        j = torch.arange(S, device=device)
+        sinks = min(cache.sinks, S)
+        late = index > cache.limit  # rows whose sinks sit at the limit's position, not their own
+        allowed = (j[None, :] <= index[:, None]) & (j[None, :] > index[:, None] - cache.window)
+        allowed |= (j[None, :] < sinks) & (j[None, :] <= index[:, None]) & ~late[:, None]
+        if self.rotary is not None:
+            q_main = self.rotary(q, positions=index)
+            keys = self.rotary(keys, positions=j)
+        else:
+            q_main = q
+        backend = "reference" if self.backend in ("sdpa", "auto") else self.backend  # both need lse
+        dropout = self.dropout if self.training else 0.0
+        main = attention(q_main, keys, values, mask=allowed, scale=self.scale, dropout_p=dropout, backend=backend)
+        output = main.output
+        if bool(late.any()) and sinks:
+            q_sink = self.rotary(q, positions=index.clamp(max=cache.limit)) if self.rotary is not None else q
+            sink_mask = late[:, None].expand(L, sinks)
+            part = attention(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=sink_mask, scale=self.scale,
+                             dropout_p=dropout, backend=backend)
+            top = torch.maximum(main.lse, part.lse)
+            top = top.masked_fill(torch.isinf(top), 0.0)
+            w_main, w_part = (main.lse - top).exp(), (part.lse - top).exp()  # (B, H, L); exp(-inf) = 0
+            total = (w_main + w_part).clamp(min=torch.finfo(w_main.dtype).tiny)
+            output = (main.output * (w_main / total)[..., None] + part.output * (w_part / total)[..., None]).to(q.dtype)
+        return AttentionOutput(output=self.out_proj(merge_heads(output)))

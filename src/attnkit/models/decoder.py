@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..functional import masks
 from ..functional.checks import check_rank
-from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding
+from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
 from .outputs import LMOutput
@@ -137,9 +137,23 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.tokens.weight
         self.dropout = nn.Dropout(c.dropout)
 
-    def new_cache(self) -> list[KVCache]:
-        """One KV cache per layer; rolling (the last ``window`` positions) for sliding windows."""
-        return [KVCache(window=layer.window) for layer in self.layers]
+    def new_cache(self, *, sinks: int | None = None, window: int | None = None) -> list[KVCache]:
+        """One KV cache per layer; rolling (the last ``window`` positions) for sliding windows.
+
+        With ``sinks`` (and ``window``): StreamingLLM's constant-memory cache
+        (:class:`~attnkit.layers.SinkCache`), for generating and scoring past the trained context;
+        ``sinks=0`` is the window-only baseline. Needs rotary positions and no model window.
+        """
+        if sinks is None:
+            if window is not None:
+                raise ValueError("window= is for a sinks cache; pass sinks= too (0 for a window-only cache)")
+            return [KVCache(window=layer.window) for layer in self.layers]
+        if self.config.positional != "rope" or any(layer.window is not None for layer in self.layers):
+            raise ValueError("a sinks cache needs rotary positions and no sliding-window layers "
+                             f"(this model: positional={self.config.positional!r}, window={self.config.window!r})")
+        if window is None:
+            raise ValueError("a sinks cache needs window= (the most recent keys each query attends)")
+        return [SinkCache(sinks, window) for _ in self.layers]
 
     def forward(
         self,
