@@ -77,3 +77,73 @@ def test_huge_sequences_are_closed_form_and_bounded():
     assert cost.flops_per_sequence_attention == 4 * 32 * 32 * 128 * (10**11 * (10**11 + 1) // 2)
     with pytest.raises(ValueError, match="seq must be an int in"):
         estimate(preset("llama3-8b"), 10**13, "bf16")
+
+
+# ---------------------------------------------------------------------------------------------- sparse patterns
+
+PATTERN_CASES = [
+    ("causal", {}), ("window", {"window": 6}), ("window", {"window": 300}),
+    ("longformer", {"window": 6, "num_global": 3}), ("longformer", {"window": 8, "num_global": 0}),
+    ("longformer", {"window": 200, "num_global": 70}), ("sinks", {"sinks": 3, "window": 5}),
+    ("sinks", {"sinks": 0, "window": 1}), ("documents", {"documents": 3}), ("documents", {"documents": 7}),
+    ("prefix-lm", {"prefix": 4}), ("dilated", {"window": 6, "dilation": 3}), ("dilated", {"window": 10, "dilation": 1}),
+]
+
+
+def _dense_pattern(name, n, options):
+    import torch
+
+    from attnkit import masks
+
+    if name == "causal":
+        mod = masks.causal_mod()
+    elif name == "window":
+        mod = masks.window_mod(options["window"])
+    elif name == "longformer":
+        flags = torch.zeros(n, dtype=torch.bool)
+        flags[: options["num_global"]] = True
+        mod = masks.longformer_mod(options["window"], flags)
+    elif name == "sinks":
+        mod = masks.sinks_window_mod(options["sinks"], options["window"])
+    elif name == "documents":
+        mod = masks.document_mod(torch.arange(n) * options["documents"] // n)
+    elif name == "prefix-lm":
+        mod = masks.prefix_lm_mod(options["prefix"])
+    else:
+        mod = masks.dilated_window_mod(options["window"], options["dilation"])
+    return masks.block_mask(mod, None, None, n, n, block=16).to_dense()[0, 0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 17, 100])
+@pytest.mark.parametrize("name, options", PATTERN_CASES)
+def test_pattern_pairs_in_closed_form_equal_the_masks_counted(name, options, n):
+    from attnkit.cost import pattern_pairs
+
+    if name == "prefix-lm":
+        options = {"prefix": min(options["prefix"], n)}
+    dense = _dense_pattern(name, n, options)
+    pairs, last, exact = pattern_pairs(name, n, **options)
+    assert exact and pairs == int(dense.sum())
+    if last is not None:
+        assert last == int(dense[-1].sum())
+
+
+def test_bigbird_pairs_are_an_upper_bound():
+    from attnkit import masks
+    from attnkit.cost import pattern_pairs
+
+    n = 1024
+    dense = masks.block_mask(masks.bigbird_mod(n, window=3, num_global=1, random_blocks=3, block=64), None, None, n, n).to_dense()
+    pairs, _, exact = pattern_pairs("bigbird", n, window=3, num_global=1, random_blocks=3, block=64)
+    assert not exact and int(dense.sum()) <= pairs <= 1.5 * int(dense.sum())
+
+
+def test_cost_cli_with_a_pattern(capsys):
+    from attnkit.cli import main
+
+    assert main(["cost", "--model", "smollm2-135m", "--seq", "131072", "--pattern", "longformer",
+                 "--pattern-options", "window=512", "num_global=16"]) == 0
+    out = capsys.readouterr().out
+    assert "pattern longformer: 71,359,984 of 17,179,869,184 pairs" in out and "BlockMask 1.000 MiB" in out
+    assert main(["cost", "--model", "smollm2-135m", "--pattern-options", "window=3"]) == 2
+    assert main(["cost", "--model", "smollm2-135m", "--pattern", "window", "--pattern-options", "globals=3"]) == 2

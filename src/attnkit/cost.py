@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .models.config import DecoderConfig, EncoderConfig, TransformerConfig
 
-__all__ = ["Cost", "parameter_breakdown", "estimate", "DTYPE_BYTES"]
+__all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES"]
 
 MAX_SEQ = 10**12
 """Longest sequence :func:`estimate` answers for (the arithmetic is closed form; beyond this the
@@ -100,6 +100,9 @@ class Cost:
     kv_cache_bytes_per_token: int
     attention_entries_computed: int = 0  # (query, key) pairs one head of one layer scores, window applied
     notes: tuple[str, ...] = ()  # what the figures assume: trained length exceeded, windows
+    pattern: str | None = None  # a sparse pattern from attnkit.masks.PATTERNS, if one was given
+    dense_mask_bytes: int = 0  # the (n, n) boolean mask SDPA would need for the pattern
+    block_mask_bytes: int = 0  # attnkit's BlockMask tile kinds for it (int8 per 128 x 128 tile)
 
 
 def _pairs(seq: int, window: int | None, causal: bool) -> tuple[int, int]:
@@ -109,6 +112,91 @@ def _pairs(seq: int, window: int | None, causal: bool) -> tuple[int, int]:
     if window is None or window >= seq:
         return seq * (seq + 1) // 2, seq
     return window * (window + 1) // 2 + (seq - window) * window, window
+
+
+PATTERN_OPTIONS = {
+    "causal": {},
+    "window": {"window": 512},
+    "longformer": {"window": 512, "num_global": 16},
+    "bigbird": {"window": 3, "num_global": 1, "random_blocks": 3, "block": 64},
+    "prefix-lm": {"prefix": None},
+    "documents": {"documents": 8},
+    "dilated": {"window": 512, "dilation": 2},
+    "sinks": {"sinks": 4, "window": 512},
+}
+"""Patterns :func:`pattern_pairs` counts in closed form, with the defaults of attnkit.masks.PATTERNS
+(prefix None: a quarter of n)."""
+
+
+def _sum_min(count: int, start: int, cap: int) -> int:
+    """sum_{i=0}^{count-1} min(i + start, cap)."""
+    linear = max(0, min(count, cap - start + 1))
+    return linear * (linear - 1) // 2 + linear * start + (count - linear) * cap
+
+
+def _sum_excess(count: int, threshold: int) -> int:
+    """sum_{i=0}^{count-1} max(i - threshold, 0)."""
+    u = max(0, count - 1 - threshold)
+    return u * (u + 1) // 2
+
+
+def _band(n: int, radius: int) -> int:
+    """Pairs (i, j) in n x n with |i - j| <= radius."""
+    m = min(radius, n - 1)
+    return n + 2 * (m * n - m * (m + 1) // 2)
+
+
+def _dilated_side(n: int, radius: int, dilation: int) -> int:
+    """sum_{i<n} min(radius, i // dilation): the keys one side of each query in a dilated window."""
+    full = min(n // dilation, radius)
+    total = dilation * full * (full - 1) // 2
+    return total + (n - full * dilation) * full
+
+
+def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int, bool]:
+    """(query-key pairs a pattern allows in n x n, keys the last query attends, exact?) in closed
+    form, for the named patterns of :data:`PATTERN_OPTIONS`. BigBird's random blocks may fall on
+    its window or globals; its figures are then an upper bound (exact = False)."""
+    if pattern not in PATTERN_OPTIONS:
+        raise ValueError(f"pattern must be one of {sorted(PATTERN_OPTIONS)}, got {pattern!r}")
+    unknown = set(options) - set(PATTERN_OPTIONS[pattern])
+    if unknown:
+        raise ValueError(f"pattern {pattern!r} takes options {sorted(PATTERN_OPTIONS[pattern])}, got {sorted(unknown)}")
+    o = {**PATTERN_OPTIONS[pattern], **options}
+    for name, value in o.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{pattern} option {name} must be a non-negative int, got {value!r}")
+    if pattern == "causal":
+        return n * (n + 1) // 2, n, True
+    if pattern == "window":
+        r = o["window"] // 2
+        return _band(n, r), min(n, r + 1), True
+    if pattern == "longformer":
+        r, g = o["window"] // 2, min(o["num_global"], n)
+        rows_in_band = _sum_min(g, r + 1, n) - _sum_excess(g, r)  # band pairs in the global rows
+        pairs = _band(n, r) + 2 * g * n - g * g - 2 * rows_in_band + _band(g, r) if g else _band(n, r)
+        return pairs, n if g and n - 1 < g else (min(n, r + 1) + (g if n - 1 - r > g else max(0, n - 1 - r))), True
+    if pattern == "sinks":
+        k, w = o["sinks"], max(1, o["window"])
+        pairs = _sum_min(n, 1, w) + _sum_excess(n, w - 1) - _sum_excess(n, w + k - 1)
+        return pairs, min(n, w) + max(0, min(k, n - w)), True
+    if pattern == "documents":
+        d = max(1, min(o["documents"], n))
+        q, extra = divmod(n, d)
+        return (d - extra) * q * (q + 1) // 2 + extra * (q + 1) * (q + 2) // 2, None, True
+    if pattern == "prefix-lm":
+        p = min(n, n // 4 if o["prefix"] is None else o["prefix"])
+        return n * (n + 1) // 2 + p * (p - 1) // 2, n, True
+    if pattern == "dilated":
+        r, dilation = o["window"] // 2, max(1, o["dilation"])
+        return n + 2 * _dilated_side(n, r, dilation), 1 + min(r, (n - 1) // dilation), True
+    # bigbird
+    b = max(1, o["block"])
+    blocks = -(-n // b)
+    g = min(o["num_global"], blocks)
+    per_row = min(blocks, 2 * (o["window"] // 2) + 1 + g + o["random_blocks"])
+    global_rows = min(n, g * b)
+    return global_rows * n + (n - global_rows) * min(n, per_row * b), min(n, per_row * b), False
 
 
 def _shape(config) -> tuple[int, int, int, int, bool]:
@@ -121,8 +209,10 @@ def _shape(config) -> tuple[int, int, int, int, bool]:
     return c.decoder_layers, c.num_heads, c.num_heads, c.d_model // c.num_heads, True
 
 
-def estimate(config, seq: int, dtype: str = "bf16") -> Cost:
-    """The cost of running ``config`` over ``seq`` tokens with values stored in ``dtype``."""
+def estimate(config, seq: int, dtype: str = "bf16", pattern: str | None = None, **pattern_options) -> Cost:
+    """The cost of running ``config`` over ``seq`` tokens with values stored in ``dtype``; with a
+    sparse ``pattern`` (see :data:`PATTERN_OPTIONS`) on every layer, attention FLOPs count only
+    the pairs it allows, and the masks' memory is given (dense boolean vs block mask)."""
     if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ:
         raise ValueError(f"seq must be an int in [1, {MAX_SEQ:,}], got {seq!r}")
     if dtype not in DTYPE_BYTES:
@@ -157,6 +247,24 @@ def estimate(config, seq: int, dtype: str = "bf16") -> Cost:
         notes.append(f"sliding window of {window:,} on {window_layers} of {layers} layers: attention FLOPs and the "
                      f"KV cache use it; dense attention would score {full_pairs:,} pairs per head per layer "
                      f"instead of {windowed_pairs:,}")
+    extra = {}
+    computed = windowed_pairs if window else full_pairs
+    if pattern is not None:
+        if window:
+            raise ValueError("pattern= replaces the model's sliding window; give a config without window")
+        pairs, last, exact = pattern_pairs(pattern, seq, **pattern_options)
+        computed = pairs
+        pairs_total = layers * pairs
+        last_total = layers * (seq if last is None else last)
+        if pattern == "sinks":
+            o = {**PATTERN_OPTIONS["sinks"], **pattern_options}
+            held = layers * min(seq, o["sinks"] + o["window"])
+        tiles = -(-seq // 128)
+        extra = {"pattern": pattern, "dense_mask_bytes": seq * seq, "block_mask_bytes": tiles * tiles}
+        notes.append(f"pattern {pattern}: {pairs:,} of {seq * seq:,} pairs per head per layer "
+                     f"({100 * pairs / (seq * seq):.3g}%)" + ("" if exact else ", an upper bound (random blocks may overlap)")
+                     + f"; as a boolean tensor the mask takes {seq * seq / 2**20:,.1f} MiB, as attnkit's BlockMask "
+                     f"{tiles * tiles / 2**20:,.3f} MiB")
     return Cost(
         parameters=parts,
         seq=seq,
@@ -169,6 +277,7 @@ def estimate(config, seq: int, dtype: str = "bf16") -> Cost:
         attention_matrix_bytes_per_layer=heads * seq * seq * nbytes,
         kv_cache_bytes=kv_per_token * held,
         kv_cache_bytes_per_token=kv_per_token * layers,
-        attention_entries_computed=windowed_pairs if window else full_pairs,
+        attention_entries_computed=computed,
         notes=tuple(notes),
+        **extra,
     )

@@ -36,7 +36,15 @@ def _cost(args: argparse.Namespace) -> int:
     from ..cost import estimate
 
     config = _model_config(args.model)
-    cost = estimate(config, args.seq, args.dtype)
+    options = {}
+    for item in args.pattern_options or []:
+        name, _, value = item.partition("=")
+        if not value.lstrip("-").isdigit():
+            raise ValueError(f"--pattern-options: expected NAME=INT, got {item!r}")
+        options[name] = int(value)
+    if options and args.pattern is None:
+        raise ValueError("--pattern-options needs --pattern")
+    cost = estimate(config, args.seq, args.dtype, args.pattern, **options)
     p = cost.parameters
     g = 1e9
     print(f"model: {args.model} ({type(config).__name__}), seq {args.seq:,}, {args.dtype} ({cost.dtype_bytes} bytes)")
@@ -68,6 +76,14 @@ def add_cost_parser(commands) -> None:
     cost.add_argument("--seq", type=int_in(1, 10**12), default=2048, help="sequence length n")
     cost.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8"],
                       help="bytes per stored value")
+    from ..cost import PATTERN_OPTIONS
+
+    cost.add_argument("--pattern", choices=sorted(PATTERN_OPTIONS),
+                      help="a sparse attention pattern on every layer: count only the pairs it allows")
+    cost.add_argument("--pattern-options", nargs="+", metavar="NAME=INT",
+                      help="options of the pattern, e.g. window=512 num_global=16 (defaults: "
+                           + "; ".join(f"{k}: {', '.join(f'{n}={v}' for n, v in o.items()) or '-'}"
+                                       for k, o in PATTERN_OPTIONS.items()) + ")")
     cost.set_defaults(run=_cost)
 
 
