@@ -93,3 +93,4 @@ def test_misuse_is_refused():
     gpt2 = DecoderLM(DecoderConfig(vocab_size=61, d_model=24, num_layers=1, num_heads=4, d_ff=40, max_len=64))
     with pytest.raises(ValueError, match="a sinks cache needs rotary positions"):
         gpt2.new_cache(sinks=4, window=8)
+

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import attention
+from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.heads import merge_heads, split_heads
@@ -111,7 +112,7 @@ class MultiHeadAttention(nn.Module):
         key: Tensor | None = None,
         value: Tensor | None = None,
         *,
-        mask: Tensor | None = None,
+        mask: Tensor | BlockMask | None = None,
         is_causal: bool = False,
         window: int | None = None,
         bias: Tensor | None = None,
@@ -123,8 +124,8 @@ class MultiHeadAttention(nn.Module):
         """Attend from query (B, L, D) to key (B, S, kdim) / value (B, S, vdim).
 
         Self attention when ``key`` and ``value`` are omitted; ``value`` defaults to ``key``.
-        ``mask``, ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in
-        :func:`attnkit.attention`; with a ``cache`` the new keys are appended and causal masks are
+        ``mask`` (a boolean tensor or a :class:`~attnkit.masks.BlockMask` of any sparse pattern),
+        ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in :func:`attnkit.attention`; with a ``cache`` the new keys are appended and causal masks are
         aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
         ``positions`` (L,) or (B, L): the rotary positions of the new tokens (default: the cache's
         position onwards), e.g. per row after left padding.
