@@ -2,8 +2,13 @@
 flex_attention: ``attnkit bench --masks band longformer bigbird documents sinks`` writing into
 benchmarks/results/sparse (see attnkit.bench.attention for how time and memory are measured).
 
-    python benchmarks/sparse.py                                        # the run in docs/performance.md
+    python benchmarks/sparse.py --modes fwd --out benchmarks/results/sparse/fwd        # the runs in
+    python benchmarks/sparse.py --modes fwd+bwd --masks band longformer documents \
+        --out benchmarks/results/sparse/fwd+bwd                                        # docs/performance.md
     python benchmarks/sparse.py --sizes 4096 --modes fwd               # any attnkit bench option
+
+Nothing else may run on the machine meanwhile: the tiled backend's many small parallel regions
+slow down tenfold when OpenMP threads are oversubscribed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ DEFAULTS = {
     "--masks": ["band", "longformer", "bigbird", "documents", "sinks"],
     "--sizes": ["4096", "16384"],
     "--modes": ["fwd", "fwd+bwd"],
-    "--impls": ["torch-sdpa", "flex", "sdpa", "tiled", "auto"],
+    "--impls": ["torch-sdpa", "flex", "tiled", "auto"],
 }
 
 if __name__ == "__main__":

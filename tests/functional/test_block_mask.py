@@ -26,7 +26,9 @@ def definition(name: str, L: int, S: int, B: int, extra) -> np.ndarray:
     for b in range(B):
         for i in range(L):
             for j in range(S):
-                if name == "window":
+                if name == "causal":
+                    ok = j <= i + extra["offset"]
+                elif name == "window":
                     ok = abs(i - j) <= extra["window"] // 2
                 elif name == "longformer":
                     g = extra["globals"][b]
@@ -54,6 +56,8 @@ def definition(name: str, L: int, S: int, B: int, extra) -> np.ndarray:
 
 def pattern(name: str, L: int, S: int, B: int):
     """(mask_mod, B for block_mask, extra for the definition)."""
+    if name == "causal":  # bottom-right aligned: the last query sees every key
+        return masks.causal_mod(S - L), None, {"offset": S - L}
     if name == "window":
         return masks.window_mod(10), None, {"window": 10}
     if name == "longformer":
@@ -78,7 +82,7 @@ def pattern(name: str, L: int, S: int, B: int):
 
 
 SIZES = {  # (L, S): non-multiples of the blocks; L != S where the pattern means it
-    "window": (45, 45), "longformer": (45, 45), "bigbird": (45, 45), "prefix-lm": (45, 45),
+    "causal": (20, 45), "window": (45, 45), "longformer": (45, 45), "bigbird": (45, 45), "prefix-lm": (45, 45),
     "documents": (45, 45), "dilated": (45, 45), "sinks": (20, 45),
 }
 PATTERN_NAMES = list(SIZES)
