@@ -48,7 +48,12 @@ def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path,
     assert (out / "alignment-1.png").read_bytes()[:8] == PNG
     assert (out / "alignment-attention.png").read_bytes()[:8] == PNG
     result = json.loads((out / "alignment.json").read_text())
-    assert result["verses"] == 20 and set(result["scores"]) >= {"attention, argmax", "IBM Model 1", "diagonal"}
+    assert result["verses"] == 20 and result["dev_verses"] == 154
+    assert set(result["scores"]) >= {"attention, head average, argmax", "shift-att, head average, argmax", "IBM Model 1",
+                                     "diagonal", "eflomal, grow-diag-final-and", "eflomal, intersection"}
+    best = result["best_on_dev"]
+    assert best["dev_aer"] == min(result["dev_aer"].values())  # chosen on dev, never on test
+    assert result["readings_tried"] == 2 * 4  # one layer, one head: two rows x (argmax + three thresholds)
     for scores in result["scores"].values():
         assert 0 <= scores["aer"] <= 1 and 0 <= scores["precision"] <= 1 and 0 <= scores["recall"] <= 1
     assert "| IBM Model 1 |" in (out / "alignment.md").read_text()

@@ -101,6 +101,24 @@ def test_weights_for_chosen_heads_only(backend, rng, small_tiles):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_returned_weights_carry_exact_gradients(backend, rng, small_tiles):
+    """Training through the weights (guided alignment) differentiates them: every backend gives
+    float64 autograd's gradients of the reference weights, fully masked rows included (the fast
+    backends recompute the weights; the call's lse carries no gradient and is not used then)."""
+    q, k, v, kwargs = make_call("gqa-33x97", "random", torch.float64, rng)  # row 3 fully masked
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    direction = torch.randn(2, 2, 33, 97, generator=rng, dtype=torch.float64)
+
+    def grads(name):
+        result = attnkit.attention(q, k, v, backend=name, need_weights=[4, 1], **kwargs)
+        return torch.autograd.grad((result.weights * direction).sum() + result.output.sum(), (q, k, v))
+
+    for got, want in zip(grads(backend), grads("reference")):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fully_masked_rows_give_zero_output_and_finite_gradients(backend, small_tiles):
     q = torch.randn(2, 2, 5, 8, requires_grad=True)
     k = torch.randn(2, 2, 6, 8, requires_grad=True)

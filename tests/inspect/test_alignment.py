@@ -1,5 +1,6 @@
 """Alignment quality: AER on hand-counted cases, IBM Model 1 on a toy corpus, the diagonal baseline,
-piece-to-word pooling, and forced attention alignments from a seq2seq model."""
+piece-to-word pooling, symmetrisation worked by hand, eflomal on a corpus whose alignment is known,
+and forced attention alignments (any layer / head, shift-att) from seq2seq models."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from attnkit.inspect.alignment import (
     IBMModel1,
     alignment_error_rate,
     attention_word_weights,
+    cross_attention_pieces,
     diagonal_alignment,
+    eflomal_align,
     links_from_weights,
+    select_weights,
+    symmetrize,
     word_weights,
 )
-from attnkit.models import Seq2Seq, Seq2SeqConfig
+from attnkit.models import Seq2Seq, Seq2SeqConfig, TransformerConfig, TransformerEncoderDecoder
 
 
 def test_aer_precision_recall_counted_by_hand():
@@ -99,3 +104,78 @@ def test_bundled_aligned_corpus_is_complete_and_links_are_in_range():
         S, T = len(pair.source.split()), len(pair.target.split())
         assert all(0 <= i < S and 0 <= j < T for i, j in pair.alignment)
     assert {p.reference.split(":")[0] for p in counts["test"]} == {"41", "50", "62"}  # Mark, Philippians, 1 John
+
+
+# Worked by hand: the intersection is {(0,0), (1,1), (3,3)}; grow-diag adds the union's (1,2),
+# (2,2) and (3,4), each next to a link and with a word still unaligned, but not (0,3) (both of its
+# words aligned) nor the isolated (5,0) and (6,6); "final" adds (5,0) (source 5 unaligned) and
+# (6,6), "final-and" only (6,6), whose words are both unaligned.
+FORWARD = {(0, 0), (1, 1), (1, 2), (3, 3), (5, 0), (0, 3)}
+REVERSE = {(0, 0), (1, 1), (2, 2), (3, 3), (3, 4), (6, 6)}
+GROWN = {(0, 0), (1, 1), (3, 3), (1, 2), (2, 2), (3, 4)}
+
+
+@pytest.mark.parametrize("method, expected", [
+    ("intersection", {(0, 0), (1, 1), (3, 3)}),
+    ("union", FORWARD | REVERSE),
+    ("grow-diag", GROWN),
+    ("grow-diag-final", GROWN | {(5, 0), (6, 6)}),
+    ("grow-diag-final-and", GROWN | {(6, 6)}),
+])
+def test_symmetrize_worked_by_hand(method, expected):
+    assert symmetrize(FORWARD, REVERSE, method) == expected
+    assert symmetrize(REVERSE, FORWARD, method) == expected  # the heuristics treat both directions alike here
+    with pytest.raises(ValueError, match="method must be one of"):
+        symmetrize(FORWARD, REVERSE, "grow")
+
+
+def test_eflomal_recovers_a_known_alignment():
+    """A synthetic language pair: each source word has one translation and the target reverses the
+    word order, so the true links are known; eflomal, symmetrised, finds them."""
+    pytest.importorskip("eflomal", reason="eflomal is in the test extra; without it eflomal_align raises ImportError")
+    rng = np.random.default_rng(0)
+    vocabulary = [f"s{k}" for k in range(30)]
+    pairs, truth = [], []
+    for _ in range(400):
+        n = int(rng.integers(3, 9))
+        source = [vocabulary[k] for k in rng.choice(30, n, replace=False)]
+        pairs.append((source, ["t" + w[1:] for w in reversed(source)]))
+        truth.append({(i, n - 1 - i) for i in range(n)})
+    forward, reverse = eflomal_align(pairs)
+    assert len(forward) == len(reverse) == len(pairs)
+    for how in ("intersection", "grow-diag-final-and"):
+        assert alignment_error_rate([symmetrize(f, r, how) for f, r in zip(forward, reverse)], truth).aer < 0.02, how
+    with pytest.raises(ValueError, match="pair 1 has an empty side"):
+        eflomal_align([(["a"], ["b"]), ([], ["c"])])
+
+
+def test_select_weights_picks_layer_head_and_the_shifted_row():
+    pieces = np.arange(2 * 3 * 4 * 5, dtype=float).reshape(2, 3, 4, 5)  # (layers, heads, T + 1 = 4, S)
+    np.testing.assert_array_equal(select_weights(pieces, layer=0, head=2), pieces[0, 2, :3])
+    np.testing.assert_array_equal(select_weights(pieces, layer=-1, head=1, shift=True), pieces[1, 1, 1:])
+    np.testing.assert_array_equal(select_weights(pieces), pieces[1].mean(0)[:3])
+    for bad, message in (({"layer": 2}, "layer must be in"), ({"head": 3}, "head must be None")):
+        with pytest.raises(ValueError, match=message):
+            select_weights(pieces, **bad)
+
+
+def test_cross_attention_pieces_of_a_transformer_are_every_layer_and_head():
+    pairs = aligned_corpus("valid")[:4]
+    source = Tokenizer.train([p.source for p in pairs], vocab_size=120)
+    target = Tokenizer.train([p.target for p in pairs], vocab_size=120)
+    torch.manual_seed(0)
+    model = TransformerEncoderDecoder(TransformerConfig(source.vocab_size, target.vocab_size, d_model=16, num_heads=4,
+                                                        d_ff=32, encoder_layers=1, decoder_layers=3))
+    stacks = cross_attention_pieces(model, source, target, pairs, batch_size=3)
+    last = attention_word_weights(model, source, target, pairs)
+    shifted = attention_word_weights(model, source, target, pairs, layer=0, head=3, shift=True)
+    for pair, stack, w, w_shift in zip(pairs, stacks, last, shifted):
+        T, S = len(target.encode(pair.target)), len(source.encode(pair.source))
+        assert stack.shape == (3, 4, T + 1, S)
+        np.testing.assert_allclose(stack.sum(-1), 1.0, atol=1e-6)  # batch padding gets no weight
+        # One sentence alone gives the same stack as inside a padded batch.
+        alone = cross_attention_pieces(model, source, target, [pair])[0]
+        np.testing.assert_allclose(alone, stack, atol=1e-6)
+        words = source.word_ids(pair.source), target.word_ids(pair.target)
+        np.testing.assert_allclose(w, word_weights(stack[-1].mean(0)[:-1], *words), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(w_shift, word_weights(stack[0, 3, 1:], *words), rtol=1e-5, atol=1e-6)

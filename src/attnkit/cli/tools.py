@@ -192,9 +192,9 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"report: {path}")
     if args.aer:
         result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
-                                           progress=progress)
+                                           eflomal=not args.no_eflomal, progress=progress)
         for name, s in result["scores"].items():
-            print(f"{name:28s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
+            print(f"{name:60s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")
     return 0
 
@@ -217,6 +217,7 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--aer", action="store_true",
                          help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
     inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
+    inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")
     inspect.add_argument("--quiet", action="store_true", help="no progress bars")

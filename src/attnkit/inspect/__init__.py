@@ -6,7 +6,8 @@ gradient attribution, and how good the alignments it learns are.
 - :mod:`~attnkit.inspect.rollout`: attention rollout and attention flow (Abnar & Zuidema 2020);
 - :mod:`~attnkit.inspect.attribution`: integrated gradients, gradient x input, Spearman and Kendall;
 - :mod:`~attnkit.inspect.agreement`: attention vs attribution per example, on an encoder or a seq2seq model;
-- :mod:`~attnkit.inspect.alignment`: AER, IBM Model 1, the diagonal baseline, alignments from attention;
+- :mod:`~attnkit.inspect.alignment`: AER, IBM Model 1, eflomal and symmetrisation, the diagonal
+  baseline, alignments from attention (any layer / head, shift-att);
 - :mod:`~attnkit.inspect.report`: the files ``attnkit inspect`` writes (PNGs, HTML viewer, markdown).
 """
 
@@ -15,9 +16,14 @@ from .alignment import (
     AlignmentScores,
     IBMModel1,
     alignment_error_rate,
+    SYMMETRIZATIONS,
     attention_word_weights,
+    cross_attention_pieces,
     diagonal_alignment,
+    eflomal_align,
     links_from_weights,
+    select_weights,
+    symmetrize,
     word_weights,
 )
 from .attribution import gradient_x_input, integrated_gradients, kendall, spearman
@@ -49,6 +55,11 @@ __all__ = [
     "links_from_weights",
     "word_weights",
     "attention_word_weights",
+    "cross_attention_pieces",
+    "select_weights",
+    "symmetrize",
+    "SYMMETRIZATIONS",
+    "eflomal_align",
     "IBMModel1",
     "record_attention",
 ]

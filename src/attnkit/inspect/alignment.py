@@ -14,6 +14,7 @@ Counts are summed over the corpus before dividing. When only one kind of gold li
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -34,6 +35,11 @@ __all__ = [
     "links_from_weights",
     "word_weights",
     "attention_word_weights",
+    "cross_attention_pieces",
+    "select_weights",
+    "symmetrize",
+    "SYMMETRIZATIONS",
+    "eflomal_align",
 ]
 
 Links = frozenset  # of (source index, target index)
@@ -120,13 +126,18 @@ def word_weights(weights, source_words: Sequence[int], target_words: Sequence[in
 
 
 @torch.no_grad()
-def attention_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Sequence[Pair],
+def cross_attention_pieces(model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Sequence[Pair],
                            *, batch_size: int = 64) -> list[np.ndarray]:
-    """Word-level attention of a seq2seq model forced to produce each pair's reference target.
+    """Every cross-attention matrix of a seq2seq model forced to produce each pair's reference.
 
-    The row of target piece t is the attention used to predict it; the <eos> row and nothing else
-    is dropped. Returns one (target words, source words) matrix per pair.
+    Returns one (layers, heads, T + 1, S) array per pair over its T target and S source pieces:
+    row t is the decoder step whose input is piece t - 1 (``<s>`` for t = 0) and whose output is
+    piece t (``</s>`` for t = T). An RNN seq2seq model has one layer and one head; a Transformer
+    gives every decoder layer's cross attention, head by head.
     """
+    from ..models import Seq2Seq
+    from .record import record_attention
+
     if getattr(model, "style", None) == "none":
         raise ValueError("this model has no attention (attention='none'); alignments need one")
     was_training = model.training
@@ -138,15 +149,139 @@ def attention_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer:
             sources = [source_tokenizer.encode(p.source) for p in chunk]
             targets = [target_tokenizer.encode(p.target) for p in chunk]
             batch = collate(sources, targets)
-            result = model(batch.source, batch.source_lengths, batch.target_in)
-            if result.weights is None:
-                raise ValueError(f"{type(model).__name__} returned no attention weights")
-            for k, pair in enumerate(chunk):
-                w = result.weights[k, : len(targets[k]), : len(sources[k])].double().numpy()
-                out.append(word_weights(w, source_tokenizer.word_ids(pair.source), target_tokenizer.word_ids(pair.target)))
+            if isinstance(model, Seq2Seq):
+                weights = model(batch.source, batch.source_lengths, batch.target_in).weights
+                if weights is None:
+                    raise ValueError(f"{type(model).__name__} returned no attention weights")
+                stacked = weights[:, None, None]  # (B, 1, 1, T + 1, S)
+            else:
+                with record_attention(model) as records:
+                    model(batch.source, batch.source_lengths, batch.target_in)
+                names = sorted((n for n in records if n.endswith("cross_attn")), key=lambda n: int(n.split(".")[-2]))
+                if not names:
+                    raise ValueError(f"{type(model).__name__} has no cross-attention module (…layers.N.cross_attn)")
+                stacked = torch.stack([records[n][0] for n in names], dim=1)  # (B, layers, H, T + 1, S)
+            for k in range(len(chunk)):
+                out.append(stacked[k, :, :, : len(targets[k]) + 1, : len(sources[k])].double().numpy())
     finally:
         model.train(was_training)
     return out
+
+
+def select_weights(pieces: np.ndarray, *, layer: int = -1, head: int | None = None, shift: bool = False) -> np.ndarray:
+    """(T, S) piece-level alignment weights from a (layers, heads, T + 1, S) array of
+    :func:`cross_attention_pieces`: one head or the heads' average (``head=None``) of one layer.
+
+    Target piece t takes row t (the step that predicts it) or, with ``shift`` (Chen et al. 2020,
+    "shift-att"), row t + 1: the step that reads it as the decoder's input.
+    """
+    if pieces.ndim != 4:
+        raise ValueError(f"pieces must be (layers, heads, T + 1, S), got shape {pieces.shape}")
+    layers, heads = pieces.shape[:2]
+    if not -layers <= layer < layers:
+        raise ValueError(f"layer must be in [{-layers}, {layers}), got {layer}")
+    if head is not None and not 0 <= head < heads:
+        raise ValueError(f"head must be None (average) or in [0, {heads}), got {head}")
+    matrix = pieces[layer].mean(0) if head is None else pieces[layer, head]
+    return matrix[1:] if shift else matrix[:-1]
+
+
+def attention_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Sequence[Pair],
+                           *, batch_size: int = 64, layer: int = -1, head: int | None = None,
+                           shift: bool = False) -> list[np.ndarray]:
+    """Word-level attention of a seq2seq model forced to produce each pair's reference target:
+    one (target words, source words) matrix per pair, from :func:`select_weights` (by default the
+    last layer's head average, the row that predicts each target piece) pooled to words."""
+    out = []
+    for pair, pieces in zip(pairs, cross_attention_pieces(model, source_tokenizer, target_tokenizer, pairs,
+                                                          batch_size=batch_size)):
+        w = select_weights(pieces, layer=layer, head=head, shift=shift)
+        out.append(word_weights(w, source_tokenizer.word_ids(pair.source), target_tokenizer.word_ids(pair.target)))
+    return out
+
+
+SYMMETRIZATIONS = ("intersection", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")
+
+_NEIGHBOURS = ((-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1))
+
+
+def symmetrize(forward: Iterable[tuple[int, int]], reverse: Iterable[tuple[int, int]],
+               method: str = "grow-diag-final-and") -> Links:
+    """Combine the links of two directional alignments of one sentence pair, both given as
+    (source index, target index), by the heuristics of Koehn et al. (2003) as Moses implements them.
+
+    Start from the intersection; "grow-diag" adds, while any can be added, union links next to
+    (also diagonally) an intersection link whose source or target word is still unaligned;
+    "-final" then adds union links whose source or target word is unaligned, "-final-and" only
+    those whose source and target words are both unaligned.
+    """
+    if method not in SYMMETRIZATIONS:
+        raise ValueError(f"method must be one of {SYMMETRIZATIONS}, got {method!r}")
+    forward, reverse = set(forward), set(reverse)
+    union = forward | reverse
+    links = forward & reverse
+    if method == "intersection":
+        return Links(links)
+    if method == "union":
+        return Links(union)
+    aligned_s = {i for i, _ in links}
+    aligned_t = {j for _, j in links}
+
+    def add(i: int, j: int) -> None:
+        links.add((i, j))
+        aligned_s.add(i)
+        aligned_t.add(j)
+
+    added = True
+    while added:
+        added = False
+        for i, j in sorted(links):
+            for di, dj in _NEIGHBOURS:
+                n = (i + di, j + dj)
+                if n in union and n not in links and (n[0] not in aligned_s or n[1] not in aligned_t):
+                    add(*n)
+                    added = True
+    if method.startswith("grow-diag-final"):
+        both = method == "grow-diag-final-and"
+        for direction in (forward, reverse):
+            for i, j in sorted(direction):
+                if (i, j) in links:
+                    continue
+                free_s, free_t = i not in aligned_s, j not in aligned_t
+                if (free_s and free_t) if both else (free_s or free_t):
+                    add(i, j)
+    return Links(links)
+
+
+def eflomal_align(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, model: int = 3,
+                  rel_iterations: float = 1.0, samplers: int = 3) -> tuple[list[Links], list[Links]]:
+    """Forward (source -> target) and reverse word alignments of (source words, target words) pairs
+    by eflomal (Östling & Tiedemann 2016: a Bayesian HMM with fertility, fitted by Gibbs sampling;
+    model 3), both as (source index, target index) links. Unsupervised: it reads only the text.
+    Lowercases as eflomal does. Sampling is random: runs differ slightly."""
+    try:
+        import eflomal
+    except ImportError as error:
+        raise ImportError("eflomal_align needs the eflomal package: pip install 'attnkit[inspect]' (or eflomal)") from error
+    if not pairs:
+        raise ValueError("pairs is empty")
+    for k, (source, target) in enumerate(pairs):
+        if not source or not target:
+            raise ValueError(f"pair {k} has an empty side: eflomal needs at least one word on each side")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="attnkit-eflomal-") as folder:
+        fwd, rev = Path(folder) / "forward", Path(folder) / "reverse"
+        aligner = eflomal.Aligner(model=model, rel_iterations=rel_iterations, n_samplers=samplers)
+        aligner.align([" ".join(s) for s, _ in pairs], [" ".join(t) for _, t in pairs],
+                      links_filename_fwd=str(fwd), links_filename_rev=str(rev), quiet=True)
+        result = []
+        for path in (fwd, rev):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            if len(lines) != len(pairs):
+                raise RuntimeError(f"eflomal wrote {len(lines)} alignment lines for {len(pairs)} pairs")
+            result.append([Links(tuple(int(x) for x in link.split("-")) for link in line.split()) for line in lines])
+    return result[0], result[1]
 
 
 class IBMModel1:

@@ -6,8 +6,8 @@
 - :func:`inspect_translation`: a trained translation checkpoint: alignments of the given texts
   (translated, or forced to given references), the viewer with the cross attention, agreement;
 - :func:`evaluate_alignment`: a checkpoint trained on the bundled Greek -> English corpus
-  (``--data grc-en``): AER of its attention on the held-out verses next to IBM Model 1 and the
-  diagonal baseline.
+  (``--data grc-en``): AER of its attention, read every way and chosen on dev, on the held-out
+  verses next to eflomal, IBM Model 1 and the diagonal baseline.
 """
 
 from __future__ import annotations
@@ -24,7 +24,17 @@ from .._files import atomic_path, write_json
 from ..data import Pair, aligned_corpus
 from ..data.batching import collate
 from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
-from .alignment import IBMModel1, alignment_error_rate, attention_word_weights, diagonal_alignment, links_from_weights
+from .alignment import (
+    IBMModel1,
+    alignment_error_rate,
+    cross_attention_pieces,
+    diagonal_alignment,
+    eflomal_align,
+    links_from_weights,
+    select_weights,
+    symmetrize,
+    word_weights,
+)
 from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
 from .rollout import attention_flow, attention_rollout
 
@@ -267,54 +277,140 @@ def inspect_encoder_decoder(runs: Sequence[dict], texts: Sequence[str], out: str
     return out / "report.md"
 
 
+def _readings(pieces: np.ndarray) -> list[tuple[int, int | None, bool]]:
+    """Every (layer, head or None for the heads' average, shift) reading of a cross-attention stack."""
+    layers, heads = pieces.shape[:2]
+    choices = (None, *range(heads)) if heads > 1 else (None,)
+    return [(layer, head, shift) for layer in range(layers) for head in choices for shift in (False, True)]
+
+
+def _reading_name(reading: tuple[int, int | None, bool], layers: int) -> str:
+    layer, head, shift = reading
+    where = f"layer {layer + 1}/{layers}, " if layers > 1 else ""
+    return f"{'shift-att' if shift else 'attention'}, {where}{'head average' if head is None else f'head {head}'}"
+
+
+def _links(weights: np.ndarray, rule: str):
+    if rule == "argmax":
+        return links_from_weights(weights)
+    return links_from_weights(weights, method="threshold", threshold=float(rule.split(">= ")[1]))
+
+
 def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
-                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), progress: bool = False,
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True, progress: bool = False,
                        log: Callable[[str], None] | None = None) -> dict:
-    """AER of the checkpoint's attention on the held-out verses of the bundled Greek -> English corpus,
-    next to IBM Model 1 (trained by EM on the training and held-out verses' text, no gold links)
-    and the diagonal baseline. Writes ``alignment.md``, ``alignment.json`` and an example PNG."""
+    """AER on the held-out verses of the bundled Greek -> English corpus of the checkpoint's
+    attention read every way (each decoder layer, each head and the heads' average, the row that
+    predicts a word or, shift-att, the row that reads it; argmax or a weight threshold), next to
+    eflomal (both directions, intersection, grow-diag-final-and), IBM Model 1 and the diagonal.
+
+    The reading with the lowest AER on the dev verses (the "valid" split) is reported on test;
+    nothing is chosen on test. The statistical aligners learn from the text of every verse (train,
+    dev and test) without gold links, as aligners are used. Writes ``alignment.md``,
+    ``alignment.json`` and an example PNG.
+    """
     log = log or logger.info
     from ..viz import plot_heatmap
 
     out = Path(out)
-    test = aligned_corpus("test")[:limit]
-    train = aligned_corpus("train")
-    gold = [p.alignment for p in test]
+    test, dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
+    gold, dev_gold = [p.alignment for p in test], [p.alignment for p in dev]
     model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
     started = time.perf_counter()
-    weights = attention_word_weights(model, source, target, test)
-    methods = {"attention, argmax": [links_from_weights(w) for w in weights]}
-    for threshold in thresholds:
-        methods[f"attention, weight >= {threshold}"] = [links_from_weights(w, method="threshold", threshold=threshold)
-                                                       for w in weights]
+    test_pieces = cross_attention_pieces(model, source, target, test)
+    dev_pieces = cross_attention_pieces(model, source, target, dev)
+    layers, heads = test_pieces[0].shape[:2]
+    rules = ["argmax", *(f"weight >= {t}" for t in thresholds)]
+
+    def words(pairs, pieces, reading):
+        layer, head, shift = reading
+        return [word_weights(select_weights(p, layer=layer, head=head, shift=shift), source.word_ids(pair.source),
+                             target.word_ids(pair.target)) for pair, p in zip(pairs, pieces)]
+
+    grid = []  # (reading, rule, dev AER)
+    for reading in _bar(_readings(test_pieces[0]), progress, desc="attention readings on dev", unit="reading"):
+        dev_words = words(dev, dev_pieces, reading)
+        for rule in rules:
+            grid.append((reading, rule, alignment_error_rate([_links(w, rule) for w in dev_words], dev_gold).aer))
+    best_reading, best_rule, best_dev = min(grid, key=lambda row: row[2])
+    methods, dev_aer = {}, {}
+    last = (layers - 1, None, False)
+    test_words = {}
+    for reading in dict.fromkeys([last, (layers - 1, None, True), best_reading]):
+        test_words[reading] = words(test, test_pieces, reading)
+        for rule in rules:
+            name = f"{_reading_name(reading, layers)}, {rule}"
+            if reading == best_reading and rule == best_rule:
+                name += " (best on dev)"
+            methods[name] = [_links(w, rule) for w in test_words[reading]]
+            dev_aer[name] = next(aer for r, ru, aer in grid if r == reading and ru == rule)
+    per_layer = []  # head average per layer, argmax and the dev-best rule, both rows
+    for layer in range(layers):
+        for shift in (False, True):
+            reading = (layer, None, shift)
+            test_layer = test_words.get(reading) or words(test, test_pieces, reading)
+            per_layer.append({"layer": layer + 1, "shift": shift, **{
+                rule: {"dev": next(aer for r, ru, aer in grid if r == reading and ru == rule),
+                       "test": alignment_error_rate([_links(w, rule) for w in test_layer], gold).aer}
+                for rule in ("argmax", f"weight >= {thresholds[0]}")}})
     attention_seconds = time.perf_counter() - started
-    log(f"attention alignments of {len(test)} verses in {attention_seconds:.1f} s; IBM Model 1 ({ibm_iterations} EM iterations) ...")
-    words = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
-    ibm = IBMModel1().fit([words(p) for p in train + test], iterations=ibm_iterations, progress=progress)
-    methods["IBM Model 1"] = [ibm.align(*words(p)) for p in test]
+    log(f"attention alignments of {len(test)} test and {len(dev)} dev verses, {len(grid)} readings, "
+        f"in {attention_seconds:.1f} s; IBM Model 1 ({ibm_iterations} EM iterations) ...")
+    words_of = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
+    corpus = [words_of(p) for p in train + dev + test]
+    ibm = IBMModel1().fit(corpus, iterations=ibm_iterations, progress=progress)
+    methods["IBM Model 1"] = [ibm.align(*words_of(p)) for p in test]
+    seconds = {"attention": attention_seconds}
+    if eflomal:
+        tick = time.perf_counter()
+        log(f"eflomal on {len(corpus):,} verses ...")
+        forward, reverse = eflomal_align(corpus)
+        tail = slice(len(corpus) - len(test), len(corpus))
+        forward, reverse = forward[tail], reverse[tail]
+        methods["eflomal, Greek -> English"] = forward
+        methods["eflomal, English -> Greek"] = reverse
+        for how in ("intersection", "grow-diag-final-and"):
+            methods[f"eflomal, {how}"] = [symmetrize(f, r, how) for f, r in zip(forward, reverse)]
+        seconds["eflomal"] = time.perf_counter() - tick
     methods["diagonal"] = [diagonal_alignment(len(p.source.split()), len(p.target.split())) for p in test]
     scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}
     example = max(range(len(test)), key=lambda k: -abs(len(test[k].source.split()) - 14))  # a verse of ~14 words
     pair = test[example]
-    gold_matrix = np.zeros_like(weights[example])
+    example_weights = test_words[best_reading][example]
+    gold_matrix = np.zeros_like(example_weights)
     for i, j in pair.alignment:
         gold_matrix[j, i] = 1.0
-    for name, matrix in (("attention", weights[example]), ("gold", gold_matrix)):
+    for name, matrix in (("attention", example_weights), ("gold", gold_matrix)):
         plot_heatmap(matrix, out / f"alignment-{name}.png", x_labels=pair.source.split(), y_labels=pair.target.split(),
                      title=f"{name}: {pair.reference}", x_title="Greek (SBLGNT)", y_title="English (BSB)", cmap="Greys")
-    result = {"verses": len(test), "gold_links": sum(len(g) for g in gold), "scores": scores,
+    best_name = next(name for name in methods if name.endswith("(best on dev)"))
+    result = {"verses": len(test), "dev_verses": len(dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
+              "dev_aer": dev_aer, "best_on_dev": {"method": best_name, "layer": best_reading[0] + 1,
+                                                  "head": best_reading[1], "shift": best_reading[2], "rule": best_rule,
+                                                  "dev_aer": best_dev},
+              "per_layer": per_layer, "readings_tried": len(grid), "layers": layers, "heads": heads,
               "ibm_iterations": ibm_iterations, "ibm_log_likelihoods": ibm.log_likelihoods,
-              "checkpoint": str(checkpoint.folder), "example": pair.reference,
-              "seconds": time.perf_counter() - started}
-    lines = ["# Alignment quality: attention vs IBM Model 1 vs the diagonal", "",
+              "checkpoint": str(checkpoint.folder), "example": pair.reference, "seconds": seconds}
+    lines = ["# Alignment quality: attention vs eflomal, IBM Model 1 and the diagonal", "",
              f"{len(test)} held-out verses (Mark, Philippians, 1 John) of the bundled SBLGNT -> BSB corpus, "
              f"{result['gold_links']:,} hand-made links (all treated as sure, so AER = 1 - F1). "
-             "Every method links each English word to Greek words; attention comes from the checkpoint forced "
-             "to produce the reference English, pooled from subword pieces to words.", "",
-             "| method | precision | recall | AER | links |", "|---|---|---|---|---|"]
+             "Every method links English words to Greek words; attention comes from the checkpoint forced "
+             "to produce the reference English, pooled from subword pieces to words. "
+             f"{len(grid)} attention readings (layer, head or head average, shift-att or not, rule) were scored on "
+             f"the {len(dev)} dev verses; the best one is marked. eflomal and IBM Model 1 learn from the text of all "
+             f"{len(corpus):,} verses, without gold links.", "",
+             "| method | precision | recall | AER (test) | AER (dev) | links |", "|---|---|---|---|---|---|"]
     for name, s in scores.items():
-        lines.append(f"| {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['aer']:.3f} | {s['predicted']:,} |")
-    lines += ["", f"Example, {pair.reference}: attention (left) and gold links (right).", "",
+        dev_cell = f"{dev_aer[name]:.3f}" if name in dev_aer else "-"
+        lines.append(f"| {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['aer']:.3f} | {dev_cell} | {s['predicted']:,} |")
+    lines += ["", "Head average per decoder layer (AER):", "",
+              f"| layer | row | dev, argmax | test, argmax | dev, weight >= {thresholds[0]} | test, weight >= {thresholds[0]} |",
+              "|---|---|---|---|---|---|"]
+    for row in per_layer:
+        a, t = row["argmax"], row[f"weight >= {thresholds[0]}"]
+        lines.append(f"| {row['layer']} | {'reads the word (shift-att)' if row['shift'] else 'predicts the word'} | "
+                     f"{a['dev']:.3f} | {a['test']:.3f} | {t['dev']:.3f} | {t['test']:.3f} |")
+    lines += ["", f"Example, {pair.reference}: attention of the best reading on dev (left) and gold links (right).", "",
               "![attention](alignment-attention.png) ![gold](alignment-gold.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
     _write_markdown(out / "alignment.md", lines)

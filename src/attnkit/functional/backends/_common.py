@@ -162,11 +162,15 @@ def head_weights(
     # returned weights is one block.
     block = max(1, HEAD_WEIGHTS_BLOCK_ELEMENTS // max(1, dims.B * len(heads) * dims.S))
     k_t = k_sel.transpose(-1, -2)
+    # In place saves a block's worth of memory, but autograd needs exp's output untouched: weights
+    # that will be differentiated (guided alignment training) take the out-of-place path.
+    in_place = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                                 (bias is not None and bias.requires_grad)))
     for q0 in range(0, dims.L, block):
         q1 = min(dims.L, q0 + block)
         scores = (q_sel[:, :, q0:q1].to(acc) * problem.scale) @ k_t
         if bias is not None:
-            scores += slice_block(bias, q0, q1, 0, dims.S).to(acc)
+            scores = scores + slice_block(bias, q0, q1, 0, dims.S).to(acc)
         if problem.score_mod is not None:
             scores = problem.modify_scores(scores, q0, 0, heads=index)
         allowed = problem.structural_block(q0, q1, 0, dims.S, q.device)
@@ -177,14 +181,14 @@ def head_weights(
             tile = _select_heads(block_mask.tile(q0, q1, 0, dims.S), heads)
             allowed = tile if allowed is None else tile & allowed
         if allowed is not None:
-            scores.masked_fill_(~allowed, float("-inf"))
-        if lse_sel is None:
+            scores = scores.masked_fill_(~allowed, float("-inf")) if in_place else scores.masked_fill(~allowed, float("-inf"))
+        if lse_sel is None or not in_place:  # the call's lse carries no gradient: recompute it
             lse_block = torch.logsumexp(scores, dim=-1)
         else:
             lse_block = lse_sel[:, :, q0:q1].to(acc)
         # exp(-inf - lse) = 0; a fully masked row has lse = -inf and must give 0, not NaN.
         lse_block = lse_block.masked_fill(torch.isinf(lse_block), 0.0)
-        out[:, :, q0:q1] = scores.sub_(lse_block[..., None]).exp_()
+        out[:, :, q0:q1] = scores.sub_(lse_block[..., None]).exp_() if in_place else (scores - lse_block[..., None]).exp()
     return out
 
 
