@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     translation.add_train_parser(commands)
     translation.add_translate_parser(commands)
     translation.add_evaluate_parser(commands)
+    translation.add_align_parser(commands)
     language_models.add_cost_parser(commands)
     language_models.add_generate_parser(commands)
     tools.add_bench_parser(commands)

@@ -18,7 +18,7 @@ from .arguments import (
     stdin_lines,
 )
 
-__all__ = ["add_demo_parser", "add_train_parser", "add_translate_parser", "add_evaluate_parser"]
+__all__ = ["add_demo_parser", "add_train_parser", "add_translate_parser", "add_evaluate_parser", "add_align_parser"]
 
 
 _DATA_HELP = "'bible' (bundled KJV/Louis Segond), 'grc-en' (bundled word-aligned Greek NT/BSB) or a source<TAB>target file"
@@ -102,6 +102,8 @@ def _train(args: argparse.Namespace) -> int:
                      else ["attention", "cell", "embedding_dim", "hidden_size", "layers"])
     options = {name: getattr(args, name) for name in
                ["data", "valid", "direction", "arch", *model_options, "tokenizer", "vocab_size", "dropout"]}
+    if args.guided_alignment is not None:
+        options["guided_alignment"] = str(args.guided_alignment)
     check_run_folder(args.out, resume=args.resume, overwrite=args.overwrite, options=options)
     check_writable(args.out, "--out")
     if args.resume:
@@ -110,6 +112,17 @@ def _train(args: argparse.Namespace) -> int:
     setup_distributed()
     torch.manual_seed(args.seed)
     train_pairs = data_split("--data", args.data, "train", direction=args.direction)
+    alignments = None
+    if args.guided_alignment is not None:
+        from ..inspect.alignment import read_links
+
+        try:
+            alignments = read_links(args.guided_alignment)
+        except ValueError as error:
+            raise ValueError(f"--guided-alignment {error}") from None
+        if len(alignments) != len(train_pairs):
+            raise ValueError(f"--guided-alignment {args.guided_alignment} has {len(alignments)} lines for "
+                             f"{len(train_pairs)} training pairs of --data {args.data} (make it with attnkit align)")
     valid_pairs = (data_split("--valid", str(args.valid), "test") if args.valid else
                    data_split("--data", args.data, "valid", direction=args.direction))
     if args.resume:
@@ -132,12 +145,14 @@ def _train(args: argparse.Namespace) -> int:
                                    hidden_size=args.hidden_size, num_layers=args.layers, dropout=args.dropout)
         model = build_model(config)
     schedule = {} if args.warmup is None else {"warmup_steps": args.warmup}
+    guided = {} if alignments is None else {"alignment_weight": args.alignment_weight,
+                                            "alignment_layer": args.alignment_layer, "alignment_head": args.alignment_head}
     training = TrainingConfig.recipe(model.config.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                      clip_norm=args.clip, label_smoothing=args.label_smoothing, patience=args.patience,
                                      seed=args.seed, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
-                                     **schedule)
+                                     **schedule, **guided)
     result = train(model, source, target, train_pairs, valid_pairs, training, args.out, resume=args.resume,
-                   overwrite=args.overwrite, options=options, progress=not args.quiet)
+                   overwrite=args.overwrite, options=options, progress=not args.quiet, alignments=alignments)
     if is_main():
         print(f"{result.stopped} after {result.steps} steps; checkpoints in {args.out.resolve()} (best/, last/)")
     return 130 if result.stopped == "interrupted" else 0
@@ -182,8 +197,52 @@ def add_train_parser(commands) -> None:
                        help="continue the run in OUT exactly where it stopped (data and model options must match)")
     train.add_argument("--overwrite", action="store_true",
                        help="start again in OUT, deleting the attnkit run there (never other files)")
+    train.add_argument("--guided-alignment", type=input_file,
+                       help="word alignments of the training pairs, one Pharaoh line (0-0 1-2 ...) per pair "
+                            "(attnkit align writes them): trains one attention head towards them")
+    train.add_argument("--alignment-weight", type=float_in(0.0, 1e6, low_open=True), default=0.05,
+                       help="weight of the guided-alignment loss (default 0.05, Garg et al. 2019)")
+    train.add_argument("--alignment-layer", type=int,
+                       help="Transformer decoder layer the guide trains (default the penultimate)")
+    train.add_argument("--alignment-head", type=int_in(0), default=0, help="Transformer head the guide trains")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(run=_train)
+
+
+def _align(args: argparse.Namespace) -> int:
+    from ..inspect.alignment import IBMModel1, eflomal_align, symmetrize, write_links
+
+    check_writable(args.out.parent, "--out")
+    pairs = data_split("--data", args.data, args.split, direction=args.direction)
+    words = [(p.source.lower().split(), p.target.lower().split()) for p in pairs]
+    if args.aligner == "eflomal":
+        forward, reverse = eflomal_align(words)
+        links = [symmetrize(f, r, args.symmetrize) for f, r in zip(forward, reverse)]
+    else:
+        model = IBMModel1().fit(words, iterations=args.ibm_iterations, progress=not args.quiet)
+        links = [model.align(s, t) for s, t in words]
+    write_links(args.out, links)
+    print(f"{sum(len(x) for x in links):,} links for {len(links):,} {args.split} pairs of {args.data} "
+          f"({args.aligner}) in {args.out}")
+    return 0
+
+
+def add_align_parser(commands) -> None:
+    """The ``align`` sub-command's arguments."""
+    from ..inspect.alignment import SYMMETRIZATIONS
+
+    align = commands.add_parser("align", help="word-align a corpus split with eflomal or IBM Model 1 "
+                                              "(for train --guided-alignment)")
+    align.add_argument("--data", default="grc-en", help=_DATA_HELP)
+    align.add_argument("--direction", default="en-fr", choices=["en-fr", "fr-en"], help="for --data bible")
+    align.add_argument("--split", default="train", choices=["train", "valid", "test"], help="which pairs")
+    align.add_argument("--aligner", default="eflomal", choices=["eflomal", "ibm1"],
+                       help="eflomal (both directions, symmetrised) or IBM Model 1 (source -> target)")
+    align.add_argument("--symmetrize", default="grow-diag-final-and", choices=SYMMETRIZATIONS, help="for eflomal")
+    align.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5, help="EM iterations of IBM Model 1")
+    align.add_argument("--out", type=output_file, required=True, help="the Pharaoh-format links file to write")
+    align.add_argument("--quiet", action="store_true", help="no progress bars")
+    align.set_defaults(run=_align)
 
 
 def _translate(args: argparse.Namespace) -> int:

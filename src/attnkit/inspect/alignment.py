@@ -40,9 +40,36 @@ __all__ = [
     "symmetrize",
     "SYMMETRIZATIONS",
     "eflomal_align",
+    "read_links",
+    "write_links",
 ]
 
 Links = frozenset  # of (source index, target index)
+
+
+def write_links(path, alignments: Sequence[Iterable[tuple[int, int]]]) -> None:
+    """One line per sentence pair of ``source-target`` word index pairs (the "Pharaoh" format of
+    Moses, fast_align and eflomal), written atomically."""
+    from .._files import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(links)) + "\n" for links in alignments),
+                       encoding="utf-8")
+
+
+def read_links(path) -> list[Links]:
+    """The alignments of a Pharaoh-format file (:func:`write_links`); a malformed link is a
+    ValueError naming its line."""
+    out = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        links = set()
+        for item in line.split():
+            parts = item.split("-")
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise ValueError(f"{path}, line {number}: expected links like 3-4 (source-target word indices), got {item!r}")
+            links.add((int(parts[0]), int(parts[1])))
+        out.append(Links(links))
+    return out
 
 
 class AlignmentScores(NamedTuple):

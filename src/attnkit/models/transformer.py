@@ -173,14 +173,21 @@ class TransformerDecoder(nn.Module):
         *,
         caches: list[tuple[KVCache, KVCache]] | None = None,
         need_weights: bool = False,
+        weights_layer: int = -1,
     ) -> tuple[Tensor, Tensor | None]:
-        """-> (B, T, D) and the last layer's cross-attention weights (B, H, T, S) if asked."""
+        """-> (B, T, D) and the cross-attention weights (B, H, T, S) of layer ``weights_layer``
+        (default the last) if asked."""
+        count = len(self.layers)
+        if not -count <= weights_layer < count:
+            raise ValueError(f"weights_layer must be in [{-count}, {count}), got {weights_layer}")
+        chosen = weights_layer % count
         weights = None
         for i, layer in enumerate(self.layers):
-            last = i == len(self.layers) - 1
             self_cache, cross_cache = caches[i] if caches is not None else (None, None)
-            x, weights = layer(x, memory, memory_mask, self_cache=self_cache, cross_cache=cross_cache,
-                               need_weights=need_weights and last)
+            x, layer_weights = layer(x, memory, memory_mask, self_cache=self_cache, cross_cache=cross_cache,
+                                     need_weights=need_weights and i == chosen)
+            if i == chosen:
+                weights = layer_weights
         return self.norm(x), weights
 
 
@@ -252,12 +259,19 @@ class TransformerEncoderDecoder(nn.Module):
         return StepOutput(self.generator(x[:, 0]), weights[:, :, 0].mean(1))
 
     def forward(
-        self, source: Tensor, source_lengths: Tensor, target_in: Tensor, *, need_weights: bool = False
+        self, source: Tensor, source_lengths: Tensor, target_in: Tensor, *, need_weights: bool = False,
+        weights_layer: int = -1, weights_head: int | None = None,
     ) -> TranslationOutput:
-        """Teacher-forced logits (B, T, V) for target_in (B, T); with ``need_weights`` also the last
-        decoder layer's cross attention averaged over heads (B, T, S)."""
+        """Teacher-forced logits (B, T, V) for target_in (B, T); with ``need_weights`` also the cross
+        attention (B, T, S) of decoder layer ``weights_layer`` (default the last), averaged over heads
+        or of head ``weights_head`` (guided alignment trains one head, Garg et al. 2019)."""
         check_rank("target_in", target_in, 2, "(B, T)")
+        heads = self.config.num_heads
+        if weights_head is not None and not 0 <= weights_head < heads:
+            raise ValueError(f"weights_head must be None (average) or in [0, {heads}), got {weights_head}")
         state = self.encode(source, source_lengths)
         x, weights = self.decoder(self.target_embedding(target_in), state.memory, state.memory_mask,
-                                  need_weights=need_weights)
-        return TranslationOutput(self.generator(x), None if weights is None else weights.mean(1))
+                                  need_weights=need_weights, weights_layer=weights_layer)
+        if weights is not None:
+            weights = weights.mean(1) if weights_head is None else weights[:, weights_head]
+        return TranslationOutput(self.generator(x), weights)

@@ -4,6 +4,12 @@ AdamW, gradient clipping, label smoothing, teacher forcing, length-bucketed batc
 warm-up then inverse-square-root schedule (Vaswani et al. 2017, eq. 3), validation each epoch,
 early stopping on validation loss, checkpoints that resume bit-identically, Ctrl-C that saves
 before exiting, and data parallelism under torchrun.
+
+Guided alignment (Garg et al. 2019; Chen et al. 2016): with ``alignment_weight`` > 0 and word
+alignments of the training pairs (from eflomal or IBM Model 1), the loss adds, per target piece
+with a link, the cross entropy between the attention that predicts it (one head of one decoder
+layer for a Transformer; the one attention of an RNN model) and the uniform distribution over the
+pieces of its linked source words.
 """
 
 from __future__ import annotations
@@ -61,6 +67,11 @@ class TrainingConfig:
     max_steps: int | None = None  # stop (and checkpoint) after this many optimiser steps in all
     checkpoint_every: int = 0  # also checkpoint every N steps (0: at the end of each epoch only)
     eval_batch_size: int = 128
+    # Guided alignment: weight of the attention's cross entropy with the given alignments (0: off),
+    # the Transformer decoder layer (None: the penultimate, as Garg et al. 2019) and head it trains.
+    alignment_weight: float = 0.0
+    alignment_layer: int | None = None
+    alignment_head: int = 0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -79,6 +90,10 @@ class TrainingConfig:
         for name in ("warmup_steps", "patience", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainingConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.alignment_weight) and self.alignment_weight >= 0):
+            raise ValueError(f"TrainingConfig.alignment_weight must be a finite number >= 0, got {self.alignment_weight}")
+        if self.alignment_head < 0:
+            raise ValueError(f"TrainingConfig.alignment_head must be >= 0, got {self.alignment_head}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"TrainingConfig.max_steps must be >= 1 or None, got {self.max_steps}")
 
@@ -113,8 +128,53 @@ def encode_pairs(pairs: Sequence[Pair], source: Tokenizer, target: Tokenizer) ->
 
 def _loss_sum(model: nn.Module, batch, label_smoothing: float) -> torch.Tensor:
     logits = model(batch.source, batch.source_lengths, batch.target_in).logits  # (B, T, V)
+    return _cross_entropy_sum(logits, batch, label_smoothing)
+
+
+def _cross_entropy_sum(logits: torch.Tensor, batch, label_smoothing: float) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.target_out.flatten(), ignore_index=PAD,
                            label_smoothing=label_smoothing, reduction="sum")
+
+
+Guide = tuple[torch.Tensor, torch.Tensor]  # (target piece, source piece) index pairs of one training pair
+
+
+def piece_guides(pairs: Sequence[Pair], alignments: Sequence, source: Tokenizer, target: Tokenizer) -> list[Guide]:
+    """Word links (source word, target word) of each pair as (target piece, source piece) index
+    pairs: every piece of a linked target word to every piece of its linked source words.
+    Raises ValueError naming the pair whose links fall outside its words."""
+    if len(alignments) != len(pairs):
+        raise ValueError(f"alignments must have one line per training pair: got {len(alignments)} for {len(pairs)} pairs")
+    guides = []
+    for k, (pair, links) in enumerate(zip(pairs, alignments)):
+        source_words, target_words = source.word_ids(pair.source), target.word_ids(pair.target)
+        n_source, n_target = len(pair.source.split()), len(pair.target.split())
+        bad = [(i, j) for i, j in links if not (0 <= i < n_source and 0 <= j < n_target)]
+        if bad:
+            raise ValueError(f"alignment of training pair {k} links words outside its {n_source} source and "
+                             f"{n_target} target words: {sorted(bad)[:5]}")
+        by_target: dict[int, list[int]] = {}
+        for i, j in links:
+            by_target.setdefault(j, []).append(i)
+        pieces_of_source: dict[int, list[int]] = {}
+        for s, w in enumerate(source_words):
+            pieces_of_source.setdefault(w, []).append(s)
+        rows, cols = [], []
+        for t, w in enumerate(target_words):
+            for i in by_target.get(w, ()):
+                for s in pieces_of_source.get(i, ()):
+                    rows.append(t)
+                    cols.append(s)
+        guides.append((torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)))
+    return guides
+
+
+def _guide_matrix(guides: Sequence[Guide], shape: tuple[int, int, int]) -> torch.Tensor:
+    """(B, T, S) target distributions: each guided row uniform over its linked source pieces."""
+    matrix = torch.zeros(shape)
+    for b, (rows, cols) in enumerate(guides):
+        matrix[b, rows, cols] = 1.0
+    return matrix / matrix.sum(-1, keepdim=True).clamp_min(1.0)
 
 
 @torch.no_grad()
@@ -181,6 +241,7 @@ def train(
     options: dict | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    alignments: Sequence | None = None,
 ) -> TrainingResult:
     """Train ``model`` and write checkpoints under ``folder`` (``last/``, ``best/``, ``history.json``).
 
@@ -191,13 +252,15 @@ def train(
     ``folder`` must be new, empty or an attnkit run (see :mod:`attnkit.training.run`): an existing
     run needs ``resume`` or ``overwrite``; ``options`` (data and model choices, JSON-able) are
     recorded with the run and must be equal on resume. Epoch summaries go to ``log`` (default: this
-    module's logger at INFO); ``progress`` shows a tqdm bar per epoch.
+    module's logger at INFO); ``progress`` shows a tqdm bar per epoch. ``alignments`` (one set of
+    (source word, target word) links per training pair) feed guided alignment when
+    ``config.alignment_weight`` > 0.
     """
     folder = Path(folder)
     if is_main():
         prepare_run_folder(folder, resume=resume, overwrite=overwrite, options=options)
     trainer = _Trainer(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config, folder,
-                       progress=progress, log=log or logger.info)
+                       progress=progress, log=log or logger.info, alignments=alignments)
     if resume:
         trainer.restore()
     else:
@@ -209,13 +272,23 @@ class _Trainer:
     """One run of :func:`train`: the epochs, validation and checkpoints around the optimiser steps."""
 
     def __init__(self, model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config: TrainingConfig,
-                 folder: Path, *, progress: bool, log: Callable[[str], None]):
+                 folder: Path, *, progress: bool, log: Callable[[str], None], alignments=None):
         from torch.nn.parallel import DistributedDataParallel
 
         self.model, self.config, self.folder, self.progress, self.log = model, config, folder, progress, log
         self.tokenizers = (source_tokenizer, target_tokenizer)
         self.rank, self.world_size = world()
         self.main = is_main()
+        self.guides = None
+        if config.alignment_weight > 0:
+            if alignments is None:
+                raise ValueError("TrainingConfig.alignment_weight > 0 needs alignments of the training pairs")
+            kept = [k for k, p in enumerate(train_pairs) if source_tokenizer.encode(p.source) and target_tokenizer.encode(p.target)]
+            guides = piece_guides(train_pairs, alignments, source_tokenizer, target_tokenizer)
+            self.guides = [guides[k] for k in kept]  # encode_pairs drops the same empty pairs
+            self.weights_options = self._weights_options(model)
+        elif alignments is not None:
+            raise ValueError("alignments were given but TrainingConfig.alignment_weight is 0: set a weight > 0")
         self.train_data = encode_pairs(train_pairs, source_tokenizer, target_tokenizer)
         self.valid_data = encode_pairs(valid_pairs, source_tokenizer, target_tokenizer)
         if not self.train_data or not self.valid_data:
@@ -226,6 +299,25 @@ class _Trainer:
         self.net = DistributedDataParallel(model) if self.world_size > 1 else model
         self.state = TrainerState()
         self.history: dict[str, list] = {"steps": [], "epochs": []}
+
+    def _weights_options(self, model) -> dict:
+        """Keyword arguments that make ``model`` return the attention guided alignment trains."""
+        from ..models import Seq2Seq
+
+        config = self.config
+        if isinstance(model, Seq2Seq):
+            if model.style == "none":
+                raise ValueError("guided alignment needs attention; this model is the bottleneck (attention='none')")
+            if config.alignment_layer is not None or config.alignment_head != 0:
+                raise ValueError("an RNN model has one attention: leave alignment_layer None and alignment_head 0")
+            return {}
+        layers, heads = model.config.decoder_layers, model.config.num_heads
+        layer = config.alignment_layer if config.alignment_layer is not None else (-2 if layers > 1 else -1)
+        if not -layers <= layer < layers:
+            raise ValueError(f"TrainingConfig.alignment_layer must be in [{-layers}, {layers}), got {layer}")
+        if config.alignment_head >= heads:
+            raise ValueError(f"TrainingConfig.alignment_head must be in [0, {heads}), got {config.alignment_head}")
+        return {"need_weights": True, "weights_layer": layer, "weights_head": config.alignment_head}
 
     def restore(self) -> None:
         saved = load_trainer_state(self.folder / "last", self.model, self.optimizer)
@@ -265,7 +357,7 @@ class _Trainer:
             if all_sum(float(interrupt.requested)) > 0:
                 state.stopped = "interrupted"
                 break
-            loss, tokens, rate = self._step([self.train_data[i] for i in batches[index]])
+            loss, tokens, rate = self._step(batches[index])
             state.batch, state.step = index + 1, state.step + 1
             self.history["steps"].append({"step": state.step, "epoch": epoch + 1, "loss": loss, "tokens": tokens,
                                           "tokens_per_s": rate})
@@ -280,19 +372,29 @@ class _Trainer:
         if bar is not None:
             bar.close()
 
-    def _step(self, chunk) -> tuple[float, int, float]:
-        """One optimiser step on a batch; -> (mean loss per token over all ranks, tokens, tokens/s)."""
+    def _step(self, indices: Sequence[int]) -> tuple[float, int, float]:
+        """One optimiser step on the batch of training pairs ``indices``; -> (mean translation loss
+        per token over all ranks, tokens, tokens/s)."""
         config = self.config
+        chunk = [self.train_data[i] for i in indices]
         batch = collate([s for s, _ in chunk], [t for _, t in chunk])
         tick = time.perf_counter()
         global_tokens = all_sum(batch.target_tokens)
         step = self.state.step + 1
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate(step)
-        loss_sum = _loss_sum(self.net, batch, config.label_smoothing)
+        if self.guides is None:
+            loss_sum = _loss_sum(self.net, batch, config.label_smoothing)
+            objective = loss_sum
+        else:
+            output = self.net(batch.source, batch.source_lengths, batch.target_in, **self.weights_options)
+            loss_sum = _cross_entropy_sum(output.logits, batch, config.label_smoothing)
+            guide = _guide_matrix([self.guides[i] for i in indices], tuple(output.weights.shape))
+            alignment_sum = -(guide * output.weights.float().clamp_min(1e-9).log()).sum()
+            objective = loss_sum + config.alignment_weight * alignment_sum
         # Each rank's sum over the global token count; DDP's gradient mean then gives the gradient of
         # the global per-token mean.
-        (loss_sum * self.world_size / global_tokens).backward()
+        (objective * self.world_size / global_tokens).backward()
         loss = all_sum(float(loss_sum.detach())) / global_tokens
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_norm if config.clip_norm > 0 else math.inf)
         if not (math.isfinite(loss) and math.isfinite(float(norm))):
