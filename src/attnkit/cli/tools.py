@@ -130,12 +130,22 @@ def _inspect(args: argparse.Namespace) -> int:
         check_texts("--file", texts)
     check_texts("text", texts or [])
     check_writable(args.out, "--out")
+    if args.coref and args.model != "minilm":
+        raise ValueError(f"--coref needs an encoder: --model minilm, got {args.model!r}")
     if args.model == "minilm":
         if references or args.aer:
             raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")
         from ..models.pretrained import load_minilm
 
         model, tokenizer = load_minilm()
+        if args.coref:
+            result = report.evaluate_coreference(model, tokenizer, args.out, progress=progress)
+            best = result["best_in_sample"]
+            print(f"coreference: mean head {result['mean_head_accuracy']:.1%}, best head L{best['layer']} "
+                  f"H{best['head']} {best['accuracy']:.1%} (p {best['p_value']:.3f}); held out: "
+                  + ", ".join(f"{h['accuracy']:.1%}" for h in result["held_out"]))
+            print(f"coreference report: {Path(args.out) / 'coref.md'}")
+            return 0
         path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
                                       progress=progress)
         print(f"report: {path}")
@@ -217,6 +227,8 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--aer", action="store_true",
                          help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
     inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
+    inspect.add_argument("--coref", action="store_true",
+                         help="per-head pronoun resolution on the bundled Winograd-style pairs (--model minilm)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")

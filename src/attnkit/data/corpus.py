@@ -7,8 +7,9 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS"]
+__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS", "CorefItem", "winograd_pairs"]
 
 SPLITS = ("train", "valid", "test")
 MAX_LINE_CHARS = 10_000
@@ -76,6 +77,29 @@ def aligned_corpus(split: str) -> list[Pair]:
         alignment = tuple(tuple(int(x) for x in link.split("-")) for link in links.split())
         pairs.append(Pair(greek, english, reference=f"{book}:{chapter}:{verse}", alignment=alignment))
     return pairs
+
+
+class CorefItem(NamedTuple):
+    """One sentence of a Winograd-style pair: ``pronoun`` refers to ``antecedent``, not ``other``."""
+
+    pair: int
+    sentence: str
+    pronoun: str
+    antecedent: str
+    other: str
+
+
+def winograd_pairs() -> list[CorefItem]:
+    """The bundled Winograd-style pairs (64 pairs, 128 sentences, written for attnkit; see
+    ``attnkit/data/corpora/README.md``): two sentences per pair, one word apart, whose pronoun
+    refers to a different one of the same two candidates."""
+    path = resources.files("attnkit.data") / "corpora" / "winograd.tsv"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    items = []
+    for line in lines[1:]:
+        pair, sentence, pronoun, antecedent, other = line.split("\t")
+        items.append(CorefItem(int(pair), sentence, pronoun, antecedent, other))
+    return items
 
 
 def read_pairs(path: str | os.PathLike) -> list[Pair]:
