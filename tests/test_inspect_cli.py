@@ -4,6 +4,7 @@ checkpoint trained on the bundled Greek -> English corpus, with --aer; clear err
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -40,8 +41,10 @@ def greek_checkpoint(tmp_path_factory):
 @pytest.mark.slow
 def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path, capsys):
     out = tmp_path / "grc"
+    also = tmp_path / "also"
+    shutil.copytree(greek_checkpoint, also)  # a second run in the same table
     assert main(["inspect", "--model", str(greek_checkpoint), "--out", str(out), "--steps", "2", "--beam", "1",
-                 "--aer", "--limit", "20", "--ibm-iterations", "1", "--quiet",
+                 "--aer", "--limit", "20", "--ibm-iterations", "1", "--quiet", "--also", str(also),
                  "Ἐν ἀρχῇ ἦν ὁ λόγος", "--reference", "In the beginning was the Word"]) == 0
     printed = capsys.readouterr().out
     assert "IBM Model 1" in printed and "diagonal" in printed
@@ -49,11 +52,14 @@ def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path,
     assert (out / "alignment-attention.png").read_bytes()[:8] == PNG
     result = json.loads((out / "alignment.json").read_text())
     assert result["verses"] == 20 and result["dev_verses"] == 154
-    assert set(result["scores"]) >= {"attention, head average, argmax", "shift-att, head average, argmax", "IBM Model 1",
-                                     "diagonal", "eflomal, grow-diag-final-and", "eflomal, intersection"}
-    best = result["best_on_dev"]
-    assert best["dev_aer"] == min(result["dev_aer"].values())  # chosen on dev, never on test
-    assert result["readings_tried"] == 2 * 4  # one layer, one head: two rows x (argmax + three thresholds)
+    assert set(result["scores"]) >= {"run: attention, head average, argmax", "run: shift-att, head average, argmax",
+                                     "IBM Model 1", "diagonal", "eflomal, grow-diag-final-and", "eflomal, intersection",
+                                     "also: attention, head average, argmax"}
+    for best in result["best_on_dev"]:  # chosen on dev, never on test
+        label = best["model"]
+        assert best["dev_aer"] == min(aer for name, aer in result["dev_aer"].items() if name.startswith(f"{label}: "))
+        assert best["readings_tried"] == 2 * 4  # one layer, one head: two rows x (argmax + three thresholds)
+    assert [b["model"] for b in result["best_on_dev"]] == ["run", "also"]
     for scores in result["scores"].values():
         assert 0 <= scores["aer"] <= 1 and 0 <= scores["precision"] <= 1 and 0 <= scores["recall"] <= 1
     assert "| IBM Model 1 |" in (out / "alignment.md").read_text()

@@ -130,6 +130,8 @@ def _inspect(args: argparse.Namespace) -> int:
         check_texts("--file", texts)
     check_texts("text", texts or [])
     check_writable(args.out, "--out")
+    if args.also and not args.aer:
+        raise ValueError("--also adds checkpoints to --aer's table; give --aer too")
     if args.coref and args.model != "minilm":
         raise ValueError(f"--coref needs an encoder: --model minilm, got {args.model!r}")
     if args.model == "minilm":
@@ -201,7 +203,14 @@ def _inspect(args: argparse.Namespace) -> int:
                                           beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress)
         print(f"report: {path}")
     if args.aer:
-        result = report.evaluate_alignment(checkpoint, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
+        checkpoints = {folder.name or "attention": checkpoint}
+        for other in args.also or ():
+            extra = load_checkpoint(resolve_checkpoint(other))
+            check_trained_on_grc_en(extra)
+            if other.name in checkpoints:
+                raise ValueError(f"--also {other}: two runs named {other.name!r}; rename one folder")
+            checkpoints[other.name] = extra
+        result = report.evaluate_alignment(checkpoints, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
                                            eflomal=not args.no_eflomal, progress=progress)
         for name, s in result["scores"].items():
             print(f"{name:60s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
@@ -229,6 +238,8 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
     inspect.add_argument("--coref", action="store_true",
                          help="per-head pronoun resolution on the bundled Winograd-style pairs (--model minilm)")
+    inspect.add_argument("--also", type=Path, action="append", metavar="RUN",
+                         help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")

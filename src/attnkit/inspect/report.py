@@ -296,27 +296,11 @@ def _links(weights: np.ndarray, rule: str):
     return links_from_weights(weights, method="threshold", threshold=float(rule.split(">= ")[1]))
 
 
-def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
-                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True, progress: bool = False,
-                       log: Callable[[str], None] | None = None) -> dict:
-    """AER on the held-out verses of the bundled Greek -> English corpus of the checkpoint's
-    attention read every way (each decoder layer, each head and the heads' average, the row that
-    predicts a word or, shift-att, the row that reads it; argmax or a weight threshold), next to
-    eflomal (both directions, intersection, grow-diag-final-and), IBM Model 1 and the diagonal.
-
-    The reading with the lowest AER on the dev verses (the "valid" split) is reported on test;
-    nothing is chosen on test. The statistical aligners learn from the text of every verse (train,
-    dev and test) without gold links, as aligners are used. Writes ``alignment.md``,
-    ``alignment.json`` and an example PNG.
-    """
-    log = log or logger.info
-    from ..viz import plot_heatmap
-
-    out = Path(out)
-    test, dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
-    gold, dev_gold = [p.alignment for p in test], [p.alignment for p in dev]
+def _attention_methods(label: str, checkpoint, test, dev, thresholds, progress) -> dict:
+    """Every attention reading of one checkpoint scored on dev; on test: the last layer's head
+    average (plain and shift-att) with every rule, the dev-best reading, and per-layer rows."""
     model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
-    started = time.perf_counter()
+    gold, dev_gold = [p.alignment for p in test], [p.alignment for p in dev]
     test_pieces = cross_attention_pieces(model, source, target, test)
     dev_pieces = cross_attention_pieces(model, source, target, dev)
     layers, heads = test_pieces[0].shape[:2]
@@ -327,40 +311,80 @@ def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None,
         return [word_weights(select_weights(p, layer=layer, head=head, shift=shift), source.word_ids(pair.source),
                              target.word_ids(pair.target)) for pair, p in zip(pairs, pieces)]
 
-    grid = []  # (reading, rule, dev AER)
-    for reading in _bar(_readings(test_pieces[0]), progress, desc="attention readings on dev", unit="reading"):
+    grid = {}  # (reading, rule) -> dev AER
+    for reading in _bar(_readings(test_pieces[0]), progress, desc=f"{label}: readings on dev", unit="reading"):
         dev_words = words(dev, dev_pieces, reading)
         for rule in rules:
-            grid.append((reading, rule, alignment_error_rate([_links(w, rule) for w in dev_words], dev_gold).aer))
-    best_reading, best_rule, best_dev = min(grid, key=lambda row: row[2])
-    methods, dev_aer = {}, {}
-    last = (layers - 1, None, False)
-    test_words = {}
-    for reading in dict.fromkeys([last, (layers - 1, None, True), best_reading]):
+            grid[reading, rule] = alignment_error_rate([_links(w, rule) for w in dev_words], dev_gold).aer
+    (best_reading, best_rule), best_dev = min(grid.items(), key=lambda item: item[1])
+    methods, dev_aer, test_words = {}, {}, {}
+    for reading in dict.fromkeys([(layers - 1, None, False), (layers - 1, None, True), best_reading]):
         test_words[reading] = words(test, test_pieces, reading)
         for rule in rules:
-            name = f"{_reading_name(reading, layers)}, {rule}"
-            if reading == best_reading and rule == best_rule:
+            name = f"{label}: {_reading_name(reading, layers)}, {rule}"
+            if (reading, rule) == (best_reading, best_rule):
                 name += " (best on dev)"
             methods[name] = [_links(w, rule) for w in test_words[reading]]
-            dev_aer[name] = next(aer for r, ru, aer in grid if r == reading and ru == rule)
-    per_layer = []  # head average per layer, argmax and the dev-best rule, both rows
+            dev_aer[name] = grid[reading, rule]
+    per_layer = []
     for layer in range(layers):
         for shift in (False, True):
             reading = (layer, None, shift)
-            test_layer = test_words.get(reading) or words(test, test_pieces, reading)
-            per_layer.append({"layer": layer + 1, "shift": shift, **{
-                rule: {"dev": next(aer for r, ru, aer in grid if r == reading and ru == rule),
-                       "test": alignment_error_rate([_links(w, rule) for w in test_layer], gold).aer}
+            layer_words = test_words.get(reading) or words(test, test_pieces, reading)
+            per_layer.append({"model": label, "layer": layer + 1, "shift": shift, **{
+                rule: {"dev": grid[reading, rule],
+                       "test": alignment_error_rate([_links(w, rule) for w in layer_words], gold).aer}
                 for rule in ("argmax", f"weight >= {thresholds[0]}")}})
-    attention_seconds = time.perf_counter() - started
-    log(f"attention alignments of {len(test)} test and {len(dev)} dev verses, {len(grid)} readings, "
-        f"in {attention_seconds:.1f} s; IBM Model 1 ({ibm_iterations} EM iterations) ...")
+    best = {"model": label, "checkpoint": str(checkpoint.folder), "layer": best_reading[0] + 1,
+            "head": best_reading[1], "shift": best_reading[2], "rule": best_rule, "dev_aer": best_dev,
+            "readings_tried": len(grid), "layers": layers, "heads": heads,
+            "method": next(name for name in methods if name.endswith("(best on dev)"))}
+    return {"methods": methods, "dev_aer": dev_aer, "per_layer": per_layer, "best": best,
+            "example_words": test_words[best_reading]}
+
+
+def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True, progress: bool = False,
+                       log: Callable[[str], None] | None = None) -> dict:
+    """AER on the held-out verses of the bundled Greek -> English corpus, in one table: each
+    checkpoint's attention read every way (each decoder layer, each head and the heads' average,
+    the row that predicts a word or, shift-att, the row that reads it; argmax or a weight
+    threshold), next to eflomal (both directions, intersection, grow-diag-final-and), IBM Model 1
+    and the diagonal.
+
+    ``checkpoints``: one checkpoint, or a dict label -> checkpoint. For each, the reading with the
+    lowest AER on the dev verses (the "valid" split) is reported on test; nothing is chosen on
+    test. The statistical aligners learn from the text of every verse (train, dev and test)
+    without gold links, as aligners are used. Writes ``alignment.md``, ``alignment.json`` and an
+    example PNG (the first checkpoint's best reading).
+    """
+    log = log or logger.info
+    from ..viz import plot_heatmap
+
+    if not isinstance(checkpoints, dict):
+        checkpoints = {"attention": checkpoints}
+    if not checkpoints:
+        raise ValueError("checkpoints is empty: give at least one checkpoint")
+    out = Path(out)
+    test, dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
+    gold = [p.alignment for p in test]
+    seconds, methods, dev_aer, per_layer, best = {}, {}, {}, [], []
+    example_words = None
+    for label, checkpoint in checkpoints.items():
+        tick = time.perf_counter()
+        found = _attention_methods(label, checkpoint, test, dev, thresholds, progress)
+        methods |= found["methods"]
+        dev_aer |= found["dev_aer"]
+        per_layer += found["per_layer"]
+        best.append(found["best"])
+        example_words = example_words or found["example_words"]
+        seconds[label] = time.perf_counter() - tick
+        log(f"{label}: {found['best']['readings_tried']} attention readings in {seconds[label]:.1f} s")
+    log(f"IBM Model 1 ({ibm_iterations} EM iterations) ...")
     words_of = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
     corpus = [words_of(p) for p in train + dev + test]
     ibm = IBMModel1().fit(corpus, iterations=ibm_iterations, progress=progress)
     methods["IBM Model 1"] = [ibm.align(*words_of(p)) for p in test]
-    seconds = {"attention": attention_seconds}
     if eflomal:
         tick = time.perf_counter()
         log(f"eflomal on {len(corpus):,} verses ...")
@@ -376,42 +400,39 @@ def evaluate_alignment(checkpoint, out: str | Path, *, limit: int | None = None,
     scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}
     example = max(range(len(test)), key=lambda k: -abs(len(test[k].source.split()) - 14))  # a verse of ~14 words
     pair = test[example]
-    example_weights = test_words[best_reading][example]
-    gold_matrix = np.zeros_like(example_weights)
+    gold_matrix = np.zeros_like(example_words[example])
     for i, j in pair.alignment:
         gold_matrix[j, i] = 1.0
-    for name, matrix in (("attention", example_weights), ("gold", gold_matrix)):
+    for name, matrix in (("attention", example_words[example]), ("gold", gold_matrix)):
         plot_heatmap(matrix, out / f"alignment-{name}.png", x_labels=pair.source.split(), y_labels=pair.target.split(),
                      title=f"{name}: {pair.reference}", x_title="Greek (SBLGNT)", y_title="English (BSB)", cmap="Greys")
-    best_name = next(name for name in methods if name.endswith("(best on dev)"))
     result = {"verses": len(test), "dev_verses": len(dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
-              "dev_aer": dev_aer, "best_on_dev": {"method": best_name, "layer": best_reading[0] + 1,
-                                                  "head": best_reading[1], "shift": best_reading[2], "rule": best_rule,
-                                                  "dev_aer": best_dev},
-              "per_layer": per_layer, "readings_tried": len(grid), "layers": layers, "heads": heads,
+              "dev_aer": dev_aer, "best_on_dev": best, "per_layer": per_layer,
               "ibm_iterations": ibm_iterations, "ibm_log_likelihoods": ibm.log_likelihoods,
-              "checkpoint": str(checkpoint.folder), "example": pair.reference, "seconds": seconds}
+              "checkpoints": {label: str(c.folder) for label, c in checkpoints.items()}, "example": pair.reference,
+              "seconds": seconds}
+    tried = sum(b["readings_tried"] for b in best)
     lines = ["# Alignment quality: attention vs eflomal, IBM Model 1 and the diagonal", "",
              f"{len(test)} held-out verses (Mark, Philippians, 1 John) of the bundled SBLGNT -> BSB corpus, "
              f"{result['gold_links']:,} hand-made links (all treated as sure, so AER = 1 - F1). "
-             "Every method links English words to Greek words; attention comes from the checkpoint forced "
+             "Every method links English words to Greek words; attention comes from each checkpoint forced "
              "to produce the reference English, pooled from subword pieces to words. "
-             f"{len(grid)} attention readings (layer, head or head average, shift-att or not, rule) were scored on "
-             f"the {len(dev)} dev verses; the best one is marked. eflomal and IBM Model 1 learn from the text of all "
-             f"{len(corpus):,} verses, without gold links.", "",
+             f"{tried} attention readings (layer, head or head average, shift-att or not, rule) were scored on "
+             f"the {len(dev)} dev verses; each model's best is marked. eflomal and IBM Model 1 learn from the text of "
+             f"all {len(corpus):,} verses, without gold links.", "",
              "| method | precision | recall | AER (test) | AER (dev) | links |", "|---|---|---|---|---|---|"]
-    for name, s in scores.items():
+    for name, s in sorted(scores.items(), key=lambda item: item[1]["aer"]):
         dev_cell = f"{dev_aer[name]:.3f}" if name in dev_aer else "-"
         lines.append(f"| {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['aer']:.3f} | {dev_cell} | {s['predicted']:,} |")
     lines += ["", "Head average per decoder layer (AER):", "",
-              f"| layer | row | dev, argmax | test, argmax | dev, weight >= {thresholds[0]} | test, weight >= {thresholds[0]} |",
-              "|---|---|---|---|---|---|"]
+              f"| model | layer | row | dev, argmax | test, argmax | dev, weight >= {thresholds[0]} | "
+              f"test, weight >= {thresholds[0]} |", "|---|---|---|---|---|---|---|"]
     for row in per_layer:
         a, t = row["argmax"], row[f"weight >= {thresholds[0]}"]
-        lines.append(f"| {row['layer']} | {'reads the word (shift-att)' if row['shift'] else 'predicts the word'} | "
+        lines.append(f"| {row['model']} | {row['layer']} | {'reads the word (shift-att)' if row['shift'] else 'predicts the word'} | "
                      f"{a['dev']:.3f} | {a['test']:.3f} | {t['dev']:.3f} | {t['test']:.3f} |")
-    lines += ["", f"Example, {pair.reference}: attention of the best reading on dev (left) and gold links (right).", "",
-              "![attention](alignment-attention.png) ![gold](alignment-gold.png)", ""]
+    lines += ["", f"Example, {pair.reference}: attention of {best[0]['model']}'s best reading on dev (left) and gold "
+              "links (right).", "", "![attention](alignment-attention.png) ![gold](alignment-gold.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
     _write_markdown(out / "alignment.md", lines)
     write_json(out / "alignment.json", result)
