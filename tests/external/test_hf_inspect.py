@@ -133,7 +133,7 @@ def smollm2_model():
 @pytest.mark.slow
 def test_inspect_cli_on_smollm2(tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["inspect", "--model", "smollm2", "--out", str(out), "--steps", "1", "--quiet",
+    assert main(["inspect", "--model", "smollm2", "--out", str(out), "--steps", "2", "--quiet",
                  "The trophy did not fit in the suitcase because it was too big."]) == 0
     assert "decoder" in capsys.readouterr().out
     assert (out / "report.md").is_file() and (out / "viewer.html").is_file()

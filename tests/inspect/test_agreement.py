@@ -30,11 +30,16 @@ def test_one_example_per_target_step_with_correlations(setup):
     first = examples[0]
     assert first.tokens == source.tokens(pairs[0].source) and len(first.tokens) == 4
     assert np.isclose(first.attention["attention"].sum(), 1.0)
-    assert set(first.correlations) == {("attention", "integrated-gradients"), ("attention", "gradient-x-input")}
+    assert set(first.correlations) == {("attention", "integrated-gradients"), ("attention", "gradient-x-input"),
+                                       ("integrated-gradients", "gradient-x-input")}
     rows = summarise(examples)
     assert all(row["spearman"]["n"] <= 6 for row in rows)
-    limited = seq2seq_agreement(model, source, target, pairs[:1], steps=2, max_steps_per_pair=2)
+    limited = seq2seq_agreement(model, source, target, pairs[:1], steps=2, max_steps_per_pair=2, shapley_samples=4)
     assert len(limited) == 2
+    assert ("attention", "shapley") in limited[0].correlations and ("integrated-gradients", "shapley") in limited[0].correlations
+    # Shapley values add up to the output change from the all-zero source embeddings, as IG nearly does.
+    ig, shap = limited[1].attribution["integrated-gradients"], limited[1].attribution["shapley"]
+    assert shap.shape == ig.shape and np.isfinite(shap).all()
 
 
 def test_integrated_gradients_complete_on_the_seq2seq_step(setup):

@@ -1,5 +1,6 @@
-"""Integrated gradients (completeness, linear exactness), gradient x input, and the rank
-correlations against SciPy's."""
+"""Attribution through Captum: integrated gradients (completeness, linear exactness, equal to the
+hand-written midpoint rule attnkit used before), gradient x input, sampled Shapley values
+(efficiency, exact on an additive model); the rank correlations against SciPy's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.inspect.attribution import gradient_x_input, integrated_gradients, kendall, rank, spearman
+from attnkit.inspect.attribution import gradient_x_input, integrated_gradients, kendall, rank, shapley_values, spearman
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -25,6 +26,49 @@ class _Tiny(nn.Module):
 
     def forward(self, ids):
         return self.out(torch.tanh(self.hidden(self.embedding(ids)))).sum((1, 2))
+
+
+def _midpoint_integrated_gradients(model, ids, steps):
+    """The hand-written integrated gradients attnkit had before Captum: zero baseline, midpoints."""
+    x = model.embedding(ids).detach()
+    alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
+    path = (alphas.view(-1, 1, 1) * x).requires_grad_(True)
+    values = model.out(torch.tanh(model.hidden(path))).sum((1, 2))
+    (grad,) = torch.autograd.grad(values.sum(), path)
+    return (x[0] * grad.mean(0)).sum(-1)
+
+
+def test_captum_integrated_gradients_and_gradient_x_input_equal_the_formulas():
+    model = _Tiny().double()
+    ids = torch.tensor([[1, 4, 7, 2, 9]])
+    forward = lambda m: model(ids.expand(m, -1))  # noqa: E731
+    for steps in (2, 7, 32):
+        torch.testing.assert_close(integrated_gradients(forward, model.embedding, steps=steps),
+                                   _midpoint_integrated_gradients(model, ids, steps), rtol=1e-6, atol=1e-9)  # Captum keeps its alphas in float32
+    x = model.embedding(ids).detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(model.out(torch.tanh(model.hidden(x))).sum(), x)
+    torch.testing.assert_close(gradient_x_input(forward, model.embedding), (x * grad)[0].sum(-1).detach())
+
+
+def test_shapley_values_are_efficient_and_exact_when_tokens_add_up():
+    model = _Tiny().double()
+    ids = torch.tensor([[1, 4, 7, 2]])
+    forward = lambda m: model(ids.expand(m, -1))  # noqa: E731
+    values = shapley_values(forward, model.embedding, samples=10)
+    with torch.no_grad():
+        full = model(ids)[0]
+        empty = model.out(torch.tanh(model.hidden(torch.zeros(1, 4, 6, dtype=torch.float64)))).sum()
+    assert values.shape == (4,)
+    assert values.sum().item() == pytest.approx((full - empty).item(), rel=1e-6)  # efficiency, every sample
+    torch.testing.assert_close(values, shapley_values(forward, model.embedding, samples=10))  # seeded
+    # An additive model: each token's value is its own term, whatever the order.
+    embedding = nn.Embedding(5, 3).double()
+    weight = torch.tensor([0.5, -2.0, 1.0], dtype=torch.float64)
+    ids = torch.tensor([[0, 3, 4]])
+    linear = lambda m: (embedding(ids.expand(m, -1)) @ weight).sum(-1)  # noqa: E731
+    torch.testing.assert_close(shapley_values(linear, embedding, samples=3), (embedding.weight[ids[0]] @ weight).detach())
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        shapley_values(linear, embedding, samples=0)
 
 
 def test_integrated_gradients_add_up_to_the_output_change():
@@ -45,7 +89,7 @@ def test_linear_model_attributions_are_exact():
     ids = torch.tensor([[0, 3, 4]])
     forward = lambda m: (embedding(ids.expand(m, -1)) @ weight).sum(-1)  # noqa: E731
     expected = (embedding.weight[ids[0]] @ weight).detach()
-    assert torch.allclose(integrated_gradients(forward, embedding, steps=1), expected)
+    assert torch.allclose(integrated_gradients(forward, embedding, steps=2), expected)
     assert torch.allclose(gradient_x_input(forward, embedding), expected)
     with pytest.raises(ValueError, match="one scalar per step"):
         integrated_gradients(lambda m: embedding(ids.expand(m, -1)).sum((1, 2))[:1], embedding, steps=3)

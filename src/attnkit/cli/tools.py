@@ -230,7 +230,7 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
     inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")
     inspect.add_argument("--out", type=output_dir, default=Path("out/inspect"), help="folder for the report")
-    inspect.add_argument("--steps", type=int_in(1, 10_000), default=32, help="integrated-gradients steps")
+    inspect.add_argument("--steps", type=int_in(2, 10_000), default=32, help="integrated-gradients steps (>= 2)")
     inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
     inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width of the translations")
     inspect.add_argument("--aer", action="store_true",

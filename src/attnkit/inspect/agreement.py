@@ -7,6 +7,7 @@ correlations between attention-based token scores and attribution scores, for tw
 - an attention seq2seq model: for each target step t the output is log p(y_t | y_<t, x) with the
   reference target forced; the attention score of a source piece is its weight at step t.
 
+Attributions (Captum): integrated gradients, gradient x input and sampled Shapley values.
 Special tokens ([CLS], [SEP], <eos>) are left out of the rankings: they are not words of the input.
 Attribution scores are ranked by magnitude (an attribution of -2 matters more than +0.1).
 """
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from ..data.batching import collate
 from ..models.encoder import mean_pool
-from .attribution import gradient_x_input, integrated_gradients, kendall, spearman
+from .attribution import gradient_x_input, integrated_gradients, kendall, shapley_values, spearman
 from .roles import encoder_attentions
 from .rollout import attention_rollout
 
@@ -41,9 +42,16 @@ class Agreement:
     correlations: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     def correlate(self) -> Agreement:
+        """Every attention score against every attribution's magnitude, then the attributions
+        against each other (do integrated gradients and Shapley values agree?)."""
         for a, att in self.attention.items():
             for b, attr in self.attribution.items():
                 self.correlations[(a, b)] = (spearman(att, np.abs(attr)), kendall(att, np.abs(attr)))
+        names = list(self.attribution)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                x, y = np.abs(self.attribution[a]), np.abs(self.attribution[b])
+                self.correlations[(a, b)] = (spearman(x, y), kendall(x, y))
         return self
 
 
@@ -87,9 +95,10 @@ def _log_probability(model, batch, t: int, token: int):
 
 
 def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequence[str], *,
-                      steps: int = 32) -> list[Agreement]:
+                      steps: int = 32, shapley_samples: int = 25) -> list[Agreement]:
     """Agreement on a BERT-style sentence encoder (``tokenizers`` tokenizer): output =
-    cos(mean-pooled embedding of the sentence, that of its partner)."""
+    cos(mean-pooled embedding of the sentence, that of its partner). Attributions: integrated
+    gradients, gradient x input and (``shapley_samples`` > 0) sampled Shapley values."""
     if len(sentences) != len(partners):
         raise ValueError(f"sentences and partners differ in number: {len(sentences)} and {len(partners)}")
     same = [s for s, p in zip(sentences, partners) if s.strip() == p.strip()]
@@ -113,19 +122,22 @@ def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequ
         keep = np.array([t not in specials for t in e.tokens])
         last = attentions[-1].double().mean(0).mean(0).numpy()  # mass each token receives, last layer
         rollout = attention_rollout(attentions).mean(0).numpy()
-        ig = integrated_gradients(forward, embedding, steps=steps).numpy()
-        gxi = gradient_x_input(forward, embedding).numpy()
+        attributions = {"integrated-gradients": integrated_gradients(forward, embedding, steps=steps).numpy(),
+                        "gradient-x-input": gradient_x_input(forward, embedding).numpy()}
+        if shapley_samples:
+            attributions["shapley"] = shapley_values(forward, embedding, samples=shapley_samples).numpy()
         out.append(Agreement(
             sentence, [t for t, k in zip(e.tokens, keep) if k],
             {"last-layer": last[keep], "rollout": rollout[keep]},
-            {"integrated-gradients": ig[keep], "gradient-x-input": gxi[keep]},
+            {name: values[keep] for name, values in attributions.items()},
         ).correlate())
     return out
 
 
 def seq2seq_agreement(model, source_tokenizer, target_tokenizer, pairs, *, steps: int = 32,
-                      max_steps_per_pair: int | None = None) -> list[Agreement]:
-    """Agreement on an attention seq2seq model, one :class:`Agreement` per (pair, target step)."""
+                      max_steps_per_pair: int | None = None, shapley_samples: int = 0) -> list[Agreement]:
+    """Agreement on an attention seq2seq model, one :class:`Agreement` per (pair, target step);
+    sampled Shapley values too when ``shapley_samples`` > 0 (samples x S forward passes per step)."""
     if getattr(model, "style", None) == "none":
         raise ValueError("this model has no attention (attention='none')")
     model.eval()
@@ -140,11 +152,12 @@ def seq2seq_agreement(model, source_tokenizer, target_tokenizer, pairs, *, steps
         for t in range(min(len(target), max_steps_per_pair or len(target))):
             forward = _log_probability(model, batch, t, target[t])
             embedding = model.source_embedding
-            ig = integrated_gradients(forward, embedding, steps=steps).numpy()
-            gxi = gradient_x_input(forward, embedding).numpy()
+            attributions = {"integrated-gradients": integrated_gradients(forward, embedding, steps=steps).numpy(),
+                            "gradient-x-input": gradient_x_input(forward, embedding).numpy()}
+            if shapley_samples:
+                attributions["shapley"] = shapley_values(forward, embedding, samples=shapley_samples).numpy()
             out.append(Agreement(
                 f"{pair.reference or pair.source[:40]} @ {target_tokenizer.id_to_token(target[t])}", tokens,
-                {"attention": weights[t].double().numpy()},
-                {"integrated-gradients": ig, "gradient-x-input": gxi},
+                {"attention": weights[t].double().numpy()}, attributions,
             ).correlate())
     return out

@@ -74,11 +74,12 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
     samples = {f"{r['attention']} vs {r['attribution']} ({measure})": r[measure]["values"]
                for r in rows for measure in ("spearman", "kendall")}
     plot_distributions(samples, out / "agreement.png", x_title="rank correlation per example", limits=(-1, 1),
-                       title=f"Attention vs gradient attribution ({what})")
-    lines = ["## Does attention agree with gradient attribution?", "",
+                       title=f"Attention vs attribution ({what})")
+    lines = ["## Does attention agree with attribution?", "",
              f"Per example ({what}), rank correlation between attention scores and attribution magnitudes "
-             "(Jain & Wallace 2019). 1 = same ranking, 0 = unrelated.", "",
-             "| attention | attribution | examples | Spearman median [IQR] | Spearman mean | Kendall median [IQR] | Kendall mean |",
+             "(Jain & Wallace 2019), and between the attributions themselves (integrated gradients, gradient x "
+             "input, sampled Shapley values; Captum). 1 = same ranking, 0 = unrelated.", "",
+             "| scores | against | examples | Spearman median [IQR] | Spearman mean | Kendall median [IQR] | Kendall mean |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         s, k = r["spearman"], r["kendall"]
@@ -455,7 +456,7 @@ def evaluate_coreference(model, tokenizer, out: str | Path, *, progress: bool = 
     accuracy = (margins > 0).mean(0)
     plot_heatmap(accuracy, out / "coref.png", x_labels=[str(h) for h in range(heads)],
                  y_labels=[str(layer) for layer in range(layers)], title="pronoun attends more to the right antecedent",
-                 x_title="head", y_title="layer", annotate=True, cmap="RdBu")
+                 x_title="head", y_title="layer", annotate=True, cmap="RdBu", vmin=0.0, vmax=1.0)
     best = result["best_in_sample"]
     lines = ["# Coreference: does a head attend from the pronoun to its antecedent?", "",
              f"{result['items']} sentences in {result['pairs']} Winograd-style pairs (one word changed flips the "

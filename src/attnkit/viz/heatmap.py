@@ -69,8 +69,11 @@ def plot_heatmap(
     y_title: str = "queries (target)",
     annotate: bool = False,
     cmap: str = "viridis",
+    vmin: float | None = None,
+    vmax: float | None = None,
 ) -> None:
-    """Write one (L, S) matrix as a heatmap (PNG or SVG by the path's suffix).
+    """Write one (L, S) matrix as a heatmap (PNG or SVG by the path's suffix); ``vmin`` / ``vmax``
+    fix the colour scale (default: the data's range).
 
     Rows are queries (y), columns are keys (x); ``annotate`` writes each value in its cell.
     """
@@ -79,7 +82,7 @@ def plot_heatmap(
         raise ValueError(f"matrix must be 2-D (L, S), got shape {data.shape}")
     L, S = data.shape
     fig, ax = _subplots(figsize=(min(16, 2 + 0.35 * S), min(16, 1.5 + 0.35 * L)))
-    image = ax.imshow(data, cmap=cmap, aspect="auto")
+    image = ax.imshow(data, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _label_axis(ax, x_labels, S, "x")
     _label_axis(ax, y_labels, L, "y")
