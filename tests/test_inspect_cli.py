@@ -44,7 +44,7 @@ def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path,
     also = tmp_path / "also"
     shutil.copytree(greek_checkpoint, also)  # a second run in the same table
     assert main(["inspect", "--model", str(greek_checkpoint), "--out", str(out), "--steps", "2", "--beam", "1",
-                 "--aer", "--limit", "20", "--ibm-iterations", "1", "--quiet", "--also", str(also),
+                 "--aer", "--limit", "20", "--ibm-iterations", "1", "--quiet", "--also", str(also), "--aer-attribution", "2",
                  "Ἐν ἀρχῇ ἦν ὁ λόγος", "--reference", "In the beginning was the Word"]) == 0
     printed = capsys.readouterr().out
     assert "IBM Model 1" in printed and "diagonal" in printed
@@ -54,10 +54,11 @@ def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path,
     assert result["verses"] == 20 and result["dev_verses"] == 154
     assert set(result["scores"]) >= {"run: attention, head average, argmax", "run: shift-att, head average, argmax",
                                      "IBM Model 1", "diagonal", "eflomal, grow-diag-final-and", "eflomal, intersection",
-                                     "also: attention, head average, argmax"}
+                                     "also: attention, head average, argmax", "run: integrated gradients (2 steps), argmax"}
     for best in result["best_on_dev"]:  # chosen on dev, never on test
         label = best["model"]
-        assert best["dev_aer"] == min(aer for name, aer in result["dev_aer"].items() if name.startswith(f"{label}: "))
+        assert best["dev_aer"] == min(aer for name, aer in result["dev_aer"].items()
+                                      if name.startswith(f"{label}: ") and "integrated gradients" not in name)
         assert best["readings_tried"] == 2 * 4  # one layer, one head: two rows x (argmax + three thresholds)
     assert [b["model"] for b in result["best_on_dev"]] == ["run", "also"]
     for scores in result["scores"].values():

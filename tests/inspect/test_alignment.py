@@ -4,11 +4,13 @@ and forced attention alignments (any layer / head, shift-att) from seq2seq model
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
-from attnkit.data import Tokenizer, aligned_corpus
+from attnkit.data import Pair, Tokenizer, aligned_corpus
 from attnkit.inspect.alignment import (
     IBMModel1,
     alignment_error_rate,
@@ -179,3 +181,37 @@ def test_cross_attention_pieces_of_a_transformer_are_every_layer_and_head():
         words = source.word_ids(pair.source), target.word_ids(pair.target)
         np.testing.assert_allclose(w, word_weights(stack[-1].mean(0)[:-1], *words), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(w_shift, word_weights(stack[0, 3, 1:], *words), rtol=1e-5, atol=1e-6)
+
+
+class _Copier(torch.nn.Module):
+    """A seq2seq stand-in whose prediction at target step t reads only source word perm[t]:
+    integrated gradients must align target word t to source word perm[t], and nothing else."""
+
+    def __init__(self, vocab: int, perm: list[int]):
+        super().__init__()
+        torch.manual_seed(0)
+        self.source_embedding = torch.nn.Embedding(vocab, 4)
+        self.target_embedding = torch.nn.Embedding(vocab, 4)
+        self.out = torch.nn.Linear(4, vocab)
+        self.perm = perm
+
+    def forward(self, source, source_lengths, target_in):
+        x = self.source_embedding(source)  # (B, S, 4)
+        steps = target_in.shape[1]
+        picked = x[:, [self.perm[min(t, len(self.perm) - 1)] for t in range(steps)]]  # (B, T, 4)
+        logits = self.out(torch.tanh(picked) + 0.0 * self.target_embedding(target_in))
+        return SimpleNamespace(logits=logits, weights=None)
+
+
+def test_attribution_alignment_finds_the_word_each_step_reads():
+    from attnkit.inspect.alignment import attribution_word_weights
+
+    pair = Pair("a b c d", "w x y z", alignment=((2, 0), (0, 1), (3, 2), (1, 3)))
+    source = Tokenizer.train([pair.source], kind="word", vocab_size=20, min_frequency=1)
+    target = Tokenizer.train([pair.target], kind="word", vocab_size=20, min_frequency=1)
+    model = _Copier(max(source.vocab_size, target.vocab_size), perm=[2, 0, 3, 1])
+    (weights,) = attribution_word_weights(model, source, target, [pair], steps=4)
+    assert weights.shape == (4, 4)
+    np.testing.assert_allclose(weights.sum(1), 1.0)
+    assert links_from_weights(weights) == set(pair.alignment)
+    assert np.count_nonzero(weights > 1e-12) == 4  # each step's attribution lies on its one source word

@@ -130,6 +130,8 @@ def _inspect(args: argparse.Namespace) -> int:
         check_texts("--file", texts)
     check_texts("text", texts or [])
     check_writable(args.out, "--out")
+    if args.aer_attribution == 1:
+        raise ValueError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
     if args.also and not args.aer:
         raise ValueError("--also adds checkpoints to --aer's table; give --aer too")
     if args.coref and args.model != "minilm":
@@ -211,7 +213,8 @@ def _inspect(args: argparse.Namespace) -> int:
                 raise ValueError(f"--also {other}: two runs named {other.name!r}; rename one folder")
             checkpoints[other.name] = extra
         result = report.evaluate_alignment(checkpoints, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
-                                           eflomal=not args.no_eflomal, progress=progress)
+                                           eflomal=not args.no_eflomal, attribution_steps=args.aer_attribution,
+                                           progress=progress)
         for name, s in result["scores"].items():
             print(f"{name:60s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
         print(f"alignment report: {Path(args.out) / 'alignment.md'}")
@@ -240,6 +243,9 @@ def add_inspect_parser(commands) -> None:
                          help="per-head pronoun resolution on the bundled Winograd-style pairs (--model minilm)")
     inspect.add_argument("--also", type=Path, action="append", metavar="RUN",
                          help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
+    inspect.add_argument("--aer-attribution", type=int_in(0, 10_000), default=0, metavar="STEPS",
+                         help="--aer: also align by integrated gradients with STEPS steps (>= 2; 0: off, the default; "
+                              "one batch of STEPS passes per target piece)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")

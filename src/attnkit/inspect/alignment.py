@@ -35,6 +35,7 @@ __all__ = [
     "links_from_weights",
     "word_weights",
     "attention_word_weights",
+    "attribution_word_weights",
     "cross_attention_pieces",
     "select_weights",
     "symmetrize",
@@ -224,6 +225,49 @@ def attention_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer:
                                                           batch_size=batch_size)):
         w = select_weights(pieces, layer=layer, head=head, shift=shift)
         out.append(word_weights(w, source_tokenizer.word_ids(pair.source), target_tokenizer.word_ids(pair.target)))
+    return out
+
+
+def _source_token_embedding(model):
+    """The nn.Embedding a seq2seq model looks source tokens up in (not shared with the target)."""
+    module = getattr(model, "source_embedding", None)
+    module = getattr(module, "tokens", module)  # the Transformer wraps its token embedding
+    if not isinstance(module, torch.nn.Embedding):
+        raise ValueError(f"{type(model).__name__} has no source token embedding (source_embedding) to attribute to")
+    target = getattr(model, "target_embedding", None)
+    if module is target or module is getattr(target, "tokens", None):
+        raise ValueError("source and target share one embedding: attribution to the source alone is not defined here")
+    return module
+
+
+def attribution_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Sequence[Pair],
+                             *, steps: int = 8) -> list[np.ndarray]:
+    """Alignment weights from attribution instead of attention: for each target piece t of the
+    forced reference, the magnitudes of the integrated gradients (Captum, ``steps`` midpoints,
+    zero baseline) of log p(y_t | y_<t, x) with respect to the source token embeddings, normalised
+    to sum to 1 over the source pieces and pooled to words. One (target words, source words)
+    matrix per pair; costs one batch of ``steps`` forward and backward passes per target piece."""
+    from .agreement import _log_probability
+    from .attribution import integrated_gradients
+
+    embedding = _source_token_embedding(model)
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for pair in pairs:
+            source, target = source_tokenizer.encode(pair.source), target_tokenizer.encode(pair.target)
+            batch = collate([source], [target])
+            rows = []
+            for t in range(len(target)):
+                scores = integrated_gradients(_log_probability(model, batch, t, target[t]), embedding, steps=steps)
+                magnitude = scores.abs().numpy()
+                total = magnitude.sum()
+                rows.append(magnitude / total if total > 0 else np.full(len(source), 1.0 / len(source)))
+            out.append(word_weights(np.stack(rows), source_tokenizer.word_ids(pair.source),
+                                    target_tokenizer.word_ids(pair.target)))
+    finally:
+        model.train(was_training)
     return out
 
 

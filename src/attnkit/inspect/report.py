@@ -344,14 +344,37 @@ def _attention_methods(label: str, checkpoint, test, dev, thresholds, progress) 
             "example_words": test_words[best_reading]}
 
 
+def _attribution_methods(label: str, checkpoint, test, dev, thresholds, steps: int, progress) -> dict:
+    """Alignments from integrated gradients (instead of attention): the rule chosen on dev."""
+    from .alignment import attribution_word_weights
+
+    model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
+    rules = ["argmax", *(f"weight >= {t}" for t in thresholds)]
+    dev_words = attribution_word_weights(model, source, target, list(_bar(dev, progress, desc=f"{label}: IG on dev")),
+                                         steps=steps)
+    dev_aer = {rule: alignment_error_rate([_links(w, rule) for w in dev_words], [p.alignment for p in dev]).aer
+               for rule in rules}
+    best_rule = min(dev_aer, key=dev_aer.get)
+    test_words = attribution_word_weights(model, source, target, list(_bar(test, progress, desc=f"{label}: IG on test")),
+                                          steps=steps)
+    methods, named_dev = {}, {}
+    for rule in dict.fromkeys(["argmax", best_rule]):
+        name = f"{label}: integrated gradients ({steps} steps), {rule}" + (" (best on dev)" if rule == best_rule else "")
+        methods[name] = [_links(w, rule) for w in test_words]
+        named_dev[name] = dev_aer[rule]
+    return {"methods": methods, "dev_aer": named_dev}
+
+
 def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
-                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True, progress: bool = False,
+                       thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True,
+                       attribution_steps: int = 0, progress: bool = False,
                        log: Callable[[str], None] | None = None) -> dict:
     """AER on the held-out verses of the bundled Greek -> English corpus, in one table: each
     checkpoint's attention read every way (each decoder layer, each head and the heads' average,
     the row that predicts a word or, shift-att, the row that reads it; argmax or a weight
     threshold), next to eflomal (both directions, intersection, grow-diag-final-and), IBM Model 1
-    and the diagonal.
+    and the diagonal; with ``attribution_steps`` > 0 also alignments from integrated gradients
+    (:func:`~attnkit.inspect.alignment.attribution_word_weights`), their rule chosen on dev.
 
     ``checkpoints``: one checkpoint, or a dict label -> checkpoint. For each, the reading with the
     lowest AER on the dev verses (the "valid" split) is reported on test; nothing is chosen on
@@ -381,6 +404,13 @@ def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None
         example_words = example_words or found["example_words"]
         seconds[label] = time.perf_counter() - tick
         log(f"{label}: {found['best']['readings_tried']} attention readings in {seconds[label]:.1f} s")
+        if attribution_steps:
+            tick = time.perf_counter()
+            attributed = _attribution_methods(label, checkpoint, test, dev, thresholds, attribution_steps, progress)
+            methods |= attributed["methods"]
+            dev_aer |= attributed["dev_aer"]
+            seconds[f"{label}: integrated gradients"] = time.perf_counter() - tick
+            log(f"{label}: integrated-gradient alignments in {seconds[f'{label}: integrated gradients']:.1f} s")
     log(f"IBM Model 1 ({ibm_iterations} EM iterations) ...")
     words_of = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
     corpus = [words_of(p) for p in train + dev + test]
