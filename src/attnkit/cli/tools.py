@@ -244,8 +244,8 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--also", type=Path, action="append", metavar="RUN",
                          help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
     inspect.add_argument("--aer-attribution", type=int_in(0, 10_000), default=0, metavar="STEPS",
-                         help="--aer: also align by integrated gradients with STEPS steps (>= 2; 0: off, the default; "
-                              "one batch of STEPS passes per target piece)")
+                         help="--aer: also align --model (not --also runs) by integrated gradients with STEPS steps "
+                              "(>= 2; 0: off, the default; one batch of STEPS passes per target piece)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")

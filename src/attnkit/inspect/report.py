@@ -373,8 +373,9 @@ def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None
     checkpoint's attention read every way (each decoder layer, each head and the heads' average,
     the row that predicts a word or, shift-att, the row that reads it; argmax or a weight
     threshold), next to eflomal (both directions, intersection, grow-diag-final-and), IBM Model 1
-    and the diagonal; with ``attribution_steps`` > 0 also alignments from integrated gradients
-    (:func:`~attnkit.inspect.alignment.attribution_word_weights`), their rule chosen on dev.
+    and the diagonal; with ``attribution_steps`` > 0 also alignments of the first checkpoint from
+    integrated gradients (:func:`~attnkit.inspect.alignment.attribution_word_weights`; costly, so
+    for one model), their rule chosen on dev.
 
     ``checkpoints``: one checkpoint, or a dict label -> checkpoint. For each, the reading with the
     lowest AER on the dev verses (the "valid" split) is reported on test; nothing is chosen on
@@ -404,7 +405,7 @@ def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None
         example_words = example_words or found["example_words"]
         seconds[label] = time.perf_counter() - tick
         log(f"{label}: {found['best']['readings_tried']} attention readings in {seconds[label]:.1f} s")
-        if attribution_steps:
+        if attribution_steps and label == next(iter(checkpoints)):
             tick = time.perf_counter()
             attributed = _attribution_methods(label, checkpoint, test, dev, thresholds, attribution_steps, progress)
             methods |= attributed["methods"]
