@@ -1,0 +1,229 @@
+"""Context parallelism: exact attention over a sequence split across processes (torch.distributed).
+
+Each of the W processes of a group holds a shard of the sequence, (B, H, n / W, E) for the
+queries and (B, Hkv, n / W, E) for keys and values, and gets its shard of exact attention over the
+whole sequence. Ring attention (Liu et al. 2023): the key/value shards travel around the ring of
+processes, one hop per step, while each process attends its queries to the shard it holds and
+merges the partial results by log-sum-exp (float32). The backward pass recomputes each block from
+the saved log-sum-exp and sends the key/value gradients around the ring with their shard, so
+they arrive home after W hops. Communication is torch.distributed point-to-point
+(``batch_isend_irecv``; gloo on CPU, nccl on GPU), posted before each block is computed so that
+it can overlap with it.
+
+Layouts (which global positions a rank holds), for n divisible by W (2W for zigzag):
+
+- ``contiguous``: rank r holds positions [r n/W, (r+1) n/W);
+- ``zigzag``: the sequence in 2W chunks, rank r holds chunks r and 2W - 1 - r, which balances
+  causal work across ranks;
+- ``striped``: rank r holds positions i with i mod W = r.
+
+Masks follow from global positions: ``is_causal`` (key j <= query i) and ``window`` (causal
+sliding window, i - window < j <= i), so every layout gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch import distributed as dist
+
+__all__ = ["LAYOUTS", "shard_positions", "shard", "unshard", "context_parallel_attention"]
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+QUERY_TILE = 1024  # queries per block in the backward pass: memory per step is tile x shard
+
+
+def _check_layout(n: int, world: int, layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    multiple = 2 * world if layout == "zigzag" else world
+    if n % multiple:
+        raise ValueError(f"sequence length {n} must be a multiple of {multiple} for layout {layout!r} with "
+                         f"{world} processes; pad it (and mask the padding) to {math.ceil(n / multiple) * multiple}")
+
+
+def shard_positions(n: int, world: int, rank: int, layout: str = "zigzag") -> Tensor:
+    """The global positions (n / W,) that ``rank`` holds under ``layout``, in shard order."""
+    _check_layout(n, world, layout)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if layout == "contiguous":
+        size = n // world
+        return torch.arange(rank * size, (rank + 1) * size)
+    if layout == "striped":
+        return torch.arange(rank, n, world)
+    chunk = n // (2 * world)
+    first, second = rank, 2 * world - 1 - rank
+    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)])
+
+
+def shard(x: Tensor, world: int, rank: int, *, layout: str = "zigzag", dim: int = -2) -> Tensor:
+    """The part of a whole-sequence tensor that ``rank`` holds (sequence along ``dim``)."""
+    return x.index_select(dim, shard_positions(x.shape[dim], world, rank, layout).to(x.device))
+
+
+def unshard(shards: list[Tensor], *, layout: str = "zigzag", dim: int = -2) -> Tensor:
+    """The whole-sequence tensor from every rank's shard (rank order), e.g. after all_gather."""
+    world = len(shards)
+    n = sum(s.shape[dim] for s in shards)
+    order = torch.cat([shard_positions(n, world, r, layout) for r in range(world)])
+    stacked = torch.cat(shards, dim=dim)
+    return stacked.index_select(dim, torch.argsort(order).to(stacked.device))
+
+
+def _allowed(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) -> Tensor | None:
+    """(Lq, Lk) boolean mask from global positions, or None when everything is allowed."""
+    if not is_causal and window is None:
+        return None
+    diff = q_pos[:, None] - k_pos[None, :]
+    allowed = diff >= 0
+    if window is not None:
+        allowed &= diff < window
+    return allowed
+
+
+def _scores(q, k, scale, q_pos, k_pos, is_causal, window):
+    s = (q @ k.transpose(-1, -2)) * scale
+    allowed = _allowed(q_pos, k_pos, is_causal, window)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s
+
+
+class _LocalGroup:
+    """Stand-in for a one-process group when torch.distributed is not initialised."""
+
+
+class _Ring:
+    """Point-to-point hops around the ring of a process group."""
+
+    def __init__(self, group):
+        self.group = group
+        if isinstance(group, _LocalGroup):
+            self.world, self.rank = 1, 0
+            return
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world))
+        self.next = ranks[(self.rank + 1) % self.world]
+        self.prev = ranks[(self.rank - 1) % self.world]
+
+    def start(self, tensors: list[Tensor]) -> tuple[list, list[Tensor]]:
+        """Post sends of ``tensors`` to the next rank and receives of the same shapes from the previous."""
+        received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
+        return dist.batch_isend_irecv(ops), received
+
+    @staticmethod
+    def wait(requests) -> None:
+        for request in requests:
+            request.wait()
+
+
+def _expand(x: Tensor, groups: int) -> Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_pos, scale, is_causal, window, group):
+        ring = _Ring(group)
+        groups = q.shape[1] // k.shape[1]
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        B, H, L, _ = q.shape
+        out = torch.zeros(B, H, L, v.shape[-1], dtype=acc, device=q.device)
+        lse = torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)
+        qa = q.to(acc)
+        current = [k, v, q_pos]
+        for step in range(ring.world):
+            pending = ring.start(current) if step < ring.world - 1 else None
+            ck, cv, k_pos = current
+            s = _scores(qa, _expand(ck, groups).to(acc), scale, q_pos, k_pos, is_causal, window)
+            block_lse = torch.logsumexp(s, dim=-1)
+            merged = torch.logaddexp(lse, block_lse)
+            safe = torch.where(torch.isinf(merged), torch.zeros_like(merged), merged)
+            p = torch.exp(s - safe[..., None])  # block weights under the merged normaliser
+            out = out * torch.exp(lse - safe)[..., None] + p @ _expand(cv, groups).to(acc)
+            lse = merged
+            if pending is not None:
+                _Ring.wait(pending[0])
+                current = pending[1]
+        ctx.save_for_backward(q, k, v, q_pos, out, lse)
+        ctx.scale, ctx.is_causal, ctx.window, ctx.group = scale, is_causal, window, group
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, q_pos, out, lse = ctx.saved_tensors
+        scale, is_causal, window = ctx.scale, ctx.is_causal, ctx.window
+        ring = _Ring(ctx.group)
+        groups = q.shape[1] // k.shape[1]
+        acc = out.dtype
+        qa, do = q.to(acc), d_out.to(acc)
+        delta = (do * out).sum(-1)  # (B, H, L)
+        safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+        dq = torch.zeros_like(qa)
+        current = [k, v, q_pos, torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]
+        for step in range(ring.world):
+            ck, cv, k_pos, dk, dv = current
+            ke, ve = _expand(ck, groups).to(acc), _expand(cv, groups).to(acc)
+            dke, dve = torch.zeros_like(ke), torch.zeros_like(ve)
+            for q0 in range(0, qa.shape[2], QUERY_TILE):
+                q1 = min(qa.shape[2], q0 + QUERY_TILE)
+                s = _scores(qa[:, :, q0:q1], ke, scale, q_pos[q0:q1], k_pos, is_causal, window)
+                p = torch.exp(s - safe_lse[:, :, q0:q1, None])
+                dve += p.transpose(-1, -2) @ do[:, :, q0:q1]
+                ds = p * (do[:, :, q0:q1] @ ve.transpose(-1, -2) - delta[:, :, q0:q1, None])
+                dq[:, :, q0:q1] += (ds @ ke) * scale
+                dke += (ds.transpose(-1, -2) @ qa[:, :, q0:q1]) * scale
+            if groups > 1:
+                B, H, S, E = dke.shape
+                dke = dke.view(B, H // groups, groups, S, E).sum(2)
+                dve = dve.view(B, H // groups, groups, S, dve.shape[-1]).sum(2)
+            current = [ck, cv, k_pos, dk + dke, dv + dve]
+            if ring.world > 1:  # the gradients travel with their shard; after W hops they are home
+                requests, received = ring.start(current if step < ring.world - 1 else current[3:])
+                _Ring.wait(requests)
+                current = received if step < ring.world - 1 else [None, None, None, *received]
+        dk, dv = current[3], current[4]
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+def context_parallel_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, window: int | None = None,
+    layout: str = "zigzag", scale: float | None = None, group=None, positions: Tensor | None = None,
+) -> Tensor:
+    """This process's shard (B, H, n / W, Ev) of exact attention over the whole sequence, by ring
+    attention across the processes of ``group`` (default: the world).
+
+    ``q`` (B, H, n / W, E), ``k`` / ``v`` (B, Hkv, n / W, E|Ev) are this rank's shards under
+    ``layout`` (see :func:`shard`); H % Hkv == 0 (GQA). ``is_causal`` and ``window`` (causal
+    sliding window) apply to global positions. Gradients flow to q, k and v exactly. Without an
+    initialised process group this is plain attention on one process.
+    """
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be (B, H, L, E), got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"shards must share batch and length, q and k the head dim: q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} must be a multiple of key/value heads {k.shape[1]}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    initialised = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size(group) if initialised else 1
+    rank = dist.get_rank(group) if initialised else 0
+    if positions is None:
+        positions = shard_positions(q.shape[2] * world, world, rank, layout)
+    positions = positions.to(q.device)
+    if positions.shape != (q.shape[2],):
+        raise ValueError(f"positions must be ({q.shape[2]},) for this shard, got {tuple(positions.shape)}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window, group if initialised else _LocalGroup())
+    return out
+

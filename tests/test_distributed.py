@@ -1,0 +1,126 @@
+"""Context-parallel ring attention: W = 1..4 gloo processes on CPU, every layout, non-causal /
+causal / window, GQA; each rank's output shard and the gradients of q, k, v equal single-process
+attention on the whole sequence (float64 reference backend); layout helpers; clear errors; a
+run that cannot finish fails within a timeout instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import attnkit
+from attnkit.distributed import LAYOUTS, context_parallel_attention, shard, shard_positions, unshard
+
+CASES = [{}, {"is_causal": True}, {"window": 7}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, errors) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    try:
+        n = 4 * world * 3  # divisible for every layout
+        for layout in LAYOUTS:
+            for case in CASES:
+                generator = torch.Generator().manual_seed(0)
+                q = torch.randn(2, 4, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+                k = torch.randn(2, 2, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+                v = torch.randn(2, 2, n, 6, generator=generator, dtype=torch.float64, requires_grad=True)
+                d_out = torch.randn(2, 4, n, 6, generator=generator, dtype=torch.float64)
+                expected = attnkit.attention(q, k, v, backend="reference", **case).output
+                want = torch.autograd.grad(expected, (q, k, v), d_out)
+                parts = [shard(x.detach(), world, rank, layout=layout).requires_grad_() for x in (q, k, v)]
+                got = context_parallel_attention(*parts, layout=layout, **case)
+                torch.testing.assert_close(got, shard(expected.detach(), world, rank, layout=layout), rtol=1e-10, atol=1e-10)
+                grads = torch.autograd.grad(got, parts, shard(d_out, world, rank, layout=layout))
+                for name, g, w in zip("qkv", grads, want):
+                    torch.testing.assert_close(g, shard(w, world, rank, layout=layout), rtol=1e-10, atol=1e-10,
+                                               msg=lambda m, name=name: f"{layout} {case} d{name}: {m}")
+    except Exception:  # noqa: BLE001 - reported to the parent, which fails the test
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _spawn(world: int, timeout: float = 120.0) -> None:
+    context = mp.get_context("spawn")
+    errors = context.SimpleQueue()
+    processes = mp.start_processes(_worker, args=(world, _free_port(), errors), nprocs=world, join=False,
+                                   start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not processes.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in processes.processes:
+                p.kill()
+            pytest.fail(f"context-parallel workers did not finish within {timeout} s")
+    messages = []
+    while not errors.empty():
+        messages.append(errors.get())
+    assert not messages, "\n".join(messages)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ring_attention_equals_single_process_attention(world):
+    _spawn(world)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_process_is_plain_attention(layout):
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 1, 24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    for case in CASES:
+        got = context_parallel_attention(q, k, v, layout=layout, **case)
+        expected = attnkit.attention(q, k, v, backend="reference", **case).output
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v))):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_layouts_partition_the_sequence_and_unshard_inverts_shard():
+    assert shard_positions(16, 2, 0, "zigzag").tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert shard_positions(16, 2, 1, "zigzag").tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert shard_positions(6, 3, 1, "striped").tolist() == [1, 4]
+    assert shard_positions(6, 3, 2, "contiguous").tolist() == [4, 5]
+    x = torch.randn(2, 3, 24, 5)
+    for layout in LAYOUTS:
+        for world in (1, 2, 3, 4):
+            held = torch.cat([shard_positions(24, world, r, layout) for r in range(world)])
+            assert sorted(held.tolist()) == list(range(24))
+            torch.testing.assert_close(unshard([shard(x, world, r, layout=layout) for r in range(world)], layout=layout), x)
+
+
+def test_zigzag_balances_causal_work():
+    n, world = 4096, 4
+    for layout, bound in (("zigzag", 1.01), ("contiguous", 7.0)):
+        work = [int((shard_positions(n, world, r, layout) + 1).sum()) for r in range(world)]  # causal pairs per rank
+        assert max(work) / min(work) <= bound, (layout, work)
+    work = [int((shard_positions(n, world, r, "contiguous") + 1).sum()) for r in range(world)]
+    assert max(work) / min(work) > 5  # contiguous is badly unbalanced under a causal mask
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="must be a multiple of 8 for layout 'zigzag' with 4 processes; pad it"):
+        shard_positions(20, 4, 0, "zigzag")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        shard_positions(8, 2, 0, "spiral")
+    q = torch.randn(1, 3, 8, 4)
+    with pytest.raises(ValueError, match="query heads 3 must be a multiple of key/value heads 2"):
+        context_parallel_attention(q, torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4))
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        context_parallel_attention(q, q, q, window=0)
