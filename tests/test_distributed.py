@@ -1,5 +1,5 @@
-"""Context-parallel ring attention: W = 1..4 gloo processes on CPU, every layout, non-causal /
-causal / window, GQA; each rank's output shard and the gradients of q, k, v equal single-process
+"""Context-parallel attention: W = 1..4 gloo processes on CPU, ring (every layout) and Ulysses,
+non-causal / causal / window, GQA (12 query heads on 2 key/value heads); each rank's output shard and the gradients of q, k, v equal single-process
 attention on the whole sequence (float64 reference backend); layout helpers; clear errors; a
 run that cannot finish fails within a timeout instead of hanging."""
 
@@ -32,22 +32,22 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
     torch.set_num_threads(1)
     try:
         n = 4 * world * 3  # divisible for every layout
-        for layout in LAYOUTS:
+        for method, layout in [("ring", layout) for layout in LAYOUTS] + [("ulysses", "zigzag"), ("ulysses", "striped")]:
             for case in CASES:
                 generator = torch.Generator().manual_seed(0)
-                q = torch.randn(2, 4, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+                q = torch.randn(2, 12, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
                 k = torch.randn(2, 2, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
                 v = torch.randn(2, 2, n, 6, generator=generator, dtype=torch.float64, requires_grad=True)
-                d_out = torch.randn(2, 4, n, 6, generator=generator, dtype=torch.float64)
+                d_out = torch.randn(2, 12, n, 6, generator=generator, dtype=torch.float64)
                 expected = attnkit.attention(q, k, v, backend="reference", **case).output
                 want = torch.autograd.grad(expected, (q, k, v), d_out)
                 parts = [shard(x.detach(), world, rank, layout=layout).requires_grad_() for x in (q, k, v)]
-                got = context_parallel_attention(*parts, layout=layout, **case)
+                got = context_parallel_attention(*parts, layout=layout, method=method, **case)
                 torch.testing.assert_close(got, shard(expected.detach(), world, rank, layout=layout), rtol=1e-10, atol=1e-10)
                 grads = torch.autograd.grad(got, parts, shard(d_out, world, rank, layout=layout))
                 for name, g, w in zip("qkv", grads, want):
                     torch.testing.assert_close(g, shard(w, world, rank, layout=layout), rtol=1e-10, atol=1e-10,
-                                               msg=lambda m, name=name: f"{layout} {case} d{name}: {m}")
+                                               msg=lambda m, name=name: f"{method} {layout} {case} d{name}: {m}")
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the test
         errors.put(f"rank {rank}: {traceback.format_exc()}")
     finally:
@@ -124,3 +124,42 @@ def test_errors_name_the_problem():
         context_parallel_attention(q, torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4))
     with pytest.raises(ValueError, match="window must be >= 1"):
         context_parallel_attention(q, q, q, window=0)
+
+
+def _dying_worker(rank: int, world: int, port: int, errors) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    if rank == 1:
+        os._exit(3)  # dies without a word, as a killed machine would
+    import time
+
+    start = time.monotonic()
+    q = torch.randn(1, 2, 8, 4)
+    try:
+        context_parallel_attention(q, q, q, layout="contiguous")
+        errors.put("rank 0: attention returned although its peer died")
+    except Exception as error:  # noqa: BLE001 - the error is the expected outcome
+        errors.put(f"raised after {time.monotonic() - start:.1f} s: {type(error).__name__}: {error}")
+
+
+def test_a_dead_peer_makes_the_others_fail_within_the_timeout():
+    import time
+
+    context = mp.get_context("spawn")
+    errors = context.SimpleQueue()
+    port = _free_port()
+    processes = [context.Process(target=_dying_worker, args=(rank, 2, port, errors)) for rank in range(2)]
+    for p in processes:
+        p.start()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and any(p.is_alive() for p in processes):
+        time.sleep(0.5)
+    hung = [p for p in processes if p.is_alive()]
+    for p in hung:
+        p.kill()
+    assert not hung, "rank 0 hung after its peer died"
+    assert processes[1].exitcode == 3
+    assert not errors.empty(), "rank 0 exited without reporting"
+    message = errors.get()
+    assert message.startswith("raised after") and "PeerFailure: ring attention on rank 0 of 2" in message, message
+    assert float(message.split()[2]) < 30, message

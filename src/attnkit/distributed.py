@@ -17,6 +17,12 @@ Layouts (which global positions a rank holds), for n divisible by W (2W for zigz
   causal work across ranks;
 - ``striped``: rank r holds positions i with i mod W = r.
 
+Ulysses (Jacobs et al. 2023, DeepSpeed): an all-to-all turns sequence shards into head shards
+(each rank gets H / W heads of the whole sequence), attention runs locally with any attnkit
+backend, and a second all-to-all turns the result back; autograd through
+``torch.distributed.nn.functional.all_to_all_single``. It needs W to divide the heads (key/value
+heads are repeated when W does not divide them) and moves q, k, v and the output once each.
+
 Masks follow from global positions: ``is_causal`` (key j <= query i) and ``window`` (causal
 sliding window, i - window < j <= i), so every layout gives the same numbers.
 """
@@ -29,9 +35,10 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
-__all__ = ["LAYOUTS", "shard_positions", "shard", "unshard", "context_parallel_attention"]
+__all__ = ["PeerFailure", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
+METHODS = ("ring", "ulysses")
 QUERY_TILE = 1024  # queries per block in the backward pass: memory per step is tile x shard
 
 
@@ -94,6 +101,10 @@ def _scores(q, k, scale, q_pos, k_pos, is_causal, window):
     return s
 
 
+class PeerFailure(RuntimeError):
+    """A process of the group died or stopped answering during context-parallel attention."""
+
+
 class _LocalGroup:
     """Stand-in for a one-process group when torch.distributed is not initialised."""
 
@@ -117,12 +128,22 @@ class _Ring:
         received = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
-        return dist.batch_isend_irecv(ops), received
+        try:
+            return dist.batch_isend_irecv(ops), received
+        except RuntimeError as error:
+            raise self._failure(error) from error
 
-    @staticmethod
-    def wait(requests) -> None:
-        for request in requests:
-            request.wait()
+    def _failure(self, error: Exception) -> PeerFailure:
+        return PeerFailure(f"ring attention on rank {self.rank} of {self.world}: exchanging with ranks {self.prev} "
+                           f"(previous) and {self.next} (next) failed; a process of the group died or timed out "
+                           f"({type(error).__name__}: {str(error)[:200]})")
+
+    def wait(self, requests) -> None:
+        try:
+            for request in requests:
+                request.wait()
+        except RuntimeError as error:
+            raise self._failure(error) from error
 
 
 def _expand(x: Tensor, groups: int) -> Tensor:
@@ -151,7 +172,7 @@ class _RingAttention(torch.autograd.Function):
             out = out * torch.exp(lse - safe)[..., None] + p @ _expand(cv, groups).to(acc)
             lse = merged
             if pending is not None:
-                _Ring.wait(pending[0])
+                ring.wait(pending[0])
                 current = pending[1]
         ctx.save_for_backward(q, k, v, q_pos, out, lse)
         ctx.scale, ctx.is_causal, ctx.window, ctx.group = scale, is_causal, window, group
@@ -188,18 +209,59 @@ class _RingAttention(torch.autograd.Function):
             current = [ck, cv, k_pos, dk + dke, dv + dve]
             if ring.world > 1:  # the gradients travel with their shard; after W hops they are home
                 requests, received = ring.start(current if step < ring.world - 1 else current[3:])
-                _Ring.wait(requests)
+                ring.wait(requests)
                 current = received if step < ring.world - 1 else [None, None, None, *received]
         dk, dv = current[3], current[4]
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
+def _seq_to_heads(x: Tensor, world: int, group) -> Tensor:
+    """(B, H, Lr, E) sequence shard -> (B, H / W, W * Lr, E): my head group, every rank's shard in rank order."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    B, H, L, E = x.shape
+    chunks = x.reshape(B, world, H // world, L, E).permute(1, 0, 2, 3, 4).contiguous()
+    received = all_to_all_single(torch.empty_like(chunks), chunks, group=group)
+    return received.permute(1, 2, 0, 3, 4).reshape(B, H // world, world * L, E)
+
+
+def _heads_to_seq(x: Tensor, world: int, group) -> Tensor:
+    """Inverse of :func:`_seq_to_heads`: (B, H / W, W * Lr, E) -> (B, H, Lr, E)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    B, h, n, E = x.shape
+    L = n // world
+    chunks = x.reshape(B, h, world, L, E).permute(2, 0, 1, 3, 4).contiguous()
+    received = all_to_all_single(torch.empty_like(chunks), chunks, group=group)
+    return received.permute(1, 0, 2, 3, 4).reshape(B, world * h, L, E)
+
+
+def _ulysses(q, k, v, positions, scale, is_causal, window, group, backend):
+    from .functional.attention import attention
+
+    world = dist.get_world_size(group)
+    H, Hkv = q.shape[1], k.shape[1]
+    if H % world:
+        raise ValueError(f"method='ulysses' needs the {world} processes to divide the {H} query heads; use method='ring'")
+    if Hkv % world:  # repeat key/value heads so that every rank gets whole groups
+        k, v = _expand(k, H // Hkv), _expand(v, H // Hkv)
+    gathered = [torch.empty_like(positions) for _ in range(world)]
+    dist.all_gather(gathered, positions, group=group)
+    order = torch.argsort(torch.cat(gathered))  # rank-concatenated order -> global order
+    inverse = torch.argsort(order)
+    qh, kh, vh = (_seq_to_heads(x, world, group).index_select(2, order) for x in (q, k, v))
+    out = attention(qh, kh, vh, is_causal=is_causal, window=window, scale=scale, backend=backend).output
+    return _heads_to_seq(out.index_select(2, inverse).contiguous(), world, group)
+
+
 def context_parallel_attention(
     q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, window: int | None = None,
-    layout: str = "zigzag", scale: float | None = None, group=None, positions: Tensor | None = None,
+    layout: str = "zigzag", method: str = "ring", scale: float | None = None, group=None,
+    positions: Tensor | None = None, backend: str = "tiled",
 ) -> Tensor:
     """This process's shard (B, H, n / W, Ev) of exact attention over the whole sequence, by ring
-    attention across the processes of ``group`` (default: the world).
+    attention or Ulysses across the processes of ``group`` (default: the world). ``backend`` is
+    the attnkit backend Ulysses computes its heads with (the ring computes its blocks itself).
 
     ``q`` (B, H, n / W, E), ``k`` / ``v`` (B, Hkv, n / W, E|Ev) are this rank's shards under
     ``layout`` (see :func:`shard`); H % Hkv == 0 (GQA). ``is_causal`` and ``window`` (causal
@@ -215,6 +277,8 @@ def context_parallel_attention(
         raise ValueError(f"query heads {q.shape[1]} must be a multiple of key/value heads {k.shape[1]}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
@@ -224,6 +288,8 @@ def context_parallel_attention(
     if positions.shape != (q.shape[2],):
         raise ValueError(f"positions must be ({q.shape[2]},) for this shard, got {tuple(positions.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if method == "ulysses" and initialised and world > 1:
+        return _ulysses(q, k, v, positions, scale, is_causal, window, group, backend)
     out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window, group if initialised else _LocalGroup())
     return out
 
