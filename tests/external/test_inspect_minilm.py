@@ -54,9 +54,12 @@ def test_attribution_agreement_is_measured_per_sentence(minilm):
     assert len(examples) == 2
     assert "[CLS]" not in examples[0].tokens and "trophy" in examples[0].tokens
     for example in examples:
-        assert set(example.correlations) == {(a, b) for a in ("last-layer", "rollout")
-                                             for b in ("integrated-gradients", "gradient-x-input")}
+        attention_vs_attribution = {(a, b) for a in ("last-layer", "rollout")
+                                    for b in ("integrated-gradients", "gradient-x-input", "shapley")}
+        attribution_vs_attribution = {("integrated-gradients", "gradient-x-input"),
+                                      ("integrated-gradients", "shapley"), ("gradient-x-input", "shapley")}
+        assert set(example.correlations) == attention_vs_attribution | attribution_vs_attribution
         for rho, tau in example.correlations.values():
             assert -1 <= rho <= 1 and -1 <= tau <= 1
     rows = summarise(examples)
-    assert len(rows) == 4 and rows[0]["spearman"]["n"] == 2
+    assert len(rows) == 9 and rows[0]["spearman"]["n"] == 2

@@ -50,6 +50,24 @@ def test_captum_integrated_gradients_and_gradient_x_input_equal_the_formulas():
     torch.testing.assert_close(gradient_x_input(forward, model.embedding), (x * grad)[0].sum(-1).detach())
 
 
+def test_integrated_gradients_of_several_outputs_at_once_equal_one_call_per_output():
+    model = _Tiny().double()
+    ids = torch.tensor([[1, 4, 7, 2, 9]])
+
+    def per_position(m):  # (m, 5): one output per position, each reading the tokens up to it
+        values = model.out(torch.tanh(model.hidden(model.embedding(ids.expand(m, -1)))))[..., 0]  # (m, 5)
+        return values.cumsum(-1) ** 2
+
+    together = integrated_gradients(per_position, model.embedding, steps=6, outputs=5)
+    assert together.shape == (5, 5)
+    for k in range(5):
+        alone = integrated_gradients(lambda m, k=k: per_position(m)[:, k], model.embedding, steps=6)
+        torch.testing.assert_close(together[k], alone)
+    assert (together[0, 1:] == 0).all() and (together[4] != 0).all()  # output k depends on tokens <= k only
+    with pytest.raises(ValueError, match=r"5 scalars per copy"):
+        integrated_gradients(lambda m: per_position(m)[:, :4], model.embedding, steps=2, outputs=5)
+
+
 def test_shapley_values_are_efficient_and_exact_when_tokens_add_up():
     model = _Tiny().double()
     ids = torch.tensor([[1, 4, 7, 2]])

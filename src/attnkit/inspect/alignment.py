@@ -246,8 +246,8 @@ def attribution_word_weights(model, source_tokenizer: Tokenizer, target_tokenize
     forced reference, the magnitudes of the integrated gradients (Captum, ``steps`` midpoints,
     zero baseline) of log p(y_t | y_<t, x) with respect to the source token embeddings, normalised
     to sum to 1 over the source pieces and pooled to words. One (target words, source words)
-    matrix per pair; costs one batch of ``steps`` forward and backward passes per target piece."""
-    from .agreement import _log_probability
+    matrix per pair; costs one batch of (target pieces x ``steps``) copies, one forward and one
+    backward pass, per pair."""
     from .attribution import integrated_gradients
 
     embedding = _source_token_embedding(model)
@@ -258,17 +258,28 @@ def attribution_word_weights(model, source_tokenizer: Tokenizer, target_tokenize
         for pair in pairs:
             source, target = source_tokenizer.encode(pair.source), target_tokenizer.encode(pair.target)
             batch = collate([source], [target])
-            rows = []
-            for t in range(len(target)):
-                scores = integrated_gradients(_log_probability(model, batch, t, target[t]), embedding, steps=steps)
-                magnitude = scores.abs().numpy()
-                total = magnitude.sum()
-                rows.append(magnitude / total if total > 0 else np.full(len(source), 1.0 / len(source)))
-            out.append(word_weights(np.stack(rows), source_tokenizer.word_ids(pair.source),
+            T = len(target)
+            scores = integrated_gradients(_target_log_probabilities(model, batch, T), embedding, steps=steps, outputs=T)
+            magnitude = scores.abs().numpy()  # (T, source pieces)
+            total = magnitude.sum(-1, keepdims=True)
+            rows = np.where(total > 0, magnitude / np.where(total > 0, total, 1.0), 1.0 / len(source))
+            out.append(word_weights(rows, source_tokenizer.word_ids(pair.source),
                                     target_tokenizer.word_ids(pair.target)))
     finally:
         model.train(was_training)
     return out
+
+
+def _target_log_probabilities(model, batch, pieces: int):
+    """forward(m): (m, pieces) log p(y_t | y_<t, x) of each forced target piece (no </s>), m copies."""
+
+    def forward(m: int) -> torch.Tensor:
+        logits = model(batch.source.expand(m, -1), batch.source_lengths.expand(m),
+                       batch.target_in[:, :pieces].expand(m, -1)).logits  # (m, pieces, V)
+        tokens = batch.target_out[:, :pieces].expand(m, -1)
+        return logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+
+    return forward
 
 
 SYMMETRIZATIONS = ("intersection", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")

@@ -38,9 +38,14 @@ def _captum():
     return attr
 
 
-def _on_embeddings(forward: Callable[[int], Tensor], embedding: nn.Module) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+def _on_embeddings(forward: Callable[[int], Tensor], embedding: nn.Module,
+                   outputs: int | None = None) -> tuple[Callable[[Tensor], Tensor], Tensor]:
     """(f, x): ``f(e)`` runs ``forward(m)`` with ``embedding``'s (m, L, D) output replaced by ``e``
-    and checks it returns (m,) scalars; ``x`` is the real (1, L, D) embedding output."""
+    and checks it returns (m,) scalars; ``x`` is the real (1, L, D) embedding output.
+
+    With ``outputs`` = n, ``forward(m)`` returns (m, n): n scalars per copy, and ``f`` keeps output
+    ``k mod n`` of copy k, so that a batch whose row k attributes output k mod n (Captum expands
+    inputs step-major) gets every output's attribution from one backward pass."""
     captured = {}
 
     def keep(module, args, output):
@@ -69,29 +74,45 @@ def _on_embeddings(forward: Callable[[int], Tensor], embedding: nn.Module) -> tu
             values = forward(m)
         finally:
             handle.remove()
-        if values.shape != (m,):
-            raise ValueError(f"forward must return one scalar per step, shape ({m},), got {tuple(values.shape)}")
-        return values
+        if outputs is None:
+            if values.shape != (m,):
+                raise ValueError(f"forward must return one scalar per step, shape ({m},), got {tuple(values.shape)}")
+            return values
+        if values.shape != (m, outputs):
+            raise ValueError(f"forward must return {outputs} scalars per copy, shape ({m}, {outputs}), "
+                             f"got {tuple(values.shape)}")
+        rows = torch.arange(m, device=values.device)
+        return values[rows, rows % outputs]
 
     return f, x
 
 
 def integrated_gradients(forward: Callable[[int], Tensor], embedding: nn.Module, *, steps: int = 32,
-                         baseline: Tensor | None = None) -> Tensor:
+                         baseline: Tensor | None = None, outputs: int | None = None) -> Tensor:
     """Per-token integrated gradients, (L,) float64, by Captum's ``IntegratedGradients``.
 
     ``forward(m)`` runs the model on a batch of m copies of the one input and returns the (m,)
     scalar outputs; ``embedding`` is the ``nn.Embedding`` whose (m, L, D) output is interpolated
     from ``baseline`` ((L, D) or broadcastable; zeros by default) to the real embeddings.
+
+    ``outputs`` = n: ``forward(m)`` returns (m, n), n scalar outputs of each copy (say the log
+    probability of each target word), and the result is (n, L), each output's attribution, from
+    one batch of n x ``steps`` copies and one backward pass instead of n separate calls.
     """
     if steps < 2:
         raise ValueError(f"steps must be >= 2 (Captum's midpoint rule), got {steps}")
-    f, x = _on_embeddings(forward, embedding)
+    if outputs is not None and outputs < 1:
+        raise ValueError(f"outputs must be >= 1 or None, got {outputs}")
+    f, x = _on_embeddings(forward, embedding, outputs)
+    n = 1 if outputs is None else outputs
+    x = x.expand(n, *x.shape[1:]).contiguous()
     base = torch.zeros_like(x) if baseline is None else baseline.expand_as(x).to(x.dtype)
     ig = _captum().IntegratedGradients(f)
     with torch.enable_grad():
-        attribution = ig.attribute(x, baselines=base, n_steps=steps, method="riemann_middle", internal_batch_size=steps)
-    return attribution[0].detach().double().sum(-1)
+        attribution = ig.attribute(x, baselines=base, n_steps=steps, method="riemann_middle",
+                                   internal_batch_size=steps * n)
+    attribution = attribution.detach().double().sum(-1)  # (n, L)
+    return attribution[0] if outputs is None else attribution
 
 
 def gradient_x_input(forward: Callable[[int], Tensor], embedding: nn.Module) -> Tensor:
