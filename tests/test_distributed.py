@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import attnkit
 from attnkit.distributed import LAYOUTS, context_parallel_attention, shard, shard_positions, unshard
 
-CASES = [{}, {"is_causal": True}, {"window": 7}]
+CASES = [{}, {"is_causal": True}, {"window": 7}, {"is_causal": True, "padding": True}, {"padding": True}]
 
 
 def _free_port() -> int:
@@ -30,19 +30,30 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
+    import attnkit.distributed
+
+    attnkit.distributed.QUERY_TILE = 5  # several query tiles per shard, some skipped whole, some cut
     try:
         n = 4 * world * 3  # divisible for every layout
         for method, layout in [("ring", layout) for layout in LAYOUTS] + [("ulysses", "zigzag"), ("ulysses", "striped")]:
             for case in CASES:
+                case = dict(case)
+                key_mask = None
+                if case.pop("padding", False):  # padding keys spread over the ranks; row 1 has one real key
+                    key_mask = torch.ones(2, n, dtype=torch.bool)
+                    key_mask[0, n // 3: n // 2] = False
+                    key_mask[1, 1:] = False
                 generator = torch.Generator().manual_seed(0)
                 q = torch.randn(2, 12, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
                 k = torch.randn(2, 2, n, 8, generator=generator, dtype=torch.float64, requires_grad=True)
                 v = torch.randn(2, 2, n, 6, generator=generator, dtype=torch.float64, requires_grad=True)
                 d_out = torch.randn(2, 12, n, 6, generator=generator, dtype=torch.float64)
-                expected = attnkit.attention(q, k, v, backend="reference", **case).output
+                mask = None if key_mask is None else key_mask[:, None, None, :]
+                expected = attnkit.attention(q, k, v, backend="reference", mask=mask, **case).output
                 want = torch.autograd.grad(expected, (q, k, v), d_out)
                 parts = [shard(x.detach(), world, rank, layout=layout).requires_grad_() for x in (q, k, v)]
-                got = context_parallel_attention(*parts, layout=layout, method=method, **case)
+                extra = {} if key_mask is None else {"key_mask": shard(key_mask, world, rank, layout=layout, dim=1)}
+                got = context_parallel_attention(*parts, layout=layout, method=method, **case, **extra)
                 torch.testing.assert_close(got, shard(expected.detach(), world, rank, layout=layout), rtol=1e-10, atol=1e-10)
                 grads = torch.autograd.grad(got, parts, shard(d_out, world, rank, layout=layout))
                 for name, g, w in zip("qkv", grads, want):
@@ -84,9 +95,13 @@ def test_one_process_is_plain_attention(layout):
     q = torch.randn(1, 4, 24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 1, 24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 1, 24, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    key_mask = torch.arange(24) % 5 != 3
     for case in CASES:
-        got = context_parallel_attention(q, k, v, layout=layout, **case)
-        expected = attnkit.attention(q, k, v, backend="reference", **case).output
+        case = dict(case)
+        padding = case.pop("padding", False)
+        extra = {"key_mask": key_mask[None]} if padding else {}
+        got = context_parallel_attention(q, k, v, layout=layout, **case, **extra)
+        expected = attnkit.attention(q, k, v, backend="reference", mask=key_mask.expand(24, 24) if padding else None, **case).output
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
         for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v))):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -15,7 +15,7 @@ def test_demo_writes_the_report(tmp_path, capsys):
                  "--beam", "2", "--quiet"]) == 0
     report = tmp_path / "report"
     assert f"report: {report.resolve()}/README.md" in capsys.readouterr().out
-    for name in ("bleu_by_length.png", "loss_curves.png"):
+    for name in ("bleu_by_length.png", "loss_curves.png", "bleu_vs_minutes.png"):
         assert (report / name).read_bytes()[:4] == b"\x89PNG"
     pictures = sorted(p.name for p in (report / "alignments").iterdir())
     assert pictures and all(p.startswith("bahdanau-") for p in pictures)  # the bottleneck has no alignment
@@ -27,3 +27,15 @@ def test_demo_writes_the_report(tmp_path, capsys):
     text = (report / "README.md").read_text()
     assert "| bottleneck | none |" in text and "| bahdanau | bahdanau |" in text and "![BLEU by source length]" in text
     assert (tmp_path / "runs" / "bahdanau" / "best" / "model.safetensors").is_file()
+    for result in results["results"].values():  # one epoch each, well inside the default budget
+        assert result["epochs"] == 1 and result["stopped"] == "epochs"
+        ((seconds, bleu),) = result["valid_bleu_by_epoch"]
+        assert 0 < seconds < results["settings"]["train_seconds_per_model"] and 0 <= bleu <= 100
+    five = text.split("## Five test verses")[1].split("## Alignments")[0]
+    assert five.count("- reference: ") == 5 and five.count("- bottleneck: ") == 5 and five.count("- bahdanau: ") == 5
+    assert "From the shortest (1-10 words) to the longest" in text
+
+
+def test_a_budget_too_small_to_train_is_refused(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--minutes", "0.5", "--train-limit", "20", "--quiet"]) == 2
+    assert "a budget of 0.5 minutes leaves" in capsys.readouterr().err

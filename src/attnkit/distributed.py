@@ -30,16 +30,18 @@ sliding window, i - window < j <= i), so every layout gives the same numbers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch import distributed as dist
 
-__all__ = ["PeerFailure", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention"]
+__all__ = ["PeerFailure", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention",
+           "ContextParallel", "lm_shards", "all_reduce_gradients"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 METHODS = ("ring", "ulysses")
-QUERY_TILE = 1024  # queries per block in the backward pass: memory per step is tile x shard
+QUERY_TILE = 1024  # queries per block, forward and backward: memory per step is tile x shard
 
 
 def _check_layout(n: int, world: int, layout: str) -> None:
@@ -93,12 +95,26 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) 
     return allowed
 
 
-def _scores(q, k, scale, q_pos, k_pos, is_causal, window):
+def _scores(q, k, scale, q_pos, k_pos, is_causal, window, key_mask=None):
     s = (q @ k.transpose(-1, -2)) * scale
     allowed = _allowed(q_pos, k_pos, is_causal, window)
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf"))
+    if key_mask is not None:  # (B, S) nonzero at real keys
+        s = s.masked_fill(~key_mask.bool()[:, None, None, :], float("-inf"))
     return s
+
+
+def _key_span(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) -> tuple[int, int] | None:
+    """The slice [k0, k1) of a key shard that a query tile may attend (causal / window), or None
+    when it may attend none of it: the block is skipped, or cut to the part that matters."""
+    allowed = _allowed(q_pos, k_pos, is_causal, window)
+    if allowed is None:
+        return 0, k_pos.shape[0]
+    columns = allowed.any(0).nonzero()
+    if columns.numel() == 0:
+        return None
+    return int(columns[0]), int(columns[-1]) + 1
 
 
 class PeerFailure(RuntimeError):
@@ -125,8 +141,9 @@ class _Ring:
 
     def start(self, tensors: list[Tensor]) -> tuple[list, list[Tensor]]:
         """Post sends of ``tensors`` to the next rank and receives of the same shapes from the previous."""
+        tensors = [t.contiguous() for t in tensors]  # (a model's k / v are transposed views)
         received = [torch.empty_like(t) for t in tensors]
-        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
         try:
             return dist.batch_isend_irecv(ops), received
@@ -152,7 +169,7 @@ def _expand(x: Tensor, groups: int) -> Tensor:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, scale, is_causal, window, group):
+    def forward(ctx, q, k, v, q_pos, scale, is_causal, window, group, key_mask):
         ring = _Ring(group)
         groups = q.shape[1] // k.shape[1]
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -160,27 +177,35 @@ class _RingAttention(torch.autograd.Function):
         out = torch.zeros(B, H, L, v.shape[-1], dtype=acc, device=q.device)
         lse = torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)
         qa = q.to(acc)
-        current = [k, v, q_pos]
+        current = [k, v, q_pos] + ([key_mask] if key_mask is not None else [])  # what travels the ring
         for step in range(ring.world):
             pending = ring.start(current) if step < ring.world - 1 else None
-            ck, cv, k_pos = current
-            s = _scores(qa, _expand(ck, groups).to(acc), scale, q_pos, k_pos, is_causal, window)
-            block_lse = torch.logsumexp(s, dim=-1)
-            merged = torch.logaddexp(lse, block_lse)
-            safe = torch.where(torch.isinf(merged), torch.zeros_like(merged), merged)
-            p = torch.exp(s - safe[..., None])  # block weights under the merged normaliser
-            out = out * torch.exp(lse - safe)[..., None] + p @ _expand(cv, groups).to(acc)
-            lse = merged
+            ck, cv, k_pos = current[:3]
+            ke, ve = _expand(ck, groups).to(acc), _expand(cv, groups).to(acc)
+            for q0 in range(0, L, QUERY_TILE):  # scores of one query tile at a time: tile x shard memory
+                q1 = min(L, q0 + QUERY_TILE)
+                span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
+                if span is None:
+                    continue  # causal / window rule out the whole block: no work
+                k0, k1 = span
+                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, q_pos[q0:q1], k_pos[k0:k1], is_causal, window,
+                            current[3][:, k0:k1] if key_mask is not None else None)
+                old = lse[:, :, q0:q1]
+                merged = torch.logaddexp(old, torch.logsumexp(s, dim=-1))
+                safe = torch.where(torch.isinf(merged), torch.zeros_like(merged), merged)
+                p = torch.exp(s - safe[..., None])  # block weights under the merged normaliser
+                out[:, :, q0:q1] = out[:, :, q0:q1] * torch.exp(old - safe)[..., None] + p @ ve[:, :, k0:k1]
+                lse[:, :, q0:q1] = merged
             if pending is not None:
                 ring.wait(pending[0])
                 current = pending[1]
-        ctx.save_for_backward(q, k, v, q_pos, out, lse)
+        ctx.save_for_backward(q, k, v, q_pos, out, lse, key_mask)
         ctx.scale, ctx.is_causal, ctx.window, ctx.group = scale, is_causal, window, group
         return out.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        q, k, v, q_pos, out, lse = ctx.saved_tensors
+        q, k, v, q_pos, out, lse, key_mask = ctx.saved_tensors
         scale, is_causal, window = ctx.scale, ctx.is_causal, ctx.window
         ring = _Ring(ctx.group)
         groups = q.shape[1] // k.shape[1]
@@ -189,30 +214,38 @@ class _RingAttention(torch.autograd.Function):
         delta = (do * out).sum(-1)  # (B, H, L)
         safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
         dq = torch.zeros_like(qa)
-        current = [k, v, q_pos, torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]
+        carried = [k, v, q_pos] + ([key_mask] if key_mask is not None else [])
+        grads = [torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]  # travel with their shard
         for step in range(ring.world):
-            ck, cv, k_pos, dk, dv = current
+            ck, cv, k_pos = carried[:3]
+            km = carried[3] if key_mask is not None else None
             ke, ve = _expand(ck, groups).to(acc), _expand(cv, groups).to(acc)
             dke, dve = torch.zeros_like(ke), torch.zeros_like(ve)
             for q0 in range(0, qa.shape[2], QUERY_TILE):
                 q1 = min(qa.shape[2], q0 + QUERY_TILE)
-                s = _scores(qa[:, :, q0:q1], ke, scale, q_pos[q0:q1], k_pos, is_causal, window)
+                span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
+                if span is None:
+                    continue
+                k0, k1 = span
+                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, q_pos[q0:q1], k_pos[k0:k1], is_causal, window,
+                            None if km is None else km[:, k0:k1])
                 p = torch.exp(s - safe_lse[:, :, q0:q1, None])
-                dve += p.transpose(-1, -2) @ do[:, :, q0:q1]
-                ds = p * (do[:, :, q0:q1] @ ve.transpose(-1, -2) - delta[:, :, q0:q1, None])
-                dq[:, :, q0:q1] += (ds @ ke) * scale
-                dke += (ds.transpose(-1, -2) @ qa[:, :, q0:q1]) * scale
+                dve[:, :, k0:k1] += p.transpose(-1, -2) @ do[:, :, q0:q1]
+                ds = p * (do[:, :, q0:q1] @ ve[:, :, k0:k1].transpose(-1, -2) - delta[:, :, q0:q1, None])
+                dq[:, :, q0:q1] += (ds @ ke[:, :, k0:k1]) * scale
+                dke[:, :, k0:k1] += (ds.transpose(-1, -2) @ qa[:, :, q0:q1]) * scale
             if groups > 1:
                 B, H, S, E = dke.shape
                 dke = dke.view(B, H // groups, groups, S, E).sum(2)
                 dve = dve.view(B, H // groups, groups, S, dve.shape[-1]).sum(2)
-            current = [ck, cv, k_pos, dk + dke, dv + dve]
+            grads = [grads[0] + dke, grads[1] + dve]
             if ring.world > 1:  # the gradients travel with their shard; after W hops they are home
-                requests, received = ring.start(current if step < ring.world - 1 else current[3:])
+                last = step == ring.world - 1
+                requests, received = ring.start(grads if last else carried + grads)
                 ring.wait(requests)
-                current = received if step < ring.world - 1 else [None, None, None, *received]
-        dk, dv = current[3], current[4]
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+                carried, grads = (carried, received) if last else (received[:len(carried)], received[len(carried):])
+        dk, dv = grads
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
 def _seq_to_heads(x: Tensor, world: int, group) -> Tensor:
@@ -236,7 +269,7 @@ def _heads_to_seq(x: Tensor, world: int, group) -> Tensor:
     return received.permute(1, 0, 2, 3, 4).reshape(B, world * h, L, E)
 
 
-def _ulysses(q, k, v, positions, scale, is_causal, window, group, backend):
+def _ulysses(q, k, v, positions, scale, is_causal, window, group, backend, key_mask):
     from .functional.attention import attention
 
     world = dist.get_world_size(group)
@@ -250,14 +283,19 @@ def _ulysses(q, k, v, positions, scale, is_causal, window, group, backend):
     order = torch.argsort(torch.cat(gathered))  # rank-concatenated order -> global order
     inverse = torch.argsort(order)
     qh, kh, vh = (_seq_to_heads(x, world, group).index_select(2, order) for x in (q, k, v))
-    out = attention(qh, kh, vh, is_causal=is_causal, window=window, scale=scale, backend=backend).output
+    mask = None
+    if key_mask is not None:  # every rank needs every key's mask: (B, n) in global order
+        masks = [torch.empty_like(key_mask) for _ in range(world)]
+        dist.all_gather(masks, key_mask.contiguous(), group=group)
+        mask = torch.cat(masks, dim=1).index_select(1, order).bool()[:, None, None, :]
+    out = attention(qh, kh, vh, mask=mask, is_causal=is_causal, window=window, scale=scale, backend=backend).output
     return _heads_to_seq(out.index_select(2, inverse).contiguous(), world, group)
 
 
 def context_parallel_attention(
     q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, window: int | None = None,
     layout: str = "zigzag", method: str = "ring", scale: float | None = None, group=None,
-    positions: Tensor | None = None, backend: str = "tiled",
+    positions: Tensor | None = None, backend: str = "tiled", key_mask: Tensor | None = None,
 ) -> Tensor:
     """This process's shard (B, H, n / W, Ev) of exact attention over the whole sequence, by ring
     attention or Ulysses across the processes of ``group`` (default: the world). ``backend`` is
@@ -265,8 +303,10 @@ def context_parallel_attention(
 
     ``q`` (B, H, n / W, E), ``k`` / ``v`` (B, Hkv, n / W, E|Ev) are this rank's shards under
     ``layout`` (see :func:`shard`); H % Hkv == 0 (GQA). ``is_causal`` and ``window`` (causal
-    sliding window) apply to global positions. Gradients flow to q, k and v exactly. Without an
-    initialised process group this is plain attention on one process.
+    sliding window) apply to global positions. ``key_mask`` (B, n / W), True (or nonzero) at this
+    shard's real tokens, rules out padding keys wherever their queries are (it travels the ring
+    with the keys; Ulysses gathers it); a query with no allowed key gets zeros. Gradients flow to
+    q, k and v exactly. Without an initialised process group this is plain attention on one process.
     """
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be (B, H, L, E), got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -287,9 +327,84 @@ def context_parallel_attention(
     positions = positions.to(q.device)
     if positions.shape != (q.shape[2],):
         raise ValueError(f"positions must be ({q.shape[2]},) for this shard, got {tuple(positions.shape)}")
+    if key_mask is not None:
+        if tuple(key_mask.shape) != (q.shape[0], q.shape[2]) or key_mask.is_floating_point():
+            raise ValueError(f"key_mask must be boolean or integer of shape (B, n / W) = ({q.shape[0]}, {q.shape[2]}), "
+                             f"got {key_mask.dtype} {tuple(key_mask.shape)}")
+        key_mask = (key_mask != 0).to(torch.uint8).to(q.device)  # uint8: gloo sends no bool tensors
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if method == "ulysses" and initialised and world > 1:
-        return _ulysses(q, k, v, positions, scale, is_causal, window, group, backend)
-    out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window, group if initialised else _LocalGroup())
+        return _ulysses(q, k, v, positions, scale, is_causal, window, group, backend, key_mask)
+    out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window, group if initialised else _LocalGroup(),
+                                  key_mask)
     return out
 
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """How a model runs with its sequence split across the processes of ``group`` (default: the
+    world): pass it as ``context_parallel=`` to :class:`~attnkit.models.DecoderLM` or
+    :class:`~attnkit.models.EncoderModel` (and so to their :class:`~attnkit.layers.MultiHeadAttention`
+    layers), each process giving its shard of the batch's tokens. Positions (rotary or learned) come
+    from the shard's global positions; every self-attention is :func:`context_parallel_attention`.
+    Everything else in a Transformer (embeddings, norms, MLPs, the output layer) works per token and
+    needs no communication."""
+
+    layout: str = "zigzag"
+    method: str = "ring"
+    group: object = None
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"ContextParallel.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"ContextParallel.method must be one of {METHODS}, got {self.method!r}")
+
+    @property
+    def world(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if dist.is_available() and dist.is_initialized() else 0
+
+    def positions(self, shard_length: int) -> Tensor:
+        """The global positions (shard_length,) this process holds."""
+        return shard_positions(shard_length * self.world, self.world, self.rank, self.layout)
+
+    def shard(self, x: Tensor, dim: int = 1) -> Tensor:
+        """This process's part of a whole-sequence tensor (sequence along ``dim``)."""
+        return shard(x, self.world, self.rank, layout=self.layout, dim=dim)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, is_causal: bool = False,
+                  window: int | None = None, scale: float | None = None, key_mask: Tensor | None = None) -> Tensor:
+        """:func:`context_parallel_attention` with this layout, method and group."""
+        return context_parallel_attention(q, k, v, is_causal=is_causal, window=window, layout=self.layout,
+                                          method=self.method, scale=scale, group=self.group, positions=positions,
+                                          key_mask=key_mask)
+
+
+def lm_shards(input_ids: Tensor, cp: ContextParallel, ignore_index: int = -100) -> tuple[Tensor, Tensor]:
+    """(input shard, label shard) of a language-model batch (B, n): the labels are the next tokens
+    of the whole sequence (``ignore_index`` after the last), shifted before sharding, so that a
+    token's label is on the same process as the token even when its successor is not."""
+    labels = torch.full_like(input_ids, ignore_index)
+    labels[:, :-1] = input_ids[:, 1:]
+    return cp.shard(input_ids), cp.shard(labels)
+
+
+def all_reduce_gradients(parameters, group=None) -> None:
+    """Sum every parameter's gradient over the processes of ``group`` (each process's loss being
+    its part of the global loss, the sum is the global gradient). DistributedDataParallel does the
+    same with a mean: scale the loss by the world size there."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()

@@ -123,3 +123,21 @@ def test_cli_json_records_machine_and_config(tmp_path):
                  "--repeats", "1", "--min-seconds", "0", "--no-memory", "--quiet", "--heads", "2"]) == 0
     report = json.loads((out / "attention.json").read_text())
     assert report["machine"]["threads"] == torch.get_num_threads() and report["config"]["heads"] == 2
+
+
+def test_context_parallel_bench_counts_bytes_and_balance(tmp_path, capsys):
+    from attnkit.cli import main
+
+    assert main(["bench", "--context-parallel", "64", "--worlds", "1", "2", "--heads", "2", "--head-dim", "8",
+                 "--out", str(tmp_path), "--quiet"]) == 0
+    assert "| W | layout |" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "context_parallel.json").read_text())["results"]
+    assert [(r["world"], r["layout"]) for r in rows] == [(1, "zigzag"), (2, "zigzag"), (2, "contiguous")]
+    assert rows[0]["rank_sent_bytes"] == [0] and rows[0]["formula_sent_bytes"] == 0
+    for row in rows[1:]:  # one hop of k, v (2 x 32 x 8 float32 each) and 32 int64 positions
+        assert row["rank_sent_bytes"] == [row["formula_sent_bytes"]] * 2 == [2 * 2 * 32 * 8 * 4 + 32 * 8] * 2
+    zigzag, contiguous = rows[1], rows[2]
+    assert zigzag["pair_balance"] == 1.0  # chunks 0 + 3 and 1 + 2 of 16: 1,040 causal pairs each
+    assert contiguous["pair_balance"] == sum(range(33, 65)) / sum(range(1, 33))
+    assert main(["bench", "--context-parallel", "60", "--worlds", "4", "--out", str(tmp_path)]) == 2
+    assert "multiple of 2 x W = 8" in capsys.readouterr().err

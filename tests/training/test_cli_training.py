@@ -38,6 +38,17 @@ def test_train_translate_evaluate_on_a_user_file(phrase_file, tmp_path, capsys):
     assert (tmp_path / "scores.json").is_file()
 
 
+def test_train_stops_at_max_minutes(phrase_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(phrase_file), "--out", str(run), "--epochs", "5", "--max-minutes", "1e-8",
+                 *TINY]) == 0
+    assert "time-limit after 1 steps" in capsys.readouterr().out
+    assert (run / "best" / "model.safetensors").is_file()
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--data", str(phrase_file), "--out", str(run), "--max-minutes", "0", *TINY])
+    assert exit_.value.code == 2 and "--max-minutes: expected a finite number > 0" in capsys.readouterr().err
+
+
 def test_malformed_file_is_reported_with_its_line(tmp_path, capsys):
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nno tab\n", encoding="utf-8")

@@ -132,6 +132,32 @@ def test_metrics_use_sacrebleu():
     assert [(r["bucket"], r["sentences"]) for r in rows] == [("1-10", 2), ("11-15", 2)]
 
 
+def test_a_time_limit_stops_validates_the_part_epoch_and_records_on_epoch_metrics(phrases, tmp_path):
+    train_pairs, valid, _, source, target = phrases
+    seen = []
+
+    def on_epoch(model):
+        seen.append(model.training)
+        return {"probe": len(seen)}
+
+    config = TrainingConfig(epochs=5, batch_size=32, max_seconds=1e-6)  # passes after the first step
+    result = train(_seq2seq(source, target), source, target, train_pairs, valid, config, tmp_path, progress=False,
+                   log=lambda _: None, on_epoch=on_epoch)
+    assert (result.stopped, result.steps, result.epochs_done) == ("time-limit", 1, 1)
+    (record,) = result.history["epochs"]
+    assert record["probe"] == 1 and seen == [False]  # called once, in eval mode
+    assert 0 < record["train_seconds"] <= record["seconds"]
+    assert (tmp_path / "best").is_dir() and (tmp_path / "last").is_dir()
+    # Enough time for every epoch: the limit never binds and on_epoch runs after each.
+    seen.clear()
+    result = train(_seq2seq(source, target), source, target, train_pairs[:64], valid,
+                   TrainingConfig(epochs=2, batch_size=32, max_seconds=3600), tmp_path, overwrite=True,
+                   progress=False, log=lambda _: None, on_epoch=on_epoch)
+    assert (result.stopped, result.steps, result.epochs_done, len(seen)) == ("epochs", 4, 2, 2)
+    with pytest.raises(ValueError, match="max_seconds must be a finite number > 0"):
+        TrainingConfig(max_seconds=0)
+
+
 def test_a_diverging_run_stops_with_an_error_instead_of_saving_nan_weights(phrases, tmp_path):
     from attnkit.training.loop import TrainingDiverged
 

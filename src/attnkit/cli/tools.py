@@ -55,6 +55,8 @@ def _bench(args: argparse.Namespace) -> int:
             raise ValueError(f"--render {args.render}: a result row is malformed ({error!r})") from None
         return 0
     check_writable(args.out, "--out")
+    if args.context_parallel:
+        return _bench_context_parallel(args)
     config = bench.AttentionBench(
         sizes=tuple(args.sizes), masks=tuple(args.masks), modes=tuple(args.modes), dtypes=tuple(args.dtypes),
         impls=tuple(args.impls), batch=args.batch, heads=args.heads, head_dim=args.head_dim, window=args.window,
@@ -77,6 +79,25 @@ def _bench(args: argparse.Namespace) -> int:
             print(bench.format_table(rows))
             pictures = bench.plot_attention(rows, args.out)
             print(f"wrote {out} and {len(pictures)} plots in {args.out}")
+    return 0
+
+
+def _bench_context_parallel(args: argparse.Namespace) -> int:
+    from .._files import write_json
+    from ..bench.context_parallel import ContextParallelBench, format_context_parallel, run_context_parallel
+
+    layouts = ("zigzag", "contiguous")
+    for w in args.worlds:
+        if args.context_parallel % (2 * w):
+            raise ValueError(f"--context-parallel {args.context_parallel} must be a multiple of 2 x W = {2 * w} "
+                             f"for every --worlds value (zigzag)")
+    config = ContextParallelBench(n=args.context_parallel, worlds=tuple(args.worlds), layouts=layouts,
+                                  batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                                  backward="fwd+bwd" in args.modes)
+    out = args.out / "context_parallel.json"
+    report = run_context_parallel(config, progress=not args.quiet, on_row=lambda r: write_json(out, r))
+    print(format_context_parallel(report["results"]))
+    print(f"wrote {out}")
     return 0
 
 
@@ -108,6 +129,12 @@ def add_bench_parser(commands) -> None:
     bench_cmd.add_argument("--max-memory-gb", type=float_in(0.0, 1e6, low_open=True), default=8.0,
                            help="skip implementations that materialise (n, n) tensors above this")
     bench_cmd.add_argument("--no-memory", action="store_true", help="timings only (no fresh process per memory point)")
+    bench_cmd.add_argument("--context-parallel", type=int_in(2, 1 << 24), metavar="N",
+                           help="instead of the sweep: context-parallel attention over N tokens (causal) in W = "
+                                "--worlds gloo processes: per-process peak memory, time, bytes sent vs the formula, "
+                                "zigzag vs contiguous balance (--heads, --head-dim, --batch; --modes fwd+bwd adds backward)")
+    bench_cmd.add_argument("--worlds", type=int_in(1, 64), nargs="+", default=[1, 2, 4],
+                           help="--context-parallel: process counts W")
     bench_cmd.add_argument("--render", type=input_file, help="print an attention.json as a markdown table and exit")
     bench_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     bench_cmd.set_defaults(run=_bench)

@@ -67,7 +67,7 @@ def _demo(args: argparse.Namespace) -> int:
     from ..workbench import run_demo
 
     check_writable(args.out, "--out")
-    run_demo(args.out, models=args.models, epochs=args.epochs, train_limit=args.train_limit,
+    run_demo(args.out, models=args.models, minutes=args.minutes or None, epochs=args.epochs, train_limit=args.train_limit,
              test_limit=args.test_limit, beam_size=args.beam, seed=args.seed, progress=not args.quiet)
     return 0
 
@@ -80,7 +80,11 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--out", type=output_dir, default=Path("out/demo"), help="folder for runs/ and report/")
     demo.add_argument("--models", nargs="+", default=["bottleneck", "bahdanau"], choices=sorted(DEMO_MODELS),
                       help="models to train and compare")
-    demo.add_argument("--epochs", type=int_in(1, 1000), default=3, help="epochs per model (default 3)")
+    demo.add_argument("--minutes", type=float_in(0), default=11.0,
+                      help="wall-clock budget of the whole job (default 11); each model trains for an equal share "
+                           "of what the set-up and the test translations leave; 0: no budget, --epochs each")
+    demo.add_argument("--epochs", type=int_in(1, 1000), default=1000,
+                      help="at most this many epochs per model (default: as many as the budget allows)")
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
     demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
@@ -108,7 +112,7 @@ def _train(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")
     if args.resume:
         print("resuming: data and model options are the run's; training options from this command line: epochs, "
-              "batch-size, lr, clip, label-smoothing, warmup, patience, max-steps, checkpoint-every", file=sys.stderr)
+              "batch-size, lr, clip, label-smoothing, warmup, patience, max-steps, max-minutes, checkpoint-every", file=sys.stderr)
     setup_distributed()
     torch.manual_seed(args.seed)
     train_pairs = data_split("--data", args.data, "train", direction=args.direction)
@@ -150,6 +154,7 @@ def _train(args: argparse.Namespace) -> int:
     training = TrainingConfig.recipe(model.config.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                      clip_norm=args.clip, label_smoothing=args.label_smoothing, patience=args.patience,
                                      seed=args.seed, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
+                                     max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
                                      **schedule, **guided)
     result = train(model, source, target, train_pairs, valid_pairs, training, args.out, resume=args.resume,
                    overwrite=args.overwrite, options=options, progress=not args.quiet, alignments=alignments)
@@ -190,6 +195,9 @@ def add_train_parser(commands) -> None:
     train.add_argument("--warmup", type=int_in(0), help="warm-up steps (default 4000 for the Transformer, 0 otherwise)")
     train.add_argument("--patience", type=int_in(0), default=3, help="epochs without a better validation loss")
     train.add_argument("--max-steps", type=int_in(1), help="stop after this many optimiser steps")
+    train.add_argument("--max-minutes", type=float_in(0, low_open=True),
+                       help="stop after this much training wall clock (validation included; the run resumes with "
+                            "its clock), validating the part of the epoch done")
     train.add_argument("--checkpoint-every", type=int_in(0), default=0,
                        help="also save last/ every N steps (0: each epoch)")
     train.add_argument("--seed", type=int, default=0, help="seed of initialisation, batching and dropout")

@@ -120,6 +120,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         causal_align: str | None = None,
         positions: Tensor | None = None,
+        context_parallel=None,
     ) -> AttentionOutput:
         """Attend from query (B, L, D) to key (B, S, kdim) / value (B, S, vdim).
 
@@ -129,6 +130,10 @@ class MultiHeadAttention(nn.Module):
         aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
         ``positions`` (L,) or (B, L): the rotary positions of the new tokens (default: the cache's
         position onwards), e.g. per row after left padding.
+        ``context_parallel`` (:class:`attnkit.distributed.ContextParallel`): self attention over a
+        sequence split across processes; ``query`` is this process's shard, ``positions`` (L,) its
+        global positions (default: the layout's), ``mask`` at most a (B, 1, 1, L) key-padding mask
+        of the shard; no cache, bias, weights or attention dropout.
 
         Returns:
             :class:`AttentionOutput` with output (B, L, D), per-head weights (B, H, L, S) or None
@@ -141,6 +146,9 @@ class MultiHeadAttention(nn.Module):
         elif value is None:
             value = key
         self._check_inputs(query, key, value)
+        if context_parallel is not None:
+            return self._attend_context_parallel(query, key, value, context_parallel, mask, is_causal, window, bias,
+                                                 need_weights, cache, positions)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
         if isinstance(cache, SinkCache):
             return self._attend_with_sinks(q, key, value, cache, mask, is_causal, window, bias, need_weights, positions)
@@ -174,6 +182,35 @@ class MultiHeadAttention(nn.Module):
         )
         output = self.out_proj(merge_heads(result.output))  # (B, L, D)
         return AttentionOutput(output=output, weights=result.weights, lse=result.lse)
+
+    def _attend_context_parallel(self, query, key, value, cp, mask, is_causal, window, bias, need_weights, cache,
+                                 positions) -> AttentionOutput:
+        B, L = query.shape[:2]
+        if key is not query or value is not query:
+            raise ValueError("context_parallel is for self attention: give query only")
+        if cache is not None or bias is not None or need_weights:
+            raise ValueError("context_parallel takes no cache, bias or need_weights")
+        if self.training and self.dropout > 0:
+            raise ValueError(f"context_parallel has no attention dropout (this layer's is {self.dropout}); "
+                             "set it to 0 or call eval()")
+        key_mask = None
+        if mask is not None:
+            if isinstance(mask, BlockMask) or tuple(mask.shape) != (B, 1, 1, L) or mask.dtype != torch.bool:
+                raise ValueError(f"context_parallel takes a boolean key-padding mask (B, 1, 1, L) = ({B}, 1, 1, {L}) "
+                                 f"of this shard, got {type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}")
+            key_mask = mask[:, 0, 0, :]
+        if positions is None:
+            positions = cp.positions(L).to(query.device)
+        if positions.shape != (L,):
+            raise ValueError(f"context_parallel needs positions (L,) = ({L},) shared by the batch, got {tuple(positions.shape)}")
+        q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
+        k = split_heads(self.k_proj(query), self.num_kv_heads)
+        v = split_heads(self.v_proj(query), self.num_kv_heads)
+        if self.rotary is not None:
+            q, k = self.rotary(q, positions=positions), self.rotary(k, positions=positions)
+        out = cp.attention(q, k, v, positions=positions, is_causal=is_causal, window=window, scale=self.scale,
+                           key_mask=key_mask)
+        return AttentionOutput(output=self.out_proj(merge_heads(out)), weights=None, lse=None)
 
     def _attend_with_sinks(self, q, key, value, cache: SinkCache, mask, is_causal, window, bias, need_weights, positions):
         """Self attention through a :class:`SinkCache`: keys cached unrotated, rotated at their

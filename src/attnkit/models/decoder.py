@@ -105,12 +105,13 @@ class DecoderBlock(nn.Module):
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None, need_weights: bool = False,
-        positions: Tensor | None = None,
+        positions: Tensor | None = None, context_parallel=None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, L, D), mask (B, 1, 1, S) True at real tokens -> (B, L, D) and, with ``need_weights``,
         the attention weights (B, H, L, S)."""
+        cp = {} if context_parallel is None else {"context_parallel": context_parallel}
         attended = self.self_attn(self.attn_norm(x), mask=mask, is_causal=True, window=self.window, cache=cache,
-                                  need_weights=need_weights, positions=positions)
+                                  need_weights=need_weights, positions=positions, **cp)
         x = x + self.dropout(attended.output)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
         return x, attended.weights
@@ -165,6 +166,7 @@ class DecoderLM(nn.Module):
         last_only: bool = False,
         position_ids: Tensor | None = None,
         document_ids: Tensor | None = None,
+        context_parallel=None,
     ) -> LMOutput:
         """Logits for input_ids (B, L).
 
@@ -183,9 +185,20 @@ class DecoderLM(nn.Module):
                 :func:`~attnkit.masks.document_mod` block mask, so the tiled backend skips the rest)
                 and positions restart at 0 in each document unless ``position_ids`` says otherwise;
                 negative ids mark padding. Not with ``attention_mask`` or ``cache``.
+            context_parallel: (:class:`attnkit.distributed.ContextParallel`) input_ids (and
+                attention_mask) are this process's shard of sequences split across processes
+                (:func:`attnkit.distributed.lm_shards` gives matching labels); positions are the
+                shard's global ones, every layer attends over the whole sequence exactly, the
+                logits come back sharded. No cache, document_ids, position_ids or weights.
         """
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
+        shard_positions = None
+        if context_parallel is not None:
+            if cache is not None or document_ids is not None or position_ids is not None or need_weights or last_only:
+                raise ValueError("context_parallel takes no cache, document_ids, position_ids, need_weights or last_only")
+            shard_positions = context_parallel.positions(L).to(input_ids.device)  # (L,) global
+            position_ids = shard_positions.expand(B, L)
         if document_ids is not None:
             if attention_mask is not None or cache is not None:
                 raise ValueError("document_ids replaces attention_mask (mark padding with id -1) and takes no cache")
@@ -221,8 +234,11 @@ class DecoderLM(nn.Module):
         x = self.dropout(x)
         attentions = [] if need_weights else None
         for i, layer in enumerate(self.layers):
-            x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
-                               positions=position_ids)
+            if context_parallel is not None:
+                x, weights = layer(x, mask, positions=shard_positions, context_parallel=context_parallel)
+            else:
+                x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
+                                   positions=position_ids)
             if attentions is not None:
                 attentions.append(weights)
         x = self.norm(x)

@@ -37,8 +37,10 @@ class _Embeddings(nn.Module):
         self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        return self.dropout(self.norm(self.positions(self.tokens(ids)) + self.token_types(token_type_ids)))
+    def forward(self, ids: Tensor, token_type_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        x = self.tokens(ids)
+        x = self.positions(x) if position_ids is None else x + self.positions.embedding(position_ids)
+        return self.dropout(self.norm(x + self.token_types(token_type_ids)))
 
 
 class EncoderModel(nn.Module):
@@ -62,11 +64,26 @@ class EncoderModel(nn.Module):
         token_type_ids: Tensor | None = None,
         *,
         need_weights: bool = False,
+        context_parallel=None,
     ) -> EncoderOutput:
-        """input_ids (B, L); attention_mask (B, L) True (or 1) at real tokens; token_type_ids (B, L)."""
+        """input_ids (B, L); attention_mask (B, L) True (or 1) at real tokens; token_type_ids (B, L).
+
+        ``context_parallel`` (:class:`attnkit.distributed.ContextParallel`): the inputs are this
+        process's shard of sequences split across processes (:meth:`ContextParallel.shard`), the
+        hidden states come back sharded the same way, positions are the shard's global ones, and
+        ``pooled`` is None (the [CLS] token lives on one process).
+        """
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
-        if L > self.config.max_len:
+        position_ids = None
+        if context_parallel is not None:
+            if need_weights:
+                raise ValueError("context_parallel returns no attention weights (need_weights=False)")
+            position_ids = context_parallel.positions(L).to(input_ids.device)
+            if int(position_ids.max()) >= self.config.max_len:
+                raise ValueError(f"the sequence has {L * context_parallel.world} tokens across processes, more "
+                                 f"than max_len={self.config.max_len}")
+        elif L > self.config.max_len:
             raise ValueError(f"input_ids has L={L} tokens, more than max_len={self.config.max_len}")
         mask = None
         if attention_mask is not None:
@@ -75,11 +92,12 @@ class EncoderModel(nn.Module):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, None if position_ids is None else position_ids.expand(B, L))
         attentions = [] if need_weights else None
+        cp = {} if context_parallel is None else {"context_parallel": context_parallel}
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights=need_weights)
+            x, weights = layer(x, mask, need_weights=need_weights, **cp)
             if attentions is not None:
                 attentions.append(weights)
-        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None and context_parallel is None else None
         return EncoderOutput(x, pooled, attentions)

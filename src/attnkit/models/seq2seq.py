@@ -131,6 +131,15 @@ class Seq2Seq(nn.Module):
 
     def step(self, state: Seq2SeqState, tokens: Tensor) -> StepOutput:
         """One decoder step from the previous tokens (B,); updates ``state`` in place."""
+        features, weights = self._recur(state, tokens)
+        attentional = torch.tanh(self.combine(features))  # (B, hidden)
+        if state.feed is not None:
+            state.feed = attentional
+        return StepOutput(self.generator(self.dropout(attentional)), weights)
+
+    def _recur(self, state: Seq2SeqState, tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The recurrent part of a step: the features (B, hidden [+ memory]) that the output layers
+        read, and the attention weights (B, S) or None; updates ``state.hidden``."""
         embedded = self.dropout(self.target_embedding(tokens))  # (B, emb)
         weights = None
         if self.style == "bahdanau":
@@ -147,10 +156,7 @@ class Seq2Seq(nn.Module):
         else:
             output, state.hidden = self.decoder(embedded[:, None], state.hidden)
             features = output[:, 0]
-        attentional = torch.tanh(self.combine(features))  # (B, hidden)
-        if state.feed is not None:
-            state.feed = attentional
-        return StepOutput(self.generator(self.dropout(attentional)), weights)
+        return features, weights
 
     def _decode_all(self, state: Seq2SeqState, target_in: Tensor) -> TranslationOutput:
         """Teacher forcing in one RNN call (no attention, or Luong without input feeding)."""
@@ -172,7 +178,15 @@ class Seq2Seq(nn.Module):
         state = self.encode(source, source_lengths)
         if self.parallel_decoding and not stepwise:
             return self._decode_all(state, target_in)
-        steps = [self.step(state, target_in[:, t]) for t in range(target_in.shape[1])]
-        logits = torch.stack([s.logits for s in steps], 1)
-        weights = None if self.style == "none" else torch.stack([s.weights for s in steps], 1)
-        return TranslationOutput(logits, weights)
+        if state.feed is not None:  # input feeding: each step needs the previous attentional vector
+            steps = [self.step(state, target_in[:, t]) for t in range(target_in.shape[1])]
+            logits = torch.stack([s.logits for s in steps], 1)
+            weights = None if self.style == "none" else torch.stack([s.weights for s in steps], 1)
+            return TranslationOutput(logits, weights)
+        # Only the recurrence is sequential: the output layers run once over all (B, T) steps,
+        # one large matrix product instead of T small ones (the generator is most of the FLOPs).
+        recurred = [self._recur(state, target_in[:, t]) for t in range(target_in.shape[1])]
+        features = torch.stack([f for f, _ in recurred], 1)  # (B, T, F)
+        weights = None if self.style == "none" else torch.stack([w for _, w in recurred], 1)
+        attentional = torch.tanh(self.combine(features))
+        return TranslationOutput(self.generator(self.dropout(attentional)), weights)

@@ -65,6 +65,7 @@ class TrainingConfig:
     patience: int = 3  # stop after this many epochs without a better validation loss
     seed: int = 0
     max_steps: int | None = None  # stop (and checkpoint) after this many optimiser steps in all
+    max_seconds: float | None = None  # stop after this much training wall clock (validation included, on_epoch not)
     checkpoint_every: int = 0  # also checkpoint every N steps (0: at the end of each epoch only)
     eval_batch_size: int = 128
     # Guided alignment: weight of the attention's cross entropy with the given alignments (0: off),
@@ -96,6 +97,8 @@ class TrainingConfig:
             raise ValueError(f"TrainingConfig.alignment_head must be >= 0, got {self.alignment_head}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"TrainingConfig.max_steps must be >= 1 or None, got {self.max_steps}")
+        if self.max_seconds is not None and not (math.isfinite(self.max_seconds) and self.max_seconds > 0):
+            raise ValueError(f"TrainingConfig.max_seconds must be a finite number > 0 or None, got {self.max_seconds}")
 
     @classmethod
     def recipe(cls, kind: str, **changes) -> TrainingConfig:
@@ -115,7 +118,7 @@ class TrainingResult:
     steps: int
     epochs_done: int
     best_valid_loss: float
-    stopped: str  # "epochs" | "early-stopping" | "max-steps" | "interrupted"
+    stopped: str  # "epochs" | "early-stopping" | "max-steps" | "time-limit" | "interrupted"
     history: dict = field(default_factory=dict)
 
 
@@ -224,7 +227,8 @@ class TrainerState:
     step: int = 0  # optimiser steps done
     best_valid_loss: float = math.inf
     bad_epochs: int = 0  # epochs in a row without a better validation loss
-    stopped: str | None = None  # why the loop ended: "early-stopping", "max-steps", "interrupted"
+    seconds: float = 0.0  # training wall clock so far (steps and validation; not on_epoch)
+    stopped: str | None = None  # why the loop ended: "early-stopping", "max-steps", "time-limit", "interrupted"
 
 
 def train(
@@ -242,6 +246,7 @@ def train(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     alignments: Sequence | None = None,
+    on_epoch: Callable[[nn.Module], dict] | None = None,
 ) -> TrainingResult:
     """Train ``model`` and write checkpoints under ``folder`` (``last/``, ``best/``, ``history.json``).
 
@@ -255,12 +260,18 @@ def train(
     module's logger at INFO); ``progress`` shows a tqdm bar per epoch. ``alignments`` (one set of
     (source word, target word) links per training pair) feed guided alignment when
     ``config.alignment_weight`` > 0.
+
+    ``on_epoch(model)``, if given, runs after each validation (on rank 0; the model in eval mode)
+    and returns JSON-able metrics added to that epoch's record in the history (say BLEU, to plot
+    quality against training time); its time is not training time. With
+    ``config.max_seconds`` the run stops once the training wall clock (optimiser steps and
+    validation) passes it, validating the part of the epoch it did (counted as an epoch).
     """
     folder = Path(folder)
     if is_main():
         prepare_run_folder(folder, resume=resume, overwrite=overwrite, options=options)
     trainer = _Trainer(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config, folder,
-                       progress=progress, log=log or logger.info, alignments=alignments)
+                       progress=progress, log=log or logger.info, alignments=alignments, on_epoch=on_epoch)
     if resume:
         trainer.restore()
     else:
@@ -272,13 +283,14 @@ class _Trainer:
     """One run of :func:`train`: the epochs, validation and checkpoints around the optimiser steps."""
 
     def __init__(self, model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config: TrainingConfig,
-                 folder: Path, *, progress: bool, log: Callable[[str], None], alignments=None):
+                 folder: Path, *, progress: bool, log: Callable[[str], None], alignments=None, on_epoch=None):
         from torch.nn.parallel import DistributedDataParallel
 
         self.model, self.config, self.folder, self.progress, self.log = model, config, folder, progress, log
         self.tokenizers = (source_tokenizer, target_tokenizer)
         self.rank, self.world_size = world()
         self.main = is_main()
+        self.on_epoch = on_epoch
         self.guides = None
         if config.alignment_weight > 0:
             if alignments is None:
@@ -331,8 +343,8 @@ class _Trainer:
             while self.state.epoch < self.config.epochs and self.state.stopped is None:
                 started = time.perf_counter()
                 self._run_epoch(interrupt)
-                if self.state.stopped is not None:
-                    break
+                if self.state.stopped not in (None, "time-limit") or self.state.batch == 0:
+                    break  # (time ran out before a step of this epoch: nothing new to validate)
                 self._validate(started)
                 self._checkpoint("last")
             if self.state.stopped in ("interrupted", "max-steps"):
@@ -353,11 +365,16 @@ class _Trainer:
 
             bar = tqdm(total=len(batches), initial=state.batch, desc=f"epoch {epoch + 1}/{config.epochs}",
                        unit="batch", leave=False, dynamic_ncols=True)
+        clock = time.perf_counter() - state.seconds  # state.seconds = perf_counter() - clock
         for index in range(state.batch, len(batches)):
             if all_sum(float(interrupt.requested)) > 0:
                 state.stopped = "interrupted"
                 break
+            if config.max_seconds is not None and all_sum(float(state.seconds >= config.max_seconds)) > 0:
+                state.stopped = "time-limit"
+                break
             loss, tokens, rate = self._step(batches[index])
+            state.seconds = time.perf_counter() - clock
             state.batch, state.step = index + 1, state.step + 1
             self.history["steps"].append({"step": state.step, "epoch": epoch + 1, "loss": loss, "tokens": tokens,
                                           "tokens_per_s": rate})
@@ -408,13 +425,22 @@ class _Trainer:
     def _validate(self, started: float) -> None:
         """Validation loss at the end of an epoch: history, best/ checkpoint, early stopping."""
         state, epoch = self.state, self.state.epoch
+        tick = time.perf_counter()
         valid_loss = evaluate_loss(self.model, self.valid_data, self.config.eval_batch_size)
+        state.seconds += time.perf_counter() - tick
         seconds = time.perf_counter() - started
         # From the step records, so an epoch resumed halfway still counts all its batches.
         steps = [s for s in self.history["steps"] if s["epoch"] == epoch + 1]
         train_loss = sum(s["loss"] * s["tokens"] for s in steps) / max(sum(s["tokens"] for s in steps), 1)
-        self.history["epochs"].append({"epoch": epoch + 1, "step": state.step, "train_loss": train_loss,
-                                       "valid_loss": valid_loss, "seconds": seconds})
+        record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "valid_loss": valid_loss,
+                  "seconds": seconds, "train_seconds": state.seconds}
+        if self.on_epoch is not None and self.main:
+            was_training = self.model.training
+            self.model.eval()
+            with torch.no_grad():
+                record |= self.on_epoch(self.model)
+            self.model.train(was_training)
+        self.history["epochs"].append(record)
         improved = valid_loss < state.best_valid_loss - 1e-4
         state.epoch, state.batch = epoch + 1, 0
         if improved:
