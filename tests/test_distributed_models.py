@@ -102,6 +102,7 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
         errors.put(f"rank {rank}: {traceback.format_exc()}")
     finally:
         torch.distributed.destroy_process_group()
+        os._exit(0)  # results went through the queue; gloo can abort in interpreter teardown (torch 2.13)
 
 
 def _free_port() -> int:

@@ -87,6 +87,7 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
     finally:
         distributed._Ring.start = start
         torch.distributed.destroy_process_group()
+        os._exit(0)  # results went through the queue; gloo can abort in interpreter teardown (torch 2.13)
 
 
 def _run_one(config: ContextParallelBench, world: int, layout: str) -> dict:
