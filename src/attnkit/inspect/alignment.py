@@ -240,14 +240,14 @@ def _source_token_embedding(model):
     return module
 
 
-def attribution_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Sequence[Pair],
+def attribution_word_weights(model, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, pairs: Iterable[Pair],
                              *, steps: int = 8) -> list[np.ndarray]:
     """Alignment weights from attribution instead of attention: for each target piece t of the
     forced reference, the magnitudes of the integrated gradients (Captum, ``steps`` midpoints,
     zero baseline) of log p(y_t | y_<t, x) with respect to the source token embeddings, normalised
     to sum to 1 over the source pieces and pooled to words. One (target words, source words)
     matrix per pair; costs one batch of (target pieces x ``steps``) copies, one forward and one
-    backward pass, per pair."""
+    backward pass, per pair. ``pairs`` may be any iterable (a progress bar over them)."""
     from .attribution import integrated_gradients
 
     embedding = _source_token_embedding(model)

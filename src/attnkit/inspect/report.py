@@ -350,12 +350,12 @@ def _attribution_methods(label: str, checkpoint, test, dev, thresholds, steps: i
 
     model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
     rules = ["argmax", *(f"weight >= {t}" for t in thresholds)]
-    dev_words = attribution_word_weights(model, source, target, list(_bar(dev, progress, desc=f"{label}: IG on dev")),
+    dev_words = attribution_word_weights(model, source, target, _bar(dev, progress, desc=f"{label}: IG on dev"),
                                          steps=steps)
     dev_aer = {rule: alignment_error_rate([_links(w, rule) for w in dev_words], [p.alignment for p in dev]).aer
                for rule in rules}
     best_rule = min(dev_aer, key=dev_aer.get)
-    test_words = attribution_word_weights(model, source, target, list(_bar(test, progress, desc=f"{label}: IG on test")),
+    test_words = attribution_word_weights(model, source, target, _bar(test, progress, desc=f"{label}: IG on test"),
                                           steps=steps)
     methods, named_dev = {}, {}
     for rule in dict.fromkeys(["argmax", best_rule]):
