@@ -137,3 +137,22 @@ def test_inspect_cli_on_smollm2(tmp_path, capsys):
                  "The trophy did not fit in the suitcase because it was too big."]) == 0
     assert "decoder" in capsys.readouterr().out
     assert (out / "report.md").is_file() and (out / "viewer.html").is_file()
+
+
+def test_coreference_through_transformers_equals_the_native_minilm(tmp_path, capsys):
+    from attnkit.models.pretrained import minilm_folder
+
+    assert main(["inspect", "--model", "minilm", "--coref", "--out", str(tmp_path / "native"), "--quiet"]) == 0
+    assert main(["inspect", "--model", str(minilm_folder()), "--coref", "--out", str(tmp_path / "bridged"),
+                 "--quiet"]) == 0
+    native = json.loads((tmp_path / "native" / "coref.json").read_text())
+    bridged = json.loads((tmp_path / "bridged" / "coref.json").read_text())
+    assert native["items"] == bridged["items"] == 128
+    assert native["best_in_sample"] == bridged["best_in_sample"]
+    assert native["mean_head_accuracy"] == pytest.approx(bridged["mean_head_accuracy"])
+    assert (tmp_path / "bridged" / "coref.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_coreference_on_a_decoder_is_refused_with_the_reason(capsys):
+    assert main(["inspect", "--model", "smollm2", "--coref", "--quiet"]) == 2
+    assert "the word that decides the referent comes after the pronoun" in capsys.readouterr().err

@@ -112,3 +112,16 @@ def test_inspect_coref_on_minilm_writes_the_report(tmp_path, capsys):
     assert len(result["per_head"]) == 6 * 12 and len(result["held_out"]) == 2
     assert (tmp_path / "coref.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| chosen on |" in (tmp_path / "coref.md").read_text()
+
+
+def test_word_pieces_are_found_when_byte_level_pieces_carry_the_space_before_them():
+    from attnkit.inspect.coref import _pieces_of
+
+    sentence = "The cat sat because it was tired"
+    # GPT-2/Llama byte-level BPE: " cat" is one piece whose offsets include the space
+    offsets = [(0, 3), (3, 7), (7, 11), (11, 19), (19, 22), (22, 26), (26, 29), (29, 32)]  # " tired" split in two
+    assert _pieces_of("it", sentence, offsets) == [4]
+    assert _pieces_of("cat", sentence, offsets) == [1]
+    assert _pieces_of("tired", sentence, offsets) == [6, 7]
+    with pytest.raises(ValueError, match="no token of"):  # a piece that spills over the word does not count
+        _pieces_of("it", sentence, [(0, 3), (3, 22), (22, 32)])

@@ -161,8 +161,6 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ValueError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
     if args.also and not args.aer:
         raise ValueError("--also adds checkpoints to --aer's table; give --aer too")
-    if args.coref and args.model != "minilm":
-        raise ValueError(f"--coref needs an encoder: --model minilm, got {args.model!r}")
     if args.model == "minilm":
         if references or args.aer:
             raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")
@@ -170,13 +168,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
         model, tokenizer = load_minilm()
         if args.coref:
-            result = report.evaluate_coreference(model, tokenizer, args.out, progress=progress)
-            best = result["best_in_sample"]
-            print(f"coreference: mean head {result['mean_head_accuracy']:.1%}, best head L{best['layer']} "
-                  f"H{best['head']} {best['accuracy']:.1%} (p {best['p_value']:.3f}); held out: "
-                  + ", ".join(f"{h['accuracy']:.1%}" for h in result["held_out"]))
-            print(f"coreference report: {Path(args.out) / 'coref.md'}")
-            return 0
+            return _coref(model, tokenizer, args, progress)
         path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
                                       progress=progress)
         print(f"report: {path}")
@@ -193,6 +185,8 @@ def _inspect(args: argparse.Namespace) -> int:
         if not gguf_path.is_file():
             raise FileNotFoundError(f"--model: GGUF file not found: {gguf_path}")
         model, tokenizer, kind = load_gguf_for_inspection(gguf_path)
+        if args.coref:
+            return _coref(model, tokenizer, args, progress, kind)
         path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
                                       progress=progress)
         print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
@@ -207,6 +201,10 @@ def _inspect(args: argparse.Namespace) -> int:
         from ..hf import load_for_inspection, seq2seq_attentions
 
         model, tokenizer, kind = load_for_inspection(folder)
+        if args.coref:
+            if kind == "encoder-decoder":
+                raise ValueError(f"--coref reads one self-attention stack: {folder} is an encoder-decoder")
+            return _coref(model, tokenizer, args, progress, kind)
         if kind == "encoder-decoder":
             if not texts:
                 raise ValueError("give source texts (or --file with source<TAB>reference lines) for an encoder-decoder")
@@ -221,6 +219,9 @@ def _inspect(args: argparse.Namespace) -> int:
                                           top_k=args.top_k, progress=progress)
         print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
         return 0
+    if args.coref:
+        raise ValueError("--coref needs an encoder or a language model (minilm, smollm2, a .gguf or a Hugging Face "
+                         "folder), not a translation checkpoint")
     if not texts and not args.aer:
         raise ValueError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
     checkpoint = load_checkpoint(resolve_checkpoint(folder))
@@ -248,6 +249,24 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _coref(model, tokenizer, args: argparse.Namespace, progress: bool, kind: str = "encoder") -> int:
+    from ..inspect import report
+
+    if kind == "decoder":
+        raise ValueError("--coref needs bidirectional attention: in every bundled pair the word that decides the "
+                         "referent comes after the pronoun, so a decoder's causal attention from the pronoun is the "
+                         "same in both sentences of a pair and every head scores exactly 50% (measured on SmolLM2); "
+                         "give an encoder (minilm or a Hugging Face encoder folder)")
+
+    result = report.evaluate_coreference(model, tokenizer, args.out, progress=progress)
+    best = result["best_in_sample"]
+    print(f"coreference: mean head {result['mean_head_accuracy']:.1%}, best head L{best['layer']} "
+          f"H{best['head']} {best['accuracy']:.1%} (p {best['p_value']:.3f}); held out: "
+          + ", ".join(f"{h['accuracy']:.1%}" for h in result["held_out"]))
+    print(f"coreference report: {Path(args.out) / 'coref.md'}")
+    return 0
+
+
 def add_inspect_parser(commands) -> None:
     """The ``inspect`` sub-command's arguments."""
     inspect = commands.add_parser(
@@ -267,7 +286,8 @@ def add_inspect_parser(commands) -> None:
                          help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
     inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
     inspect.add_argument("--coref", action="store_true",
-                         help="per-head pronoun resolution on the bundled Winograd-style pairs (--model minilm)")
+                         help="per-head pronoun resolution on the bundled Winograd-style pairs (an encoder: minilm or a "
+                              "Hugging Face encoder folder, through attn_implementation='attnkit')")
     inspect.add_argument("--also", type=Path, action="append", metavar="RUN",
                          help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
     inspect.add_argument("--aer-attribution", type=int_in(0, 10_000), default=0, metavar="STEPS",

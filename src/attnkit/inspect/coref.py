@@ -36,12 +36,20 @@ class HeadScore(NamedTuple):
 
 
 def _pieces_of(word: str, sentence: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
-    """Token indices whose character span lies inside the one whole-word occurrence of ``word``."""
+    """Token indices whose character span (less surrounding spaces) lies inside the one whole-word
+    occurrence of ``word``."""
     spans = [m.span() for m in re.finditer(rf"\b{re.escape(word)}\b", sentence, flags=re.IGNORECASE)]
     if len(spans) != 1:
         raise ValueError(f"{word!r} must occur exactly once as a word in {sentence!r}, found {len(spans)}")
     start, end = spans[0]
-    pieces = [k for k, (a, b) in enumerate(offsets) if b > a and a >= start and b <= end]
+    pieces = []
+    for k, (a, b) in enumerate(offsets):
+        while a < b and sentence[a].isspace():  # byte-level BPE pieces carry the space before a word
+            a += 1
+        while b > a and sentence[b - 1].isspace():
+            b -= 1
+        if b > a and a >= start and b <= end:
+            pieces.append(k)
     if not pieces:
         raise ValueError(f"no token of {sentence!r} covers {word!r}")
     return pieces
