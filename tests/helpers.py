@@ -43,3 +43,36 @@ def assert_close(actual: torch.Tensor, expected, dtype: torch.dtype, what: str =
 def randn(*shape, dtype=torch.float32, generator=None, requires_grad=False):
     x = torch.randn(*shape, dtype=torch.float64, generator=generator).to(dtype)
     return x.requires_grad_(requires_grad)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a torch.distributed rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_workers(worker, world: int, timeout: float) -> None:
+    """Run ``worker(rank, world, port, errors)`` in ``world`` spawned processes; fail the test with
+    every rank's reported traceback (put on ``errors``), or when they do not finish within
+    ``timeout`` seconds (the processes are killed: a test never hangs)."""
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    errors = mp.get_context("spawn").SimpleQueue()
+    processes = mp.start_processes(worker, args=(world, free_port(), errors), nprocs=world, join=False,
+                                   start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not processes.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in processes.processes:
+                p.kill()
+            pytest.fail(f"{world} workers did not finish within {timeout} s")
+    messages = []
+    while not errors.empty():
+        messages.append(errors.get())
+    assert not messages, "\n".join(messages)

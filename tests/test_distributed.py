@@ -6,7 +6,6 @@ run that cannot finish fails within a timeout instead of hanging."""
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from datetime import timedelta
 
@@ -16,14 +15,9 @@ import torch.multiprocessing as mp
 
 import attnkit
 from attnkit.distributed import LAYOUTS, context_parallel_attention, shard, shard_positions, unshard
+from helpers import free_port, spawn_workers
 
 CASES = [{}, {"is_causal": True}, {"window": 7}, {"is_causal": True, "padding": True}, {"padding": True}]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, errors) -> None:
@@ -68,28 +62,9 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
         os._exit(0)
 
 
-def _spawn(world: int, timeout: float = 120.0) -> None:
-    context = mp.get_context("spawn")
-    errors = context.SimpleQueue()
-    processes = mp.start_processes(_worker, args=(world, _free_port(), errors), nprocs=world, join=False,
-                                   start_method="spawn")
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not processes.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in processes.processes:
-                p.kill()
-            pytest.fail(f"context-parallel workers did not finish within {timeout} s")
-    messages = []
-    while not errors.empty():
-        messages.append(errors.get())
-    assert not messages, "\n".join(messages)
-
-
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_ring_attention_equals_single_process_attention(world):
-    _spawn(world)
+    spawn_workers(_worker, world, timeout=120)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -165,7 +140,7 @@ def test_a_dead_peer_makes_the_others_fail_within_the_timeout():
 
     context = mp.get_context("spawn")
     errors = context.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     processes = [context.Process(target=_dying_worker, args=(rank, 2, port, errors)) for rank in range(2)]
     for p in processes:
         p.start()

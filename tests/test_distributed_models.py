@@ -6,20 +6,18 @@ Ulysses); a BERT-style encoder with padding gives the same hidden states and gra
 from __future__ import annotations
 
 import os
-import socket
-import time
 import traceback
 from datetime import timedelta
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from attnkit.data import Tokenizer, bible_corpus
 from attnkit.distributed import ContextParallel, all_reduce_gradients, lm_shards
 from attnkit.models.config import DecoderConfig, EncoderConfig
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderModel
+from helpers import free_port, spawn_workers
 
 STEPS = 20
 LMS = {  # name: (config changes, ContextParallel)
@@ -105,28 +103,9 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
         os._exit(0)  # results went through the queue; gloo can abort in interpreter teardown (torch 2.13)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_training_gives_the_losses_of_one_process(world):
-    context = mp.get_context("spawn")
-    errors = context.SimpleQueue()
-    processes = mp.start_processes(_worker, args=(world, _free_port(), errors), nprocs=world, join=False,
-                                   start_method="spawn")
-    deadline = time.monotonic() + 240
-    while not processes.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in processes.processes:
-                p.kill()
-            pytest.fail("context-parallel model workers did not finish within 240 s")
-    messages = []
-    while not errors.empty():
-        messages.append(errors.get())
-    assert not messages, "\n".join(messages)
+    spawn_workers(_worker, world, timeout=240)
 
 
 def test_context_parallel_refuses_what_it_cannot_do_exactly():
@@ -141,6 +120,13 @@ def test_context_parallel_refuses_what_it_cannot_do_exactly():
         model(ids, context_parallel=ContextParallel(), need_weights=True)
     with pytest.raises(ValueError, match="layout must be one of"):
         ContextParallel(layout="diagonal")
+    with pytest.raises(TypeError, match="context_parallel must be an attnkit.distributed.ContextParallel or None, got str"):
+        model(ids, context_parallel="zigzag")
+    encoder = EncoderModel(EncoderConfig(vocab_size=50, d_model=16, num_layers=1, num_heads=2, d_ff=32, max_len=16))
+    with pytest.raises(TypeError, match="got dict"):
+        encoder(ids, context_parallel={"layout": "zigzag"})
+    with pytest.raises(ValueError, match="more than max_len=16"):  # 32 tokens on one process
+        encoder.eval()(torch.randint(0, 50, (1, 32)), context_parallel=ContextParallel())
 
 
 def test_the_readme_torchrun_example_prints_the_losses_of_one_process():
@@ -153,7 +139,7 @@ def test_the_readme_torchrun_example_prints_the_losses_of_one_process():
     args = [str(script), "--steps", "3", "--length", "256"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--master_port", str(_free_port()), *args], capture_output=True, text=True, env=env,
+                            "--master_port", str(free_port()), *args], capture_output=True, text=True, env=env,
                            timeout=240),
             subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=240)]
     losses = []

@@ -87,6 +87,11 @@ def phrase_checkpoint(tmp_path_factory):
     return folder / "run"
 
 
+def test_coref_on_a_translation_checkpoint_is_a_clear_error(phrase_checkpoint, capsys):
+    assert main(["inspect", "--model", str(phrase_checkpoint), "--coref", "--quiet"]) == 2
+    assert "--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation" in capsys.readouterr().err
+
+
 def test_inspect_transformer_checkpoint_shows_every_layer_and_kind(phrase_checkpoint, tmp_path):
     out = tmp_path / "tf"
     texts = tmp_path / "texts.tsv"

@@ -37,7 +37,7 @@ from torch import Tensor
 from torch import distributed as dist
 
 __all__ = ["PeerFailure", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention",
-           "ContextParallel", "lm_shards", "all_reduce_gradients"]
+           "ContextParallel", "check_context_parallel", "lm_shards", "all_reduce_gradients"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 METHODS = ("ring", "ulysses")
@@ -95,26 +95,36 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) 
     return allowed
 
 
-def _scores(q, k, scale, q_pos, k_pos, is_causal, window, key_mask=None):
+def _scores(q, k, scale, allowed, key_mask=None):
+    """Scaled scores of a block, -inf where ``allowed`` (Lq, Lk; None: everywhere) or ``key_mask``
+    (B, Lk, nonzero at real keys) rule a key out."""
     s = (q @ k.transpose(-1, -2)) * scale
-    allowed = _allowed(q_pos, k_pos, is_causal, window)
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf"))
-    if key_mask is not None:  # (B, S) nonzero at real keys
+    if key_mask is not None:
         s = s.masked_fill(~key_mask.bool()[:, None, None, :], float("-inf"))
     return s
 
 
-def _key_span(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) -> tuple[int, int] | None:
-    """The slice [k0, k1) of a key shard that a query tile may attend (causal / window), or None
-    when it may attend none of it: the block is skipped, or cut to the part that matters."""
+def _key_span(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None):
+    """(k0, k1, allowed): the slice [k0, k1) of a key shard that a query tile may attend (causal /
+    window) and the tile's mask over it (None: all allowed); or None when it may attend none of
+    it. The block is skipped, or cut to the part that matters."""
     allowed = _allowed(q_pos, k_pos, is_causal, window)
     if allowed is None:
-        return 0, k_pos.shape[0]
+        return 0, k_pos.shape[0], None
     columns = allowed.any(0).nonzero()
     if columns.numel() == 0:
         return None
-    return int(columns[0]), int(columns[-1]) + 1
+    k0, k1 = int(columns[0]), int(columns[-1]) + 1
+    return k0, k1, allowed[:, k0:k1]
+
+
+def _world_rank(group) -> tuple[int, int]:
+    """(world size, rank) in ``group``; (1, 0) when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group), dist.get_rank(group)
+    return 1, 0
 
 
 class PeerFailure(RuntimeError):
@@ -187,8 +197,8 @@ class _RingAttention(torch.autograd.Function):
                 span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
                 if span is None:
                     continue  # causal / window rule out the whole block: no work
-                k0, k1 = span
-                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, q_pos[q0:q1], k_pos[k0:k1], is_causal, window,
+                k0, k1, allowed = span
+                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, allowed,
                             current[3][:, k0:k1] if key_mask is not None else None)
                 old = lse[:, :, q0:q1]
                 merged = torch.logaddexp(old, torch.logsumexp(s, dim=-1))
@@ -226,9 +236,8 @@ class _RingAttention(torch.autograd.Function):
                 span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
                 if span is None:
                     continue
-                k0, k1 = span
-                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, q_pos[q0:q1], k_pos[k0:k1], is_causal, window,
-                            None if km is None else km[:, k0:k1])
+                k0, k1, allowed = span
+                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, allowed, None if km is None else km[:, k0:k1])
                 p = torch.exp(s - safe_lse[:, :, q0:q1, None])
                 dve[:, :, k0:k1] += p.transpose(-1, -2) @ do[:, :, q0:q1]
                 ds = p * (do[:, :, q0:q1] @ ve[:, :, k0:k1].transpose(-1, -2) - delta[:, :, q0:q1, None])
@@ -320,8 +329,7 @@ def context_parallel_attention(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     initialised = dist.is_available() and dist.is_initialized()
-    world = dist.get_world_size(group) if initialised else 1
-    rank = dist.get_rank(group) if initialised else 0
+    world, rank = _world_rank(group)
     if positions is None:
         positions = shard_positions(q.shape[2] * world, world, rank, layout)
     positions = positions.to(q.device)
@@ -338,7 +346,6 @@ def context_parallel_attention(
     out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window, group if initialised else _LocalGroup(),
                                   key_mask)
     return out
-
 
 
 @dataclass(frozen=True)
@@ -363,11 +370,11 @@ class ContextParallel:
 
     @property
     def world(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        return _world_rank(self.group)[0]
 
     @property
     def rank(self) -> int:
-        return dist.get_rank(self.group) if dist.is_available() and dist.is_initialized() else 0
+        return _world_rank(self.group)[1]
 
     def positions(self, shard_length: int) -> Tensor:
         """The global positions (shard_length,) this process holds."""
@@ -383,6 +390,13 @@ class ContextParallel:
         return context_parallel_attention(q, k, v, is_causal=is_causal, window=window, layout=self.layout,
                                           method=self.method, scale=scale, group=self.group, positions=positions,
                                           key_mask=key_mask)
+
+
+def check_context_parallel(value, name: str = "context_parallel") -> ContextParallel | None:
+    """``value`` if it is None or a :class:`ContextParallel`; else a TypeError naming ``name``."""
+    if value is not None and not isinstance(value, ContextParallel):
+        raise TypeError(f"{name} must be an attnkit.distributed.ContextParallel or None, got {type(value).__name__}")
+    return value
 
 
 def lm_shards(input_ids: Tensor, cp: ContextParallel, ignore_index: int = -100) -> tuple[Tensor, Tensor]:

@@ -220,8 +220,8 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
         return 0
     if args.coref:
-        raise ValueError("--coref needs an encoder or a language model (minilm, smollm2, a .gguf or a Hugging Face "
-                         "folder), not a translation checkpoint")
+        raise ValueError("--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation "
+                         "checkpoint")
     if not texts and not args.aer:
         raise ValueError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
     checkpoint = load_checkpoint(resolve_checkpoint(folder))
@@ -292,7 +292,7 @@ def add_inspect_parser(commands) -> None:
                          help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
     inspect.add_argument("--aer-attribution", type=int_in(0, 10_000), default=0, metavar="STEPS",
                          help="--aer: also align --model (not --also runs) by integrated gradients with STEPS steps "
-                              "(>= 2; 0: off, the default; one batch of STEPS passes per target piece)")
+                              "(>= 2; 0: off, the default; one batch of target pieces x STEPS copies per verse)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")

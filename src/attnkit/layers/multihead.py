@@ -17,6 +17,7 @@ from ..functional import attention
 from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
+from ..distributed import check_context_parallel
 from ..functional.heads import merge_heads, split_heads
 from .cache import KVCache, SinkCache
 from .positional import RotaryEmbedding
@@ -146,7 +147,7 @@ class MultiHeadAttention(nn.Module):
         elif value is None:
             value = key
         self._check_inputs(query, key, value)
-        if context_parallel is not None:
+        if check_context_parallel(context_parallel) is not None:
             return self._attend_context_parallel(query, key, value, context_parallel, mask, is_causal, window, bias,
                                                  need_weights, cache, positions)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..distributed import check_context_parallel
 from ..functional import masks
 from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
@@ -109,9 +110,8 @@ class DecoderBlock(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, L, D), mask (B, 1, 1, S) True at real tokens -> (B, L, D) and, with ``need_weights``,
         the attention weights (B, H, L, S)."""
-        cp = {} if context_parallel is None else {"context_parallel": context_parallel}
         attended = self.self_attn(self.attn_norm(x), mask=mask, is_causal=True, window=self.window, cache=cache,
-                                  need_weights=need_weights, positions=positions, **cp)
+                                  need_weights=need_weights, positions=positions, context_parallel=context_parallel)
         x = x + self.dropout(attended.output)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
         return x, attended.weights
@@ -194,7 +194,7 @@ class DecoderLM(nn.Module):
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
         shard_positions = None
-        if context_parallel is not None:
+        if check_context_parallel(context_parallel) is not None:
             if cache is not None or document_ids is not None or position_ids is not None or need_weights or last_only:
                 raise ValueError("context_parallel takes no cache, document_ids, position_ids, need_weights or last_only")
             shard_positions = context_parallel.positions(L).to(input_ids.device)  # (L,) global
@@ -233,12 +233,10 @@ class DecoderLM(nn.Module):
             x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
         x = self.dropout(x)
         attentions = [] if need_weights else None
+        rotary_positions = position_ids if shard_positions is None else shard_positions  # (B, L) or (L,)
         for i, layer in enumerate(self.layers):
-            if context_parallel is not None:
-                x, weights = layer(x, mask, positions=shard_positions, context_parallel=context_parallel)
-            else:
-                x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
-                                   positions=position_ids)
+            x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
+                               positions=rotary_positions, context_parallel=context_parallel)
             if attentions is not None:
                 attentions.append(weights)
         x = self.norm(x)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..distributed import check_context_parallel
 from ..functional.checks import check_rank
 from ..layers import LearnedPositionalEmbedding
 from .config import EncoderConfig
@@ -76,7 +77,7 @@ class EncoderModel(nn.Module):
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
         position_ids = None
-        if context_parallel is not None:
+        if check_context_parallel(context_parallel) is not None:
             if need_weights:
                 raise ValueError("context_parallel returns no attention weights (need_weights=False)")
             position_ids = context_parallel.positions(L).to(input_ids.device)
@@ -94,9 +95,8 @@ class EncoderModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, None if position_ids is None else position_ids.expand(B, L))
         attentions = [] if need_weights else None
-        cp = {} if context_parallel is None else {"context_parallel": context_parallel}
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights=need_weights, **cp)
+            x, weights = layer(x, mask, need_weights=need_weights, context_parallel=context_parallel)
             if attentions is not None:
                 attentions.append(weights)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None and context_parallel is None else None

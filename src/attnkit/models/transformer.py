@@ -63,13 +63,13 @@ class EncoderLayer(nn.Module):
         """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D) and, with
         ``need_weights``, the attention weights (B, H, S, S). ``context_parallel``: x is this
         process's shard of a sequence split across processes (see :class:`attnkit.distributed.ContextParallel`)."""
-        cp = {} if context_parallel is None else {"context_parallel": context_parallel}
         if self.norm_first:
-            attended = self.self_attn(self.attn_norm(x), mask=mask, need_weights=need_weights, **cp)
+            attended = self.self_attn(self.attn_norm(x), mask=mask, need_weights=need_weights,
+                                      context_parallel=context_parallel)
             x = x + self.dropout(attended.output)
             x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
         else:
-            attended = self.self_attn(x, mask=mask, need_weights=need_weights, **cp)
+            attended = self.self_attn(x, mask=mask, need_weights=need_weights, context_parallel=context_parallel)
             x = self.attn_norm(x + self.dropout(attended.output))
             x = self.ff_norm(x + self.dropout(self.feed_forward(x)))
         return x, attended.weights
