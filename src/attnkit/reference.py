@@ -100,6 +100,7 @@ def attention(
     bias=None,
     scale: float | None = None,
     score_mod=None,
+    sinks=None,
 ):
     """Scaled dot-product attention, one example and one head at a time.
 
@@ -107,6 +108,8 @@ def attention(
     mask: boolean broadcastable to (B, H, L, S); bias: float broadcastable to (B, H, L, S).
     score_mod: ``f(scores, b, h, i, keys) -> scores`` on one row's scores (scaled, plus bias) of
     the allowed key indices ``keys``, before the softmax (FlexAttention's score_mod, row-wise).
+    sinks: (H,) learned sink logits (gpt-oss): each row's softmax runs over its scores and the
+    sink logit of its head, and the sink's share is dropped (it has no value).
 
     Returns (output (B, H, L, Ev), weights (B, H, L, S), lse (B, H, L)).
     """
@@ -127,17 +130,18 @@ def attention(
     output = np.zeros((B, H, L, v.shape[3]))
     weights = np.zeros((B, H, L, S))
     lse = np.full((B, H, L), -math.inf)
+    sinks = None if sinks is None else _f64(sinks)
     for b in range(B):
         for h in range(H):
             kv = h // group
             for i in range(L):
                 keys = np.flatnonzero(allowed[b, h, i])
-                if keys.size == 0:
+                if keys.size == 0 and sinks is None:
                     continue
                 s = k[b, kv, keys] @ q[b, h, i] * scale + bias[b, h, i, keys]  # scores of allowed keys
-                if score_mod is not None:
+                if score_mod is not None and keys.size:
                     s = score_mod(s, b, h, i, keys)
-                lse[b, h, i] = _logsumexp(s)
+                lse[b, h, i] = _logsumexp(s if sinks is None else np.append(s, sinks[h]))
                 a = np.exp(s - lse[b, h, i])
                 weights[b, h, i, keys] = a
                 output[b, h, i] = a @ v[b, kv, keys]

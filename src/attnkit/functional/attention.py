@@ -16,9 +16,9 @@ from torch import Tensor
 
 from . import masks as _masks
 from .block_mask import BlockMask, ScoreMod
-from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv
+from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
 from .backends import BACKENDS
-from .backends._common import Problem, head_weights, score_mod_needs_grad
+from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
 from .softmax import masked_softmax
 
 __all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "BACKEND_NAMES"]
@@ -103,6 +103,7 @@ def choose_backend(problem: Problem) -> str:
     """The backend ``"auto"`` runs.
 
     - a ``score_mod``: tiled (reference if it reads tensors that need gradients);
+    - learned ``sinks``: tiled (its lse carries them without materialising a mask);
     - a block mask with at most AUTO_TILED_MAX_OCCUPANCY of its tiles non-empty: tiled;
     - a sliding window long enough that block skipping wins (S >= AUTO_TILED_MIN_KEYS_PER_WINDOW
       x window): tiled;
@@ -116,6 +117,8 @@ def choose_backend(problem: Problem) -> str:
         return "tiled"
     if learned_bias:
         return "sdpa"
+    if problem.sinks is not None:
+        return "tiled"
     if problem.block_mask is not None and problem.block_mask.occupancy() <= AUTO_TILED_MAX_OCCUPANCY:
         return "tiled"
     window = problem.window
@@ -153,6 +156,7 @@ def attention(
     backend: str = "auto",
     need_weights: bool | Sequence[int] = False,
     score_mod: ScoreMod | None = None,
+    sinks: Tensor | None = None,
 ) -> AttentionOutput:
     r"""Scaled dot-product attention, softmax(q k^T * scale + bias, masked) v (Vaswani et al. 2017).
 
@@ -187,6 +191,11 @@ def attention(
             relative position bias. Index tensors broadcast as (B,1,1,1), (1,H,1,1), (1,1,L',1),
             (1,1,1,S'). Runs in the tiled backend (gradients for q, k, v) and the reference
             backend (also gradients for tensors the function reads); not in sdpa.
+        sinks: (H,) learned attention-sink logits, one per query head (gpt-oss; Xiao et al. 2023's
+            "off-by-one" softmax): each row is normalised over exp(scores) and exp(sink), and the
+            sink attends no value, so a row may give less than all its weight to the keys. Every
+            backend; gradients reach the sinks. The returned lse includes the sink; a row with no
+            allowed key still gets a zero output (its lse is the sink).
 
     Returns:
         :class:`AttentionOutput` (output (B, H, L, Ev), weights or None, lse or None).
@@ -202,6 +211,7 @@ def attention(
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
     check_bias(bias, dims, q)
+    check_sinks(sinks, dims, q)
     if backend not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
     if causal_align not in _masks.ALIGNMENTS:
@@ -226,6 +236,7 @@ def attention(
         dropout_p=float(dropout_p),
         block_mask=block_mask,
         score_mod=score_mod,
+        sinks=sinks,
     )
     if backend == "auto":
         problem = _classified(problem)
@@ -235,6 +246,8 @@ def attention(
     if dims.S == 0 or dims.L == 0:
         name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
     result = BACKENDS[name](q, k, v, problem)
+    if sinks is not None and result.lse is not None:  # backends with an lse leave the sinks to it
+        result = apply_sinks(result, sinks)
     weights = None
     if heads is not None:
         if result.weights is not None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Dims", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank"]
+__all__ = ["Dims", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank", "check_sinks"]
 
 
 class Dims(NamedTuple):
@@ -152,3 +152,18 @@ def check_block_mask(mask, dims: Dims, device: torch.device, name: str = "mask")
         )
     if mask.device != device:
         raise TypeError(f"{name}: block mask is on {mask.device} but q is on {device}")
+
+
+def check_sinks(sinks: Tensor | None, dims: Dims, q: Tensor) -> None:
+    """Learned sink logits: a floating (H,) tensor on q's device, one logit per query head."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, Tensor):
+        raise TypeError(f"sinks must be a tensor of shape (H,) = ({dims.H},), got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a floating tensor (one logit per query head), got dtype {sinks.dtype}")
+    if tuple(sinks.shape) != (dims.H,):
+        raise ValueError(f"sinks must have shape (H,) = ({dims.H},), one logit per query head, "
+                         f"got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise TypeError(f"sinks is on {sinks.device} but q is on {q.device}; move them to one device")

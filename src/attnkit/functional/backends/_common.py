@@ -14,6 +14,7 @@ from ..checks import Dims
 
 __all__ = [
     "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights", "score_mod_needs_grad",
+    "apply_sinks",
 ]
 
 
@@ -33,7 +34,9 @@ class Problem:
     (L, S) or (B|1, H|1, L|1, S). ``is_causal`` / ``window`` are the structural masks, which the
     tiled backend evaluates block by block instead of materialising; so is ``block_mask`` (a
     :class:`BlockMask` given as ``attention(mask=...)``; then ``mask`` is None). ``score_mod``
-    rewrites the scaled (and biased) scores before masking.
+    rewrites the scaled (and biased) scores before masking. ``sinks`` (H,) are learned per-head sink
+    logits: each row's normaliser also counts exp(sink), which attends no value. Backends that return
+    the lse leave the sinks to :func:`apply_sinks`; the others (sdpa) apply them themselves.
     """
 
     dims: Dims
@@ -46,6 +49,7 @@ class Problem:
     dropout_p: float = 0.0
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
+    sinks: Tensor | None = None  # (H,) learned sink logits, in the backends' accumulation dtype's terms
     offset: int = field(init=False, default=0)  # key index aligned with query 0 (attnkit.masks.causal_offset)
 
     def __post_init__(self) -> None:
@@ -182,14 +186,29 @@ def head_weights(
             allowed = tile if allowed is None else tile & allowed
         if allowed is not None:
             scores = scores.masked_fill_(~allowed, float("-inf")) if in_place else scores.masked_fill(~allowed, float("-inf"))
-        if lse_sel is None or not in_place:  # the call's lse carries no gradient: recompute it
+        if lse_sel is None or not in_place:  # recomputed, so that the weights carry exact gradients
             lse_block = torch.logsumexp(scores, dim=-1)
+            if problem.sinks is not None:
+                lse_block = torch.logaddexp(lse_block, problem.sinks.index_select(0, index).to(acc)[None, :, None])
         else:
             lse_block = lse_sel[:, :, q0:q1].to(acc)
         # exp(-inf - lse) = 0; a fully masked row has lse = -inf and must give 0, not NaN.
         lse_block = lse_block.masked_fill(torch.isinf(lse_block), 0.0)
         out[:, :, q0:q1] = scores.sub_(lse_block[..., None]).exp_() if in_place else (scores - lse_block[..., None]).exp()
     return out
+
+
+def apply_sinks(result: BackendResult, sinks: Tensor) -> BackendResult:
+    """Fold learned sink logits (H,) into a backend's result that has the lse: every row's normaliser
+    gains exp(sink), so output and weights shrink by exp(lse - lse') with lse' = logaddexp(lse, sink).
+    Differentiable in q, k, v (through the lse) and in the sinks. A row with no allowed key keeps a
+    zero output; its lse becomes the sink."""
+    lse = result.lse
+    total = torch.logaddexp(lse, sinks.to(lse.dtype)[None, :, None])
+    factor = torch.exp(lse - total)  # (B, H, L); 0 where lse = -inf
+    output = result.output * factor[..., None].to(result.output.dtype)
+    weights = None if result.weights is None else result.weights * factor[..., None].to(result.weights.dtype)
+    return BackendResult(output=output, lse=total, weights=weights)
 
 
 def score_mod_needs_grad(score_mod: ScoreMod) -> bool:

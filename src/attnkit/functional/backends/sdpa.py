@@ -2,6 +2,8 @@
 
 Structural masks that SDPA cannot express (bottom-right causal with L != S, sliding windows) are
 materialised as a boolean mask. Fully masked rows are made zero whatever the PyTorch version does.
+Learned sinks become one more key: a zero key and value whose additive mask column is the sink
+logit of each head, so SDPA's softmax counts exp(sink) and the sink attends nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if problem.score_mod is not None:
         raise ValueError("the sdpa backend cannot apply a score_mod; use backend='tiled' (or 'reference')")
     options = dict(dropout_p=problem.dropout_p, scale=problem.scale, enable_gqa=dims.Hkv != dims.H)
+    if problem.sinks is not None:
+        return _with_sinks(q, k, v, problem, options)
     top_left = problem.causal_align == "top-left" or dims.L == dims.S
     if problem.mask is None and problem.block_mask is None and problem.bias is None and problem.window is None:
         if not problem.is_causal or top_left:
@@ -52,3 +56,26 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if empty_rows is not None:
         output = output.masked_fill(empty_rows, 0.0)
     return BackendResult(output)
+
+
+def _with_sinks(q: Tensor, k: Tensor, v: Tensor, problem: Problem, options: dict) -> BackendResult:
+    """SDPA over S + 1 keys: the last is the sink (zero key and value, additive mask = sink logit)."""
+    dims = problem.dims
+    B, Hkv = dims.B, dims.Hkv
+    k = torch.cat([k, k.new_zeros(B, Hkv, 1, dims.E)], dim=2)
+    v = torch.cat([v, v.new_zeros(B, Hkv, 1, dims.Ev)], dim=2)
+    additive = problem.bias
+    if additive is not None and additive.dim() == 2:
+        additive = additive[None, None]
+    mask = problem.dense_mask(q.device)
+    if mask is not None:
+        mask = mask[None, None] if mask.dim() == 2 else mask
+        base = additive if additive is not None else torch.zeros((), dtype=q.dtype, device=q.device)
+        additive = base.masked_fill(~mask, float("-inf"))
+    if additive is None:
+        additive = torch.zeros(1, 1, 1, dims.S, dtype=q.dtype, device=q.device)
+    rows, batch = additive.shape[2], additive.shape[0]
+    additive = additive.expand(batch, dims.H, rows, dims.S)
+    sink = problem.sinks.to(q.dtype).view(1, dims.H, 1, 1).expand(batch, dims.H, rows, 1)
+    attn_mask = torch.cat([additive, sink], dim=-1)
+    return BackendResult(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options))

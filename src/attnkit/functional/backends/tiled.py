@@ -12,7 +12,10 @@ Memory is O(block_q x block_k) for scores plus O(L) for statistics: linear in se
 The backward pass never stores weights: it recomputes each block's probabilities from the saved
 log-sum-exp, p = exp(s - lse), and uses D = rowsum(dO * O):
 
-    dV += p^T dO;  dP = dO V^T;  dS = p (dP - D);  dQ += dS K scale;  dK += dS^T Q scale.
+    dV += p^T dO;  dP = dO V^T;  dS = p (dP - D + dlse);  dQ += dS K scale;  dK += dS^T Q scale.
+
+The lse is differentiable too (d lse / d s = p), so that learned sinks, which rescale the output
+by exp(lse - logaddexp(lse, sink)), train through this backend.
 
 Key blocks that a user-supplied boolean mask rules out entirely are skipped as well. With a
 :class:`~attnkit.functional.block_mask.BlockMask`, queries go in the mask's row blocks and only its
@@ -212,7 +215,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
 
 
 def _backward(
-    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, d_out: Tensor, problem: Problem, seed: int | None
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, d_out: Tensor, d_lse: Tensor | None, problem: Problem,
+    seed: int | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     dims = problem.dims
     acc = compute_dtype(q.dtype)
@@ -225,6 +229,8 @@ def _backward(
     lse_g = group_heads(lse, dims)
     lse_g = lse_g.masked_fill(torch.isinf(lse_g), 0.0) * LOG2E  # fully masked rows: every p is 2^-inf = 0
     delta = (d_out_g.to(acc) * group_heads(out, dims).to(acc)).sum(dim=-1)  # D = rowsum(dO * O)
+    if d_lse is not None:  # d lse / d s = p, so the lse's gradient enters as dS = p (dP - D + dlse)
+        delta = delta - group_heads(d_lse, dims).to(acc).nan_to_num(0.0)
     d_q = torch.zeros(q_g.shape, dtype=acc, device=q.device)
     d_k = torch.zeros(k.shape, dtype=acc, device=q.device)
     d_v = torch.zeros(v.shape, dtype=acc, device=q.device)
@@ -266,13 +272,15 @@ class _TiledAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
         ctx.seed = seed
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
-    def backward(ctx, d_out, _d_lse):
+    def backward(ctx, d_out, d_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out, ctx.problem, ctx.seed)
+        if d_out is None:
+            d_out = torch.zeros_like(out)
+        d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out, d_lse, ctx.problem, ctx.seed)
         return d_q, d_k, d_v, None, None
 
 
