@@ -156,3 +156,56 @@ def test_a_dead_peer_makes_the_others_fail_within_the_timeout():
     message = errors.get()
     assert message.startswith("raised after") and "PeerFailure: ring attention on rank 0 of 2" in message, message
     assert float(message.split()[2]) < 30, message
+
+
+# Options that differ between rank 0 and rank 1 (everything else equal): each must be refused by
+# name on every rank, before any transfer, within seconds (no gloo abort, no hang, no wrong numbers).
+MISMATCHES = {
+    "is_causal": ({"is_causal": False}, {"is_causal": True}),
+    "window": ({"window": 3}, {"window": 5}),
+    "layout": ({"layout": "zigzag"}, {"layout": "contiguous"}),
+    "scale": ({"scale": 0.5}, {"scale": 0.25}),
+    "method": ({"method": "ring"}, {"method": "ulysses"}),
+    "shard_length": ({"n": 8}, {"n": 12}),
+    "kv_heads": ({"kv_heads": 2}, {"kv_heads": 1}),
+    "key_mask": ({"padding": False}, {"padding": True}),
+    "dtype": ({"dtype": torch.float64}, {"dtype": torch.float32}),
+}
+
+
+def _mismatch_worker(rank: int, world: int, port: int, errors) -> None:
+    import time
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    from attnkit.distributed import RankMismatch
+
+    try:
+        for name, options in MISMATCHES.items():
+            mine = dict(layout="zigzag") | options[rank]
+            n = mine.pop("n", 8)
+            dtype = mine.pop("dtype", torch.float64)
+            kv_heads = mine.pop("kv_heads", 2)
+            padding = mine.pop("padding", False)
+            q = torch.randn(1, 4, n, 8, dtype=dtype)
+            kv = torch.randn(1, kv_heads, n, 8, dtype=dtype)
+            extra = {"key_mask": torch.ones(1, n, dtype=torch.bool)} if padding else {}
+            start = time.monotonic()
+            try:
+                context_parallel_attention(q, kv, kv, **mine, **extra)
+                errors.put(f"rank {rank}: {name} differed but attention returned")
+            except RankMismatch as error:
+                if name not in str(error) or time.monotonic() - start > 10:
+                    errors.put(f"rank {rank}: {name}: {error} after {time.monotonic() - start:.1f} s")
+        # And then the ranks agree again: the group is still usable.
+        q = torch.randn(1, 4, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+        context_parallel_attention(q, q, q, is_causal=True)
+    except Exception:  # noqa: BLE001 - reported to the parent, which fails the test
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        torch.distributed.destroy_process_group()
+        os._exit(0)
+
+
+def test_ranks_that_disagree_are_refused_by_name_on_every_rank():
+    spawn_workers(_mismatch_worker, 2, timeout=90)

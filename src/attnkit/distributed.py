@@ -29,6 +29,7 @@ sliding window, i - window < j <= i), so every layout gives the same numbers.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
-__all__ = ["PeerFailure", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention",
+__all__ = ["PeerFailure", "RankMismatch", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention",
            "ContextParallel", "check_context_parallel", "lm_shards", "all_reduce_gradients"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -129,6 +130,46 @@ def _world_rank(group) -> tuple[int, int]:
 
 class PeerFailure(RuntimeError):
     """A process of the group died or stopped answering during context-parallel attention."""
+
+
+class RankMismatch(ValueError):
+    """The processes of a group called context-parallel attention with different shapes or options."""
+
+
+def _code(value) -> int:
+    """One int64 per option, equal across processes exactly when the options are equal."""
+    if value is None:
+        return -1
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(torch.tensor([value], dtype=torch.float64).view(torch.int64))
+    return int.from_bytes(hashlib.blake2b(str(value).encode(), digest_size=7).digest(), "little")
+
+
+def _check_agreement(group, world: int, rank: int, signature: dict) -> None:
+    """Every rank's shapes and options, gathered in one small all_gather (|signature| int64 per
+    rank) before any other transfer: a mismatch raises :class:`RankMismatch` on every rank, naming
+    each option that differs and its value per rank, instead of wrong numbers, a gloo abort or a
+    hang. Done on every call: a rank cannot know whether another changed its options without
+    asking, and a cache that let one rank skip the gather while another gathers would hang."""
+    codes = torch.tensor([_code(value) for value in signature.values()], dtype=torch.int64)
+    gathered = [torch.empty_like(codes) for _ in range(world)]
+    try:
+        dist.all_gather(gathered, codes, group=group)
+    except RuntimeError as error:
+        raise PeerFailure(f"context-parallel attention on rank {rank} of {world}: checking that the ranks agree "
+                          f"failed ({type(error).__name__}: {str(error)[:200]})") from error
+    table = torch.stack(gathered)  # (world, options)
+    differing = (table != table[0]).any(dim=0).tolist()
+    if any(differing):
+        names = [name for name, bad in zip(signature, differing) if bad]
+        raise RankMismatch(f"context-parallel attention: the {world} processes disagree on "
+                           + ", ".join(names) + f"; this rank ({rank}) has "
+                           + ", ".join(f"{name}={signature[name]!r}" for name in names)
+                           + "; every process must pass the same shapes and options")
 
 
 class _LocalGroup:
@@ -328,8 +369,19 @@ def context_parallel_attention(
         raise ValueError(f"window must be >= 1, got {window}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
+        raise TypeError(f"window must be an int or None, got {type(window).__name__} {window!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     initialised = dist.is_available() and dist.is_initialized()
     world, rank = _world_rank(group)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if initialised and world > 1:
+        _check_agreement(group, world, rank, dict(
+            batch=q.shape[0], query_heads=q.shape[1], kv_heads=k.shape[1], shard_length=q.shape[2],
+            head_dim=q.shape[3], value_dim=v.shape[3], is_causal=bool(is_causal), window=window,
+            layout=layout, method=method, scale=scale, key_mask=key_mask is not None, dtype=q.dtype,
+            backend=backend, positions=positions is not None))
     if positions is None:
         positions = shard_positions(q.shape[2] * world, world, rank, layout)
     positions = positions.to(q.device)
@@ -340,7 +392,6 @@ def context_parallel_attention(
             raise ValueError(f"key_mask must be boolean or integer of shape (B, n / W) = ({q.shape[0]}, {q.shape[2]}), "
                              f"got {key_mask.dtype} {tuple(key_mask.shape)}")
         key_mask = (key_mask != 0).to(torch.uint8).to(q.device)  # uint8: gloo sends no bool tensors
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if method == "ulysses" and initialised and world > 1:
         return _ulysses(q, k, v, positions, scale, is_causal, window, group, backend, key_mask)
     out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window, group if initialised else _LocalGroup(),

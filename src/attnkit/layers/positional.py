@@ -44,6 +44,12 @@ def sinusoidal_table(length: int, dim: int, base: float = 10000.0, *, device=Non
     return table.to(dtype or torch.get_default_dtype())
 
 
+def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype positions are computed in for a model of ``dtype``: at least float32 (half types
+    rotate in float32, as transformers does) and at least the model's own (float64 stays float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _check_positions(x: Tensor, offset: int, max_len: int) -> None:
     check_rank("x", x, 3, "(B, L, D)")
     if offset < 0 or offset + x.shape[1] > max_len:
@@ -73,6 +79,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, L, D) -> x + PE[offset : offset + L]."""
         _check_positions(x, offset, self.max_len)
+        if x.dtype == torch.float64:  # a float64 model gets float64 sinusoids, not float32 ones upcast
+            rows = sinusoidal_table(offset + x.shape[1], self.d_model, self.base, device=x.device, dtype=torch.float64)
+            return x + rows[offset:]
         return x + self.table[offset : offset + x.shape[1]].to(x.dtype)
 
 
@@ -148,8 +157,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
         self._cached: tuple[Tensor, Tensor] | None = None
 
-    def _frequencies(self, device) -> Tensor:
-        """theta_i = base^(-2i/E), float32 (computed in float64)."""
+    def _frequencies(self, device, dtype: torch.dtype = torch.float32) -> Tensor:
+        """theta_i = base^(-2i/E) in ``dtype`` (computed in float64)."""
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
         inv_freq = 1.0 / self.base**exponent
         if self.scaling == "linear":
@@ -167,7 +176,7 @@ class RotaryEmbedding(nn.Module):
                 inv_freq / self.factor,
                 torch.where(wavelength < high_freq_wavelength, inv_freq, interpolated),
             )
-        return inv_freq.float()
+        return inv_freq.to(dtype)
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) casts floating buffers: keep the frequencies float32 whatever the model's
@@ -178,19 +187,23 @@ class RotaryEmbedding(nn.Module):
         self._cached = None
         return self
 
-    def _table(self, length: int, device) -> tuple[Tensor, Tensor]:
-        """cos and sin (float32) of positions 0 .. >= length-1, computed once per device and grown by
-        doubling (decoding one token at a time would otherwise recompute them in every layer at
-        every step)."""
+    def _table(self, length: int, device, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions 0 .. >= length-1 in ``dtype``, computed once per device and
+        dtype and grown by doubling (decoding one token at a time would otherwise recompute them in
+        every layer at every step)."""
         cached = self._cached
-        if cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device):
+        if (cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device)
+                or cached[0].dtype != dtype):
             size = max(length, 2 * (0 if cached is None else cached[0].shape[0]), 256)
-            self._cached = self.angles(torch.arange(size, device=device))
+            self._cached = self.angles(torch.arange(size, device=device), dtype=dtype)
         return self._cached
 
-    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2) in float32."""
-        angle = positions.to(torch.float32)[..., None] * self.inv_freq.to(torch.float32)
+    def angles(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2), in float32 (as
+        transformers computes them) or in float64 for a float64 model (never below the model)."""
+        dtype = rotation_dtype(dtype)
+        inv_freq = self.inv_freq if dtype == torch.float32 else self._frequencies(positions.device, dtype)
+        angle = positions.to(dtype)[..., None] * inv_freq.to(device=positions.device, dtype=dtype)
         return angle.cos(), angle.sin()
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
@@ -199,16 +212,17 @@ class RotaryEmbedding(nn.Module):
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has head dim {x.shape[-1]}, this RotaryEmbedding has head_dim={self.head_dim}")
         L = x.shape[2]
+        work = rotation_dtype(x.dtype)
         if positions is None:
-            cos, sin = self._table(offset + L, x.device)
+            cos, sin = self._table(offset + L, x.device, work)
             cos, sin = cos[offset : offset + L], sin[offset : offset + L]
         elif positions.shape[-1] != L or positions.dim() not in (1, 2):
             raise ValueError(f"positions must have shape (L,) or (B, L) with L={L}, got {tuple(positions.shape)}")
         else:
-            cos, sin = self.angles(positions)
+            cos, sin = self.angles(positions, work)
         if cos.dim() == 3:  # (B, L, E/2) -> (B, 1, L, E/2)
             cos, sin = cos[:, None], sin[:, None]
-        return apply_rotary(x.float(), cos, sin, interleaved=self.interleaved).to(x.dtype)
+        return apply_rotary(x.to(work), cos, sin, interleaved=self.interleaved).to(x.dtype)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
