@@ -6,20 +6,31 @@
 
 Every attention call of a model whose family routes attention through transformers'
 ``AttentionInterface`` then runs :func:`attnkit.attention` (``backend="auto"``): grouped-query heads
-without repeating K/V, masks as booleans (transformers builds them with its SDPA mask function,
-which leaves out a mask that causality alone describes), T5's ``position_bias`` as an additive
-bias, sliding windows given as ``sliding_window`` as a window. With ``output_attentions=True`` the
-exact weights come back while the output stays on the fast backend (attnkit's weights on demand).
+without repeating K/V, T5's ``position_bias`` as an additive bias, Gemma 2's softcapping as a
+``score_mod``, gpt-oss's learned sinks as ``sinks``. With ``output_attentions=True`` the exact
+weights come back while the output stays on the fast backend (attnkit's weights on demand).
 
-What a family asks for and attnkit does not implement is refused with :class:`UnsupportedFeature`
-naming the model and the feature (Gemma 2's logit softcapping, attention sinks), never computed
-differently. Requires the ``hf`` extra (transformers).
+The promise is transformers' eager numbers or a clear refusal, never a third outcome:
+
+- masks: where attnkit's mask function has *proved* a mask is plain structure (transformers'
+  causal, causal sliding-window or bidirectional mask function, top-left or bottom-right offsets)
+  plus padding, it travels as the padding alone with the structure attached
+  (:class:`StructuredMask`); anything else (packed sequences, static caches on an accelerator,
+  overlays, a user's own 4D mask of any shape) is transformers' mask, applied unchanged;
+- families: only those in :data:`VERIFIED_FAMILIES` load with ``attn_implementation="attnkit"``;
+  the list is what tests/external/hf_families.py's walk over transformers' registry found equal
+  to eager (logits, weights, gradients, greedy ids with the dynamic and the static cache, left
+  padding). Any other family raises :class:`UnverifiedFamily` at load (or warns, by opt-in).
+
+Requires the ``hf`` extra (transformers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -27,82 +38,251 @@ import torch
 from torch import Tensor, nn
 
 from .functional.attention import attention
+from .functional.block_mask import ScoreMod
 
-__all__ = ["IMPLEMENTATION", "FAMILIES", "register", "attnkit_attention_forward", "attnkit_mask", "record",
+__all__ = ["IMPLEMENTATION", "VERIFIED_FAMILIES", "register", "check_family", "UnverifiedFamily",
+           "UnverifiedFamilyWarning", "StructuredMask", "attnkit_attention_forward", "attnkit_mask", "record",
            "Recording", "attention_modules", "UnsupportedFeature", "InspectedModel", "load_for_inspection",
            "seq2seq_attentions", "load_gguf_for_inspection"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
 
-FAMILIES: dict[str, str] = {
-    # model_type: what is verified against attn_implementation="eager" (tests/external/test_hf_bridge.py)
-    "bert": "hidden states and weights, padding",
-    "modernbert": "hidden states and weights, padding, local (windowed) and global layers",
-    "gpt2": "logits, weights, padding, greedy generation with the KV cache",
-    "llama": "logits, weights, padding, greedy generation with the KV cache",
-    "mistral": "logits, weights, padding, sliding window, greedy generation",
-    "qwen2": "logits, weights, padding, greedy generation",
-    "qwen3": "logits, weights, padding, greedy generation",
-    "gemma2": "logits, weights, padding, sliding window, greedy generation; attention softcapping refused",
-    "gemma3": "logits, weights, padding, sliding window, greedy generation",
-    "phi3": "logits, weights, padding, greedy generation",
-    "smollm3": "logits, weights, padding, greedy generation",
-    "olmo2": "logits, weights, padding, greedy generation",
-    "bart": "logits, encoder / decoder / cross weights, padding, greedy generation",
-    "marian": "logits, encoder / decoder / cross weights, padding, greedy generation",
-    "t5": "logits (relative position bias), encoder / decoder / cross weights, padding, greedy generation",
-    "whisper": "logits, encoder / decoder / cross weights",
+VERIFIED_FAMILIES: dict[str, str] = {
+    # model_type: the model kind the walk ran (decoder: causal LM; encoder: masked LM; seq2seq), each
+    # equal to attn_implementation="eager" in tests/external/test_hf_families.py; whisper ("speech")
+    # in tests/external/test_hf_bridge.py.
+    "afmoe": "decoder", "albert": "encoder", "apertus": "decoder", "arcee": "decoder", "aria_text": "decoder",
+    "bart": "seq2seq", "beam": "decoder", "bert": "encoder", "bert-generation": "decoder", "biogpt": "decoder",
+    "bitnet": "decoder", "blenderbot": "seq2seq", "blenderbot-small": "seq2seq", "camembert": "encoder",
+    "cohere": "decoder", "cohere2": "decoder", "cohere2_moe": "decoder", "ctrl": "decoder", "cwm": "decoder",
+    "data2vec-text": "encoder", "deberta": "encoder", "deberta-v2": "encoder", "diffllama": "decoder",
+    "distilbert": "encoder", "doge": "decoder", "dots1": "decoder", "electra": "encoder", "ernie": "encoder",
+    "ernie4_5": "decoder", "ernie4_5_moe": "decoder", "eurobert": "encoder", "exaone4": "decoder",
+    "exaone_moe": "decoder", "falcon_h1": "decoder", "falcon_mamba": "decoder", "flaubert": "encoder",
+    "flex_olmo": "decoder", "flint": "decoder", "fnet": "encoder", "fsmt": "seq2seq", "gemma": "decoder",
+    "gemma2": "decoder", "gemma3_text": "decoder", "glm": "decoder", "glm4": "decoder", "glm4_moe": "decoder",
+    "gpt-sw3": "decoder", "gpt2": "decoder", "gpt_bigcode": "decoder", "gpt_neox": "decoder", "gpt_oss": "decoder",
+    "granite": "decoder", "granitemoe": "decoder", "granitemoeshared": "decoder", "gte": "encoder",
+    "helium": "decoder", "hrm_text": "decoder", "hunyuan_v1_dense": "decoder", "hunyuan_v1_moe": "decoder",
+    "hy_v3": "decoder", "hy_v4": "decoder", "hyperclovax": "decoder", "inkling_text": "decoder",
+    "internlm3": "decoder", "iquestcoder": "decoder", "jais2": "decoder", "jetmoe": "decoder",
+    "jina_embeddings_v3": "encoder", "kolibri1": "decoder", "laguna": "decoder", "layoutlm": "encoder",
+    "lfm2": "decoder", "llama": "decoder", "llama4_text": "decoder", "m2m_100": "seq2seq", "mamba": "decoder",
+    "marian": "seq2seq", "mbart": "seq2seq", "mellum": "decoder", "mimo_v2_flash": "decoder",
+    "minimax_m2": "decoder", "minimax_m3_vl_text": "decoder", "ministral": "decoder", "ministral3": "decoder",
+    "mistral": "decoder", "mixtral": "decoder", "modernbert": "encoder", "modernbert-decoder": "decoder",
+    "moshi": "decoder", "mra": "encoder", "mt5": "seq2seq", "nanochat": "decoder", "nemotron": "decoder",
+    "nemotron_h": "decoder", "nllb-moe": "seq2seq", "nomic_bert": "encoder", "olmo": "decoder", "olmo2": "decoder",
+    "olmo3": "decoder", "olmo_hybrid": "decoder", "olmoe": "decoder", "openai-gpt": "decoder", "opt": "decoder",
+    "pegasus": "seq2seq", "persimmon": "decoder", "phi": "decoder", "phi3": "decoder", "phimoe": "decoder",
+    "plbart": "seq2seq", "qwen2": "decoder", "qwen2_moe": "decoder", "qwen3": "decoder", "qwen3_moe": "decoder",
+    "roberta": "encoder", "roberta-prelayernorm": "encoder", "seamless_m4t": "seq2seq", "seamless_m4t_v2": "seq2seq",
+    "seed_oss": "decoder", "smollm3": "decoder", "solar_open": "decoder", "stablelm": "decoder",
+    "starcoder2": "decoder", "switch_transformers": "seq2seq", "t5": "seq2seq", "ultrabert": "encoder",
+    "umt5": "seq2seq", "vaultgemma": "decoder", "whisper": "speech", "xlm": "encoder", "xlm-roberta": "encoder",
+    "xlm-roberta-xl": "encoder", "yoso": "encoder",
 }
 """The families whose attention runs through attnkit, tested family by family (README lists them)."""
-
-# Keyword arguments families pass that change the numbers and that attnkit does not implement.
-_REFUSED = {"softcap": "attention logit softcapping (Gemma 2)", "s_aux": "attention sinks (s_aux)",
-            "sinks": "attention sinks"}
-
 
 class UnsupportedFeature(ValueError):
     """A model asks its attention for something attnkit does not implement."""
 
 
-# Families whose attention modules pass ``sliding_window`` to the attention function: for them a
-# causal sliding-window mask without padding is not built at all; attnkit applies the window itself
-# (and the tiled backend skips the blocks outside it).
-_WINDOW_PASSED = frozenset({"mistral", "qwen2", "gemma2", "gemma3"})
+class UnverifiedFamily(UnsupportedFeature):
+    """A model family whose attention attnkit has not verified against transformers' eager one."""
 
 
-def register() -> None:
-    """Register ``"attnkit"`` with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
+class UnverifiedFamilyWarning(UserWarning):
+    """Loading an unverified family with an explicit opt-in (``register(allow_unverified=[...])``)."""
+
+
+# Keyword arguments that change the numbers and that the bridge does not implement.
+_REFUSED = {"sliding_window_bidirectional": "a bidirectional sliding window passed as a keyword"}
+
+_ALLOWED_UNVERIFIED: set[str] = set()
+
+
+def register(*, allow_unverified: Sequence[str] = ()) -> None:
+    """Register ``"attnkit"`` with transformers' attention and mask interfaces (idempotent), and
+    guard loading: a model whose ``model_type`` is not in :data:`VERIFIED_FAMILIES` raises
+    :class:`UnverifiedFamily` when it is built with ``attn_implementation="attnkit"``
+    (``from_pretrained``, ``from_config``, ``set_attn_implementation``). Families named in
+    ``allow_unverified`` load with an :class:`UnverifiedFamilyWarning` instead: their numbers are
+    nobody's promise."""
+    from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(IMPLEMENTATION, attnkit_attention_forward)
     AttentionMaskInterface.register(IMPLEMENTATION, attnkit_mask)
+    _ALLOWED_UNVERIFIED.update(str(name) for name in allow_unverified)
+    check = getattr(PreTrainedModel, "_check_and_adjust_attn_implementation", None)
+    if check is None:
+        raise RuntimeError("this transformers has no PreTrainedModel._check_and_adjust_attn_implementation, where "
+                           "attnkit refuses unverified families at load time; use a transformers attnkit supports")
+    if not getattr(check, "_attnkit_guard", False):
+        def guarded(self, attn_implementation, *args, **kwargs):
+            chosen = check(self, attn_implementation, *args, **kwargs)
+            if chosen == IMPLEMENTATION:
+                check_family(getattr(self, "config", None), type(self).__name__)
+            return chosen
+
+        guarded._attnkit_guard = True  # type: ignore[attr-defined]
+        PreTrainedModel._check_and_adjust_attn_implementation = guarded
 
 
-def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0, *,
-                 attention_mask: Tensor | None = None, local_size: int | None = None,
-                 allow_is_causal_skip: bool = True, allow_is_bidirectional_skip: bool = False, config=None,
-                 **kwargs) -> Tensor | None:
-    """The mask transformers asks for, with no (L, S) tensor where structure says it all.
+def check_family(config, owner: str = "this model") -> None:
+    """Raise :class:`UnverifiedFamily` unless ``config.model_type`` is one attnkit verified (or
+    warn if the caller allowed it unverified)."""
+    family = getattr(config, "model_type", None)
+    if family in VERIFIED_FAMILIES:
+        return
+    message = (f"{owner}: model_type {family!r} is not a family attnkit has verified against eager attention "
+               f"(attnkit.hf.VERIFIED_FAMILIES: {len(VERIFIED_FAMILIES)} families); load it with attn_implementation='eager' or "
+               f"'sdpa', or opt in with attnkit.hf.register(allow_unverified=[{family!r}])")
+    if family in _ALLOWED_UNVERIFIED:
+        warnings.warn(message.replace("load it with", "loaded anyway (allowed); numbers unverified, else load it with"),
+                      UnverifiedFamilyWarning, stacklevel=3)
+        return
+    raise UnverifiedFamily(message)
 
-    A plain causal or bidirectional mask (transformers allows skipping it: no extra mask function, no
-    packed sequences) over a prompt without a cache is returned as its padding alone, (B, 1, 1, S),
-    or None without padding; the attention function adds the structure (causality from the module,
-    the window from ``sliding_window``). A sliding window only where the family passes
-    ``sliding_window`` to its attention. Anything else: transformers' SDPA mask (booleans)."""
-    from transformers.masking_utils import sdpa_mask
 
-    plain = allow_is_causal_skip or allow_is_bidirectional_skip
-    window_known = local_size is None or getattr(config, "model_type", None) in _WINDOW_PASSED
-    if plain and window_known and config is not None and q_offset == 0 and kv_offset == 0 and q_length == kv_length:
-        if attention_mask is None or bool(attention_mask.all()):
+@dataclass(frozen=True)
+class _Structure:
+    """What :func:`attnkit_mask` proved a mask to be: causal or not, a causal window, the causal
+    alignment, and whether the tensor's values are a padding mask (else all True, ignored)."""
+
+    is_causal: bool
+    window: int | None
+    causal_align: str
+    padded: bool
+
+
+class StructuredMask(Tensor):
+    """The (B|1, 1, 1, S) boolean padding mask attnkit's mask function returns where it has proved
+    the whole mask is structure (causal, a causal window, or bidirectional) plus padding; the
+    structure rides along as ``structure``. Any operation on it yields a StructuredMask without a
+    structure, which the attention function refuses instead of guessing."""
+
+    structure: _Structure | None = None
+
+
+def _structured(padding: Tensor, structure: _Structure) -> Tensor:
+    mask = padding.as_subclass(StructuredMask)
+    mask.structure = structure
+    return mask
+
+
+def _int_offset(value) -> int | None:
+    if isinstance(value, Tensor):  # a static cache's offset: read it only where that costs no sync
+        return int(value) if value.device.type == "cpu" and value.numel() == 1 else None
+    return int(value)
+
+
+def _sliding_window_of(mask_function) -> int | None:
+    """w if ``mask_function`` is transformers' ``sliding_window_causal_mask_function(w)`` (an
+    ``and_masks`` of the window overlay and the causal function), else None."""
+    from transformers import masking_utils as mu
+
+    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask" or not mask_function.__closure__:
+        return None
+    parts = mask_function.__closure__[0].cell_contents
+    if not isinstance(parts, tuple) or len(parts) != 2 or parts[1] is not mu.causal_mask_function:
+        return None
+    overlay = parts[0]
+    if getattr(overlay, "__qualname__", "") != "sliding_window_overlay.<locals>.inner_mask" or not overlay.__closure__:
+        return None
+    window = overlay.__closure__[0].cell_contents
+    return window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
+
+
+def _recognise(mask_function, local_size, allow_causal: bool, allow_bidirectional: bool, q_length: int,
+               kv_length: int, q_offset, kv_offset) -> _Structure | None:
+    """The structure of the mask transformers asks for, where it is provably one attnkit applies
+    itself; None where it must be built (packed sequences, or/and overlays, chunks, odd offsets)."""
+    from transformers import masking_utils as mu
+
+    if _int_offset(q_offset) is None or _int_offset(kv_offset) is None:
+        return None
+    if mask_function is mu.bidirectional_mask_function and local_size is None and allow_bidirectional:
+        return _Structure(is_causal=False, window=None, causal_align="top-left", padded=False)
+    if not allow_causal:
+        return None
+    if mask_function is mu.causal_mask_function and local_size is None:
+        window = None
+    else:
+        window = _sliding_window_of(mask_function)
+        if window is None or window != local_size:
             return None
-        if attention_mask.dim() == 2 and attention_mask.shape == (batch_size, kv_length):
-            return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S): padding only
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask,
-                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip,
-                     allow_is_bidirectional_skip=allow_is_bidirectional_skip, config=config, **kwargs)
+    q0, k0 = _int_offset(q_offset), _int_offset(kv_offset)
+    if q0 is None or k0 is None:
+        return None
+    offset = q0 - k0  # key j is allowed for query i iff j <= i + offset (and > i + offset - window)
+    if offset == 0:
+        align = "top-left"
+    elif offset == kv_length - q_length:
+        align = "bottom-right"
+    else:
+        return None
+    return _Structure(is_causal=True, window=window, causal_align=align, padded=False)
+
+
+def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                 mask_function=None, attention_mask: Tensor | None = None, local_size: int | None = None,
+                 allow_is_causal_skip: bool = True, allow_is_bidirectional_skip: bool = False, **kwargs) -> Tensor | None:
+    """The mask transformers asks for (its mask interface's signature).
+
+    Where the whole mask is provably structure plus padding (transformers' plain causal, causal
+    sliding-window or bidirectional mask function, offsets that are top-left or bottom-right, the
+    caller allowing a skipped mask), a :class:`StructuredMask` of the padding alone, (B, 1, 1, S),
+    carries that structure to :func:`attnkit_attention_forward`: no (L, S) tensor is built.
+    Anything else gets transformers' own SDPA mask, fully built, and is used unchanged."""
+    from transformers import masking_utils as mu
+
+    mask_function = mu.causal_mask_function if mask_function is None else mask_function
+    structure = _recognise(mask_function, local_size, allow_is_causal_skip, allow_is_bidirectional_skip, q_length,
+                           kv_length, q_offset, kv_offset)
+    if structure is None:
+        return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                            attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
+                            allow_is_bidirectional_skip=False, **kwargs)
+    padding = None
+    if attention_mask is not None and attention_mask.dim() == 2:
+        start = _int_offset(kv_offset)
+        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, start:start + kv_length]
+    if attention_mask is not None and (padding is None or tuple(padding.shape) != (batch_size, kv_length)):
+        return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                            attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
+                            allow_is_bidirectional_skip=False, **kwargs)
+    if padding is None or bool(padding.all()):
+        return _structured(torch.ones(1, 1, 1, kv_length, dtype=torch.bool, device=kwargs.get("device", "cpu")),
+                           structure)
+    return _structured(padding.bool()[:, None, None, :], dataclasses.replace(structure, padded=True))
+
+
+_SOFTCAPS: dict[float, ScoreMod] = {}
+
+
+def _softcap(cap: float) -> ScoreMod:
+    """Gemma 2's attention logit softcapping as a score_mod: cap * tanh(score / cap)."""
+    if cap not in _SOFTCAPS:
+        def softcap(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / cap) * cap
+
+        _SOFTCAPS[cap] = softcap
+    return _SOFTCAPS[cap]
+
+
+def _softcap_then_add(cap: float, bias: Tensor) -> ScoreMod:
+    """cap * tanh(score / cap) + bias[b, h, q, k]: Gemma 2's eager order with an additive mask
+    (B|1, H|1, L|1, S) or (L, S), indexed with FlexAttention's broadcast index tensors."""
+    bias = bias if bias.dim() == 4 else bias[None, None]
+
+    def softcap_then_add(score, b, h, q_idx, kv_idx):
+        index = [x if size > 1 else torch.zeros_like(x) for x, size in zip((b, h, q_idx), bias.shape[:3])]
+        return torch.tanh(score / cap) * cap + bias[index[0], index[1], index[2], kv_idx].to(score.dtype)
+
+    return softcap_then_add
 
 
 def _refuse_unsupported(module: nn.Module, kwargs: dict) -> None:
@@ -131,16 +311,38 @@ def attnkit_attention_forward(
 ) -> tuple[Tensor, Tensor | None]:
     """transformers' attention-function signature: query (B, H, L, E), key/value (B, Hkv, S, E),
     ``attention_mask`` boolean (True = attend) or additive float, broadcastable to (B, H, L, S);
-    returns the output as (B, L, H, Ev) and the weights (B, H, L, S) when ``output_attentions``."""
+    returns the output as (B, L, H, Ev) and the weights (B, H, L, S) when ``output_attentions``.
+
+    The mask decides the structure: a :class:`StructuredMask` from :func:`attnkit_mask` carries
+    proved causality, window and padding; any other mask (transformers' own, or a user's 4D mask
+    of any shape) is applied exactly as given, with nothing added; no mask at all means what it
+    means to transformers' SDPA function (causal top-left if the module is causal and L > 1).
+    ``softcap`` (Gemma 2) becomes a score_mod; ``s_aux`` / ``sinks`` (gpt-oss) attnkit's sinks."""
     _refuse_unsupported(module, kwargs)
+    owner = type(module).__name__
     L, S = query.shape[2], key.shape[2]
     mask = bias = None
-    if attention_mask is not None:
-        attention_mask = attention_mask[..., :S]  # some families pass a mask as long as a static cache
+    causal, window, align = False, None, "top-left"
+    if isinstance(attention_mask, StructuredMask):
+        structure = attention_mask.structure
+        if structure is None:
+            raise UnsupportedFeature(f"{owner}: the model changed the mask attnkit built before passing it to attention "
+                                     "(sliced, combined or concatenated it), so attnkit cannot prove what it holds")
+        if attention_mask.shape[-1] != S:
+            raise UnsupportedFeature(f"{owner}: attnkit's mask covers {attention_mask.shape[-1]} keys but attention got "
+                                     f"{S}; this family's cache or mask differs from what attnkit verified")
+        mask = attention_mask.as_subclass(Tensor) if structure.padded else None
+        causal, window, align = structure.is_causal, structure.window, structure.causal_align
+    elif attention_mask is not None:
+        if attention_mask.shape[-1] < S:
+            raise UnsupportedFeature(f"{owner}: a mask over {attention_mask.shape[-1]} keys for {S} keys")
+        attention_mask = attention_mask[..., :S]  # as eager: a mask as long as a static cache is cut to the keys
         if attention_mask.dtype == torch.bool:
             mask = attention_mask
         else:
             bias = attention_mask.to(query.dtype)
+    else:  # transformers' SDPA semantics for "no mask": causal (top-left) where the module is
+        causal = L > 1 and bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:  # T5: relative position bias, (1|B, H, L, S), added to the scores
         position_bias = position_bias[..., :S].to(query.dtype)
@@ -148,15 +350,13 @@ def attnkit_attention_forward(
             position_bias = position_bias.masked_fill(~mask, float("-inf"))
             mask = None
         bias = position_bias if bias is None else bias + position_bias
-    causal_module = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))  # as sdpa
-    # A full (B|1, 1, L, S) mask from transformers already holds causality and any window. No mask,
-    # or attnkit_mask's padding-only (B, 1, 1, S) one, leaves the structure to attnkit: causality
-    # from the module, the window from sliding_window (a single new token sees every cached key).
-    # With a cache, query i is position S - L + i: causal bottom-right.
-    structural = attention_mask is None or (attention_mask.shape[-2] == 1 and L > 1)
-    causal = causal_module and structural and L > 1
-    window = kwargs.get("sliding_window") if causal_module and structural else None
-    window = window if window and window < S else None
+    score_mod = None
+    softcap = kwargs.get("softcap")
+    if softcap:
+        score_mod = _softcap(float(softcap)) if bias is None else _softcap_then_add(float(softcap), bias)
+        bias = None  # eager adds an additive mask after the cap: so does the score_mod
+    sinks = kwargs.get("s_aux")
+    sinks = kwargs.get("sinks") if sinks is None else sinks
     recording = _RECORDING.get()
     wanted = recording.heads_of(module) if recording is not None else None
     result = attention(
@@ -166,11 +366,13 @@ def attnkit_attention_forward(
         mask=mask,
         bias=bias,
         is_causal=causal,
-        causal_align="bottom-right",
+        causal_align=align,
         window=window,
         scale=scaling,
         dropout_p=dropout if module.training else 0.0,
         need_weights=wanted if wanted is not None else _weights_requested(kwargs),
+        score_mod=score_mod,
+        sinks=None if sinks is None else sinks.to(query.dtype if query.dtype == torch.float64 else torch.float32),
     )
     weights = result.weights
     if wanted is not None:
@@ -371,9 +573,9 @@ def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     folder = Path(folder)
     config = read_json(folder / "config.json", "Hugging Face config")
     family = config.get("model_type") if isinstance(config, dict) else None
-    if family not in FAMILIES:
-        raise UnsupportedFeature(f"{folder}: model_type {family!r} is not one of the families attnkit runs "
-                                 f"({', '.join(FAMILIES)})")
+    if family not in VERIFIED_FAMILIES:
+        raise UnverifiedFamily(f"{folder}: model_type {family!r} is not one of the {len(VERIFIED_FAMILIES)} families "
+                               "attnkit has verified (attnkit.hf.VERIFIED_FAMILIES)")
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{folder}: no tokenizer.json (a fast tokenizer file) to tokenise the texts")
     if family == "whisper":
@@ -390,5 +592,12 @@ def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
         return model, tokenizer, "encoder-decoder"
     model = AutoModel.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
                                       local_files_only=True).float().eval()
-    kind = "encoder" if family in ("bert", "modernbert") else "decoder"
+    kind = "encoder" if VERIFIED_FAMILIES[family] == "encoder" else "decoder"
     return InspectedModel(model), tokenizer, kind
+
+
+def __getattr__(name: str):
+    if name == "FAMILIES":  # the old name, one release
+        warnings.warn("attnkit.hf.FAMILIES is now attnkit.hf.VERIFIED_FAMILIES", DeprecationWarning, stacklevel=2)
+        return VERIFIED_FAMILIES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

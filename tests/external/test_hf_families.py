@@ -1,0 +1,51 @@
+"""The registry walk: every family in the installed transformers that has a text model class is
+either verified (in attnkit.hf.VERIFIED_FAMILIES, and then equal to eager: logits, weights,
+gradients, greedy ids with the dynamic and the static cache, left padding; fp32, 1e-4) or refused
+by name when built with attn_implementation="attnkit". No third outcome."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import attnkit.hf  # noqa: E402
+from attnkit.hf import VERIFIED_FAMILIES, UnverifiedFamily  # noqa: E402
+from hf_families import check, model_class, tiny_config  # noqa: E402
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
+
+TEXT_FAMILIES = sorted(f for f in CONFIG_MAPPING_NAMES if model_class(f)[0] is not None)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    attnkit.hf.register()
+
+
+def test_the_walk_covers_the_registry_and_the_verified_list_is_in_it():
+    assert len(TEXT_FAMILIES) > 200
+    assert set(VERIFIED_FAMILIES) <= set(CONFIG_MAPPING_NAMES)
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_each_family_equals_eager_or_is_refused_by_name(family):
+    if family in VERIFIED_FAMILIES:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            problems = check(family)
+        assert not problems, f"{family}: " + "; ".join(problems)
+        return
+    cls, _ = model_class(family)
+    try:
+        config = tiny_config(family)
+    except Exception:  # noqa: BLE001 - a config the walk cannot shrink is still refused with its defaults
+        config = transformers.models.auto.configuration_auto.CONFIG_MAPPING[family]()
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(UnverifiedFamily, match=f"model_type '{family}' is not a family attnkit has verified"):
+            cls._from_config(config, attn_implementation=attnkit.hf.IMPLEMENTATION)
