@@ -153,6 +153,10 @@ def _dilated_side(n: int, radius: int, dilation: int) -> int:
     return total + (n - full * dilation) * full
 
 
+_POSITIVE_OPTIONS = frozenset({"block", "dilation", "documents"})
+"""Options for which 0 has no meaning (a block of no keys, a dilation of 0, no document)."""
+
+
 def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int, bool]:
     """(query-key pairs a pattern allows in n x n, keys the last query attends, exact?) in closed
     form, for the named patterns of :data:`PATTERN_OPTIONS`. BigBird's random blocks may fall on
@@ -166,6 +170,8 @@ def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int, bool]:
     for name, value in o.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{pattern} option {name} must be a non-negative int, got {value!r}")
+        if name in _POSITIVE_OPTIONS and value is not None and value < 1:  # never silently computed as 1
+            raise ValueError(f"{pattern} option {name} must be >= 1, got {value!r}")
     if pattern == "causal":
         return n * (n + 1) // 2, n, True
     if pattern == "window":

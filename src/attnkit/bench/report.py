@@ -32,12 +32,23 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def _cell(value) -> str:
+    """A table cell's text: pipes, backslashes and HTML escaped, line breaks flattened."""
+    import html
+
+    text = " ".join(str(value).split())
+    return html.escape(text, quote=False).replace("\\", "\\\\").replace("|", "\\|")
+
+
 def format_markdown(rows: Sequence[dict], impls: Sequence[str] | None = None) -> str:
-    """One table row per point; each cell ``ms (x sdpa, MB)`` for one implementation."""
+    """One table row per point; each cell ``ms (x sdpa, MB)`` for one implementation. User text
+    (names from a JSON file) is escaped; no rows give a line saying so, not a broken table."""
+    if not rows:
+        return "(no results)"
     rows = ratios(rows)
     impls = list(impls or dict.fromkeys(r["impl"] for r in rows))
     lines = [
-        "| mode | dtype | mask | n | " + " | ".join(impls) + " |",
+        "| mode | dtype | mask | n | " + " | ".join(_cell(i) for i in impls) + " |",
         "|" + "---|" * (4 + len(impls)),
     ]
     for key in dict.fromkeys(_key(r) for r in rows):
@@ -52,7 +63,7 @@ def format_markdown(rows: Sequence[dict], impls: Sequence[str] | None = None) ->
             peak = r.get("peak_extra_mb")
             peak_text = f", {peak:.0f} MB" if peak is not None else ""
             cells.append(f"{1000 * r['time_s']:.1f} ({ratio}{peak_text})")
-        lines.append("| " + " | ".join(str(x) for x in key) + " | " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cell(x) for x in key) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

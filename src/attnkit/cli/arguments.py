@@ -4,11 +4,14 @@ work ("argument --x: ..." and exit 2), and checks of texts and output folders.""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
-           "check_texts", "stdin_lines", "check_writable"]
+           "check_texts", "stdin_lines", "check_writable", "owned_folder", "check_not_input", "check_new_file",
+           "refuse_unused", "OUTPUT_MARKER"]
 
 
 MAX_TEXT_CHARS = 1_000
@@ -116,3 +119,73 @@ def check_writable(folder: Path, name: str) -> None:
             pass
     except OSError as error:
         raise OSError(f"{name} {folder}: cannot write there ({error.strerror})") from None
+
+
+# -- what a command may write: only what it wrote (one rule for every command that writes) --
+
+OUTPUT_MARKER = "attnkit-output.json"
+"""Written into every --out folder a command fills: the command and the files it wrote there."""
+
+
+def _files_under(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+@contextlib.contextmanager
+def owned_folder(folder: Path, command: str, name: str = "--out") -> Iterator[Path]:
+    """Let ``command`` write into ``folder`` only if the folder is new, empty, or holds nothing but
+    what an attnkit command wrote there before (listed in :data:`OUTPUT_MARKER`); otherwise raise
+    before any work, naming the files that are not attnkit's. On the way out (an error or Ctrl-C
+    included) the marker lists every file now in the folder, all of them attnkit's."""
+    from .._files import read_json, write_json
+
+    folder = Path(folder)
+    present = _files_under(folder) if folder.is_dir() else set()
+    present.discard(OUTPUT_MARKER)
+    if present:
+        marker = folder / OUTPUT_MARKER
+        if not marker.is_file():
+            raise ValueError(f"{name} {folder} is not empty and attnkit did not write it (no {OUTPUT_MARKER}); "
+                             "give a new or empty folder")
+        data = read_json(marker, "output marker")
+        if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+            raise ValueError(f"{marker} is not an attnkit output marker")
+        foreign = sorted(present - {str(f) for f in data["files"]})
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise ValueError(f"{name} {folder} holds files attnkit did not write ({shown}); attnkit {command} "
+                             "writes only over its own output: give another folder or move them")
+    check_writable(folder, name)
+    try:
+        yield folder
+    finally:
+        files = sorted(_files_under(folder) - {OUTPUT_MARKER})
+        with contextlib.suppress(OSError):
+            write_json(folder / OUTPUT_MARKER, {"format": "attnkit-output", "command": command, "files": files})
+
+
+def check_not_input(path: Path | None, name: str, inputs: dict[str, object]) -> None:
+    """Refuse an output path that is one of the command's inputs (``inputs``: option -> path)."""
+    if path is None:
+        return
+    for input_name, value in inputs.items():
+        if value is None:
+            continue
+        candidate = Path(str(value))
+        if candidate.exists() and path.exists() and path.resolve() == candidate.resolve():
+            raise ValueError(f"{name} {path} is the {input_name} input; attnkit never writes over its inputs")
+
+
+def check_new_file(path: Path, name: str) -> None:
+    """Refuse to write a file name the user did not give (a numbered sibling) over an existing file."""
+    if path.exists():
+        raise ValueError(f"{name}: {path} exists and is not a name you gave; attnkit writes numbered files "
+                         "only where none exists (move it, or give another name)")
+
+
+def refuse_unused(args: argparse.Namespace, names: list[str], why: str) -> None:
+    """Refuse options that would do nothing in this combination: each of ``names`` (options whose
+    parser default is None) that the user gave raises one line naming it and ``why``."""
+    for option in names:
+        if getattr(args, option) not in (None, False, []):
+            raise ValueError(f"--{option.replace('_', '-')} {why}")

@@ -113,6 +113,10 @@ def _generate(args: argparse.Namespace) -> int:
     from ..decoding import generate, pad_prompts
 
     prompts = check_texts("--prompt", list(args.prompt))
+    if args.temperature == 0:
+        from .arguments import refuse_unused
+
+        refuse_unused(args, ["top_k", "top_p"], "applies to sampling (--temperature > 0), not to greedy decoding")
     model, tokenizer = _load_lm(args.model)
     if args.chat:
         prompts = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in prompts]
@@ -153,6 +157,8 @@ def _generate(args: argparse.Namespace) -> int:
     generate(model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
              on_tokens=stream)
+    final = tokenizer.decode([t for t in produced if t not in stops])
+    sys.stdout.write(final[len(printed):])  # a trailing partial character: printed as the tokenizer decodes it
     print()
     return 0
 

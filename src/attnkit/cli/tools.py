@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from .arguments import (
@@ -13,6 +14,8 @@ from .arguments import (
     input_file,
     int_in,
     output_dir,
+    owned_folder,
+    refuse_unused,
 )
 from .translation import check_beam, check_trained_on_grc_en, resolve_checkpoint
 
@@ -22,13 +25,13 @@ __all__ = ["add_tour_parser", "add_bench_parser", "add_inspect_parser"]
 def _tour(args: argparse.Namespace) -> int:
     from ..tour import run_tour
 
-    check_writable(args.out, "--out")
-    for number, stop in enumerate(run_tour(args.out, seed=args.seed), 1):
-        print(f"[{number:2d}] {stop.name}")
-        for name, value in stop.facts.items():
-            print(f"       {name}: {value}")
-        if stop.picture is not None:
-            print(f"       heatmap: {stop.picture}")
+    with owned_folder(args.out, "tour"):
+        for number, stop in enumerate(run_tour(args.out, seed=args.seed), 1):
+            print(f"[{number:2d}] {stop.name}")
+            for name, value in stop.facts.items():
+                print(f"       {name}: {value}")
+            if stop.picture is not None:
+                print(f"       heatmap: {stop.picture}")
     print(f"\nheatmaps written to {Path(args.out).resolve()}")
     return 0
 
@@ -54,9 +57,25 @@ def _bench(args: argparse.Namespace) -> int:
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"--render {args.render}: a result row is malformed ({error!r})") from None
         return 0
-    check_writable(args.out, "--out")
     if args.context_parallel:
-        return _bench_context_parallel(args)
+        refuse_unused(args, ["sizes", "masks", "impls", "dtypes", "window", "repeats", "min_seconds",
+                             "max_call_seconds", "max_memory_gb", "no_memory"],
+                      "applies to the attention sweep, not to --context-parallel")
+        with owned_folder(args.out, "bench"):
+            return _bench_context_parallel(args)
+    refuse_unused(args, ["worlds"], "applies to --context-parallel only")
+    for name, default in SWEEP_DEFAULTS.items() | {"masks": list(bench.DEFAULT_MASKS),
+                                                   "impls": list(bench.IMPLEMENTATIONS)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    with owned_folder(args.out, "bench"):
+        return _bench_sweep(args)
+
+
+def _bench_sweep(args: argparse.Namespace) -> int:
+    from .. import bench
+    from .._files import read_json, write_json
+
     config = bench.AttentionBench(
         sizes=tuple(args.sizes), masks=tuple(args.masks), modes=tuple(args.modes), dtypes=tuple(args.dtypes),
         impls=tuple(args.impls), batch=args.batch, heads=args.heads, head_dim=args.head_dim, window=args.window,
@@ -87,6 +106,11 @@ def _bench_context_parallel(args: argparse.Namespace) -> int:
     from ..bench.context_parallel import ContextParallelBench, format_context_parallel, run_context_parallel
 
     layouts = ("zigzag", "contiguous")
+    args.worlds = args.worlds or [1, 2, 4]
+    cap = max_world()
+    if max(args.worlds) > cap:
+        raise ValueError(f"--worlds {max(args.worlds)}: at most {cap} processes on this machine "
+                         f"({os.cpu_count()} cores; each process holds a shard and a copy of the model's state)")
     for w in args.worlds:
         if args.context_parallel % (2 * w):
             raise ValueError(f"--context-parallel {args.context_parallel} must be a multiple of 2 x W = {2 * w} "
@@ -101,6 +125,15 @@ def _bench_context_parallel(args: argparse.Namespace) -> int:
     return 0
 
 
+def max_world() -> int:
+    """The most context-parallel processes ``bench`` starts here: 4 per core (at least 4)."""
+    return max(4, 4 * (os.cpu_count() or 1))
+
+
+SWEEP_DEFAULTS = {"sizes": [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], "dtypes": ["float32"],
+                  "window": 256, "repeats": 3, "min_seconds": 1.0, "max_call_seconds": 10.0, "max_memory_gb": 8.0}
+
+
 def add_bench_parser(commands) -> None:
     """The ``bench`` sub-command's arguments."""
     from .. import bench
@@ -109,38 +142,42 @@ def add_bench_parser(commands) -> None:
         "bench", help="time and peak memory of every attention implementation vs PyTorch SDPA (JSON + PNG)")
     bench_cmd.add_argument("--out", type=output_dir, default=Path("out/bench"), help="folder for attention.json and the plots")
     bench_cmd.add_argument("--sizes", type=int_in(1, 1 << 24), nargs="+",
-                           default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], help="sequence lengths n")
-    bench_cmd.add_argument("--masks", nargs="+", choices=bench.MASKS, default=list(bench.DEFAULT_MASKS), help="mask kinds (sparse patterns: band, longformer, bigbird, documents, sinks)")
+                           help="sequence lengths n (default 512 ... 65536)")
+    bench_cmd.add_argument("--masks", nargs="+", choices=bench.MASKS, help="mask kinds (default: "
+                           + " ".join(bench.DEFAULT_MASKS) + "; sparse patterns: band, longformer, bigbird, documents, sinks)")
     bench_cmd.add_argument("--modes", nargs="+", choices=bench.MODES, default=["fwd"], help="forward or forward+backward")
-    bench_cmd.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"], default=["float32"],
-                           help="input dtypes")
-    bench_cmd.add_argument("--impls", nargs="+", choices=bench.IMPLEMENTATIONS, default=list(bench.IMPLEMENTATIONS),
-                           help="implementations to time")
+    bench_cmd.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"],
+                           help="input dtypes (default float32)")
+    bench_cmd.add_argument("--impls", nargs="+", choices=bench.IMPLEMENTATIONS, help="implementations to time (default all)")
     bench_cmd.add_argument("--batch", type=int_in(1, 4096), default=1, help="batch size B")
     bench_cmd.add_argument("--heads", type=int_in(1, 4096), default=8, help="heads H")
     bench_cmd.add_argument("--head-dim", type=int_in(1, 4096), default=64, help="head dim E")
-    bench_cmd.add_argument("--window", type=int_in(1), default=256, help="window of the 'window' mask")
+    bench_cmd.add_argument("--window", type=int_in(1), help="window of the 'window' mask (default 256)")
     bench_cmd.add_argument("--device", default="cpu", help="cpu or cuda")
-    bench_cmd.add_argument("--repeats", type=int_in(1, 10_000), default=3, help="fewest timed calls per implementation")
-    bench_cmd.add_argument("--min-seconds", type=float_in(0.0, 3600.0), default=1.0,
-                           help="least total time per implementation")
-    bench_cmd.add_argument("--max-call-seconds", type=float_in(0.0, 86400.0, low_open=True), default=10.0,
-                           help="skip an implementation once its time per call is predicted above this")
-    bench_cmd.add_argument("--max-memory-gb", type=float_in(0.0, 1e6, low_open=True), default=8.0,
-                           help="skip implementations that materialise (n, n) tensors above this")
+    bench_cmd.add_argument("--repeats", type=int_in(1, 10_000), help="fewest timed calls per implementation (default 3)")
+    bench_cmd.add_argument("--min-seconds", type=float_in(0.0, 3600.0), help="least total time per implementation (default 1)")
+    bench_cmd.add_argument("--max-call-seconds", type=float_in(0.0, 86400.0, low_open=True),
+                           help="skip an implementation once its time per call is predicted above this (default 10)")
+    bench_cmd.add_argument("--max-memory-gb", type=float_in(0.0, 1e6, low_open=True),
+                           help="skip implementations that materialise (n, n) tensors above this (default 8)")
     bench_cmd.add_argument("--no-memory", action="store_true", help="timings only (no fresh process per memory point)")
     bench_cmd.add_argument("--context-parallel", type=int_in(2, 1 << 24), metavar="N",
                            help="instead of the sweep: context-parallel attention over N tokens (causal) in W = "
                                 "--worlds gloo processes: per-process peak memory, time, bytes sent vs the formula, "
                                 "zigzag vs contiguous balance (--heads, --head-dim, --batch; --modes fwd+bwd adds backward)")
-    bench_cmd.add_argument("--worlds", type=int_in(1, 64), nargs="+", default=[1, 2, 4],
-                           help="--context-parallel: process counts W")
+    bench_cmd.add_argument("--worlds", type=int_in(1, 1024), nargs="+",
+                           help="--context-parallel: process counts W (default 1 2 4; at most 4 per core)")
     bench_cmd.add_argument("--render", type=input_file, help="print an attention.json as a markdown table and exit")
     bench_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     bench_cmd.set_defaults(run=_bench)
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    with owned_folder(args.out, "inspect"):
+        return _inspect_into(args)
+
+
+def _inspect_into(args: argparse.Namespace) -> int:
     from ..inspect import report
 
     progress = not args.quiet
@@ -156,7 +193,6 @@ def _inspect(args: argparse.Namespace) -> int:
             raise ValueError(f"--file {error}") from None
         check_texts("--file", texts)
     check_texts("text", texts or [])
-    check_writable(args.out, "--out")
     if args.aer_attribution == 1:
         raise ValueError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
     if args.also and not args.aer:

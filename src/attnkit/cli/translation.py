@@ -8,6 +8,8 @@ from pathlib import Path
 
 from .arguments import (
     MAX_BEAM,
+    check_new_file,
+    check_not_input,
     check_texts,
     check_writable,
     float_in,
@@ -15,6 +17,8 @@ from .arguments import (
     int_in,
     output_dir,
     output_file,
+    owned_folder,
+    refuse_unused,
     stdin_lines,
 )
 
@@ -22,6 +26,28 @@ __all__ = ["add_demo_parser", "add_train_parser", "add_translate_parser", "add_e
 
 
 _DATA_HELP = "'bible' (bundled KJV/Louis Segond), 'grc-en' (bundled word-aligned Greek NT/BSB) or a source<TAB>target file"
+
+
+BUNDLED_DATA = ("bible", "grc-en")
+
+
+def resolve_direction(args: argparse.Namespace) -> None:
+    """--direction means something for --data bible only: refuse it elsewhere, default it there."""
+    if args.data != "bible":
+        refuse_unused(args, ["direction"], f"applies to --data bible only, not to --data {args.data}")
+    elif args.direction is None:
+        args.direction = "en-fr"
+
+
+def data_identity(data: str) -> dict:
+    """What a run records of its data: a bundled corpus by name, a file by absolute path and SHA-256
+    (so --resume sees through ./pairs.tsv vs pairs.tsv, and refuses another corpus at the same path)."""
+    if data in BUNDLED_DATA or not Path(data).is_file():
+        return {"data": data}
+    import hashlib
+
+    digest = hashlib.sha256(Path(data).read_bytes()).hexdigest()
+    return {"data": str(Path(data).resolve()), "data_sha256": digest}
 
 
 def data_split(name: str, data: str, split: str, **kwargs):
@@ -50,6 +76,38 @@ def check_beam(beam: int, checkpoint) -> None:
         raise ValueError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
 
 
+MAX_UNKNOWN_SOURCE = 0.5
+
+
+def _run_options(path: Path) -> dict:
+    """The data and model options a run recorded (its attnkit-run.json), or {} for a bare checkpoint."""
+    from .._files import read_json
+    from ..training.run import MARKER
+
+    for folder in (path, path.parent):
+        if (folder / MARKER).is_file():
+            data = read_json(folder / MARKER, "run marker")
+            return data.get("options", {}) if isinstance(data, dict) else {}
+    return {}
+
+
+def check_data_fits(checkpoint, args: argparse.Namespace) -> None:
+    """Refuse test data the model cannot read: where the run recorded its data and direction, they
+    must match (an en->fr model on fr-en gives a BLEU without a word); and in any case at most half
+    of the source tokens of the first 50 pairs may be unknown to the model's source vocabulary."""
+    from ..data.tokenizer import UNK
+
+    recorded = _run_options(Path(args.checkpoint))
+    if args.data == "bible" and recorded.get("data") == "bible" and recorded.get("direction") not in (None, args.direction):
+        raise ValueError(f"--direction {args.direction}: the model was trained on bible {recorded['direction']}")
+    pairs = data_split("--data", args.data, "test", direction=args.direction)[:50]
+    ids = [i for pair in pairs for i in checkpoint.source_tokenizer.encode(pair.source)]
+    unknown = sum(i == UNK for i in ids) / max(1, len(ids))
+    if unknown > MAX_UNKNOWN_SOURCE:
+        raise ValueError(f"--data {args.data}: {unknown:.0%} of its source tokens are unknown to this model's source "
+                         "vocabulary; it was trained on another language or direction")
+
+
 def check_trained_on_grc_en(checkpoint) -> None:
     """--aer scores alignments on the Greek -> English verses: refuse a model whose source vocabulary
     does not know Greek (more than half of the held-out verses' tokens unknown)."""
@@ -66,9 +124,10 @@ def check_trained_on_grc_en(checkpoint) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from ..workbench import run_demo
 
-    check_writable(args.out, "--out")
-    run_demo(args.out, models=args.models, minutes=args.minutes or None, epochs=args.epochs, train_limit=args.train_limit,
-             test_limit=args.test_limit, beam_size=args.beam, seed=args.seed, progress=not args.quiet)
+    with owned_folder(args.out, "demo"):
+        run_demo(args.out, models=args.models, minutes=args.minutes or None, epochs=args.epochs,
+                 train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
+                 progress=not args.quiet)
     return 0
 
 
@@ -102,10 +161,28 @@ def _train(args: argparse.Namespace) -> int:
     from ..training.distributed import broadcast_text, is_main, setup_distributed
     from ..workbench import build_tokenizers
 
+    resolve_direction(args)
+    seq2seq_options = {"attention": "bahdanau", "cell": "gru", "embedding_dim": 128, "hidden_size": 256, "layers": 1}
+    if args.arch == "transformer":
+        refuse_unused(args, list(seq2seq_options), "applies to --arch seq2seq only (the Transformer takes --preset)")
+        args.preset = args.preset or "transformer-small"
+    else:
+        refuse_unused(args, ["preset"], "applies to --arch transformer only")
+        for name, default in seq2seq_options.items():
+            setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+    if args.guided_alignment is None:
+        refuse_unused(args, ["alignment_weight", "alignment_layer", "alignment_head"],
+                      "applies with --guided-alignment only")
+    args.alignment_weight = 0.05 if args.alignment_weight is None else args.alignment_weight
+    args.alignment_head = 0 if args.alignment_head is None else args.alignment_head
+    if args.hidden_size is not None and args.embedding_dim is not None:
+        _check_size(args)
     model_options = (["preset"] if args.arch == "transformer"
                      else ["attention", "cell", "embedding_dim", "hidden_size", "layers"])
     options = {name: getattr(args, name) for name in
-               ["data", "valid", "direction", "arch", *model_options, "tokenizer", "vocab_size", "dropout"]}
+               ["direction", "arch", *model_options, "tokenizer", "vocab_size", "dropout"]}
+    options |= data_identity(args.data)
+    options["valid"] = None if args.valid is None else data_identity(str(args.valid))["data"]
     if args.guided_alignment is not None:
         options["guided_alignment"] = str(args.guided_alignment)
     check_run_folder(args.out, resume=args.resume, overwrite=args.overwrite, options=options)
@@ -163,6 +240,22 @@ def _train(args: argparse.Namespace) -> int:
     return 130 if result.stopped == "interrupted" else 0
 
 
+MAX_TRAIN_PARAMETERS = 2_000_000_000
+"""The largest RNN translation model ``train`` builds (checked before anything is allocated)."""
+
+
+def _check_size(args: argparse.Namespace) -> None:
+    """An upper bound on the RNN model's parameters from the options alone, before allocating."""
+    gates = 4 if args.cell == "lstm" else 3
+    h, e, v, layers = args.hidden_size, args.embedding_dim, args.vocab_size, args.layers
+    rnn = gates * (h * (e + h) + 2 * h) * layers * 3  # encoder (two directions) and decoder, upper bound
+    total = 2 * v * e + rnn + 4 * h * h + v * h
+    if total > MAX_TRAIN_PARAMETERS:
+        raise ValueError(f"--hidden-size {h} with --embedding-dim {e}, --layers {layers}, --vocab-size {v} makes a "
+                         f"model of about {total / 1e9:.1f} billion parameters; at most {MAX_TRAIN_PARAMETERS / 1e9:.0f} "
+                         "billion (lower --hidden-size)")
+
+
 def add_train_parser(commands) -> None:
     """The ``train`` sub-command's arguments."""
     from ..models.config import PRESETS, SEQ2SEQ_ATTENTIONS
@@ -170,19 +263,18 @@ def add_train_parser(commands) -> None:
     train = commands.add_parser("train", help="train a translation model (also under torchrun for data parallelism)")
     train.add_argument("--data", default="bible", help=_DATA_HELP)
     train.add_argument("--valid", type=input_file, help="a separate source<TAB>target validation file")
-    train.add_argument("--direction", default="en-fr", choices=["en-fr", "fr-en"], help="for --data bible")
+    train.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     train.add_argument("--out", type=output_dir, required=True,
                        help="run folder: last/, best/, history.json (new, empty, or an attnkit run)")
     train.add_argument("--arch", default="seq2seq", choices=["seq2seq", "transformer"], help="model family")
-    train.add_argument("--attention", default="bahdanau", choices=SEQ2SEQ_ATTENTIONS,
-                       help="for --arch seq2seq: 'none' is the fixed-length bottleneck")
-    train.add_argument("--cell", default="gru", choices=["gru", "lstm"], help="for --arch seq2seq: the RNN cell")
-    train.add_argument("--embedding-dim", type=int_in(1, 65536), default=128, help="for --arch seq2seq")
-    train.add_argument("--hidden-size", type=int_in(1, 65536), default=256, help="for --arch seq2seq")
-    train.add_argument("--layers", type=int_in(1, 64), default=1, help="for --arch seq2seq: stacked RNN layers")
+    train.add_argument("--attention", choices=SEQ2SEQ_ATTENTIONS,
+                       help="for --arch seq2seq (default bahdanau): 'none' is the fixed-length bottleneck")
+    train.add_argument("--cell", choices=["gru", "lstm"], help="for --arch seq2seq: the RNN cell (default gru)")
+    train.add_argument("--embedding-dim", type=int_in(1, 65536), help="for --arch seq2seq (default 128)")
+    train.add_argument("--hidden-size", type=int_in(1, 65536), help="for --arch seq2seq (default 256)")
+    train.add_argument("--layers", type=int_in(1, 64), help="for --arch seq2seq: stacked RNN layers (default 1)")
     transformer_presets = sorted(name for name, config in PRESETS.items() if config.kind == "transformer")
-    train.add_argument("--preset", default="transformer-small", choices=transformer_presets,
-                       help="for --arch transformer")
+    train.add_argument("--preset", choices=transformer_presets, help="for --arch transformer (default transformer-small)")
     train.add_argument("--tokenizer", default="bpe", choices=["bpe", "word"], help="subword (BPE) or word level")
     train.add_argument("--vocab-size", type=int_in(8, 1_000_000), default=4000, help="per side")
     train.add_argument("--epochs", type=int_in(1, 100_000), default=10, help="epochs at most (early stopping may end sooner)")
@@ -208,11 +300,11 @@ def add_train_parser(commands) -> None:
     train.add_argument("--guided-alignment", type=input_file,
                        help="word alignments of the training pairs, one Pharaoh line (0-0 1-2 ...) per pair "
                             "(attnkit align writes them): trains one attention head towards them")
-    train.add_argument("--alignment-weight", type=float_in(0.0, 1e6, low_open=True), default=0.05,
+    train.add_argument("--alignment-weight", type=float_in(0.0, 1e6, low_open=True),
                        help="weight of the guided-alignment loss (default 0.05, Garg et al. 2019)")
     train.add_argument("--alignment-layer", type=int,
                        help="Transformer decoder layer the guide trains (default the penultimate)")
-    train.add_argument("--alignment-head", type=int_in(0), default=0, help="Transformer head the guide trains")
+    train.add_argument("--alignment-head", type=int_in(0), help="Transformer head the guide trains (default 0)")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(run=_train)
 
@@ -220,6 +312,14 @@ def add_train_parser(commands) -> None:
 def _align(args: argparse.Namespace) -> int:
     from ..inspect.alignment import IBMModel1, eflomal_align, symmetrize, write_links
 
+    resolve_direction(args)
+    if args.aligner == "ibm1":
+        refuse_unused(args, ["symmetrize"], "applies to --aligner eflomal only (IBM Model 1 aligns one direction)")
+    else:
+        refuse_unused(args, ["ibm_iterations"], "applies to --aligner ibm1 only")
+    args.symmetrize = args.symmetrize or "grow-diag-final-and"
+    args.ibm_iterations = args.ibm_iterations or 5
+    check_not_input(args.out, "--out", {"--data": args.data})
     check_writable(args.out.parent, "--out")
     pairs = data_split("--data", args.data, args.split, direction=args.direction)
     words = [(p.source.lower().split(), p.target.lower().split()) for p in pairs]
@@ -242,12 +342,13 @@ def add_align_parser(commands) -> None:
     align = commands.add_parser("align", help="word-align a corpus split with eflomal or IBM Model 1 "
                                               "(for train --guided-alignment)")
     align.add_argument("--data", default="grc-en", help=_DATA_HELP)
-    align.add_argument("--direction", default="en-fr", choices=["en-fr", "fr-en"], help="for --data bible")
+    align.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     align.add_argument("--split", default="train", choices=["train", "valid", "test"], help="which pairs")
     align.add_argument("--aligner", default="eflomal", choices=["eflomal", "ibm1"],
                        help="eflomal (both directions, symmetrised) or IBM Model 1 (source -> target)")
-    align.add_argument("--symmetrize", default="grow-diag-final-and", choices=SYMMETRIZATIONS, help="for eflomal")
-    align.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5, help="EM iterations of IBM Model 1")
+    align.add_argument("--symmetrize", choices=SYMMETRIZATIONS, help="for eflomal (default grow-diag-final-and)")
+    align.add_argument("--ibm-iterations", type=int_in(1, 1000),
+                       help="for ibm1: EM iterations at most (default 5; stops earlier at convergence)")
     align.add_argument("--out", type=output_file, required=True, help="the Pharaoh-format links file to write")
     align.add_argument("--quiet", action="store_true", help="no progress bars")
     align.set_defaults(run=_align)
@@ -259,8 +360,14 @@ def _translate(args: argparse.Namespace) -> int:
     from ..workbench import plot_alignment
 
     texts = check_texts("text", args.text) if args.text else stdin_lines()
+    paths = []
     if args.heatmap is not None:
         check_writable(args.heatmap.parent, "--heatmap")
+        paths = [args.heatmap] if len(texts) == 1 else [
+            args.heatmap.with_name(f"{args.heatmap.stem}-{n}{args.heatmap.suffix}") for n in range(1, len(texts) + 1)]
+        if len(paths) > 1:
+            for path in paths:
+                check_new_file(path, "--heatmap")
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
     check_beam(args.beam, checkpoint)
     outputs = translate(checkpoint.model, texts, checkpoint.source_tokenizer, checkpoint.target_tokenizer,
@@ -268,7 +375,7 @@ def _translate(args: argparse.Namespace) -> int:
     for number, output in enumerate(outputs, 1):
         print(output.text)
         if args.heatmap is not None and output.weights is not None:
-            path = args.heatmap if len(outputs) == 1 else args.heatmap.with_name(f"{args.heatmap.stem}-{number}{args.heatmap.suffix}")
+            path = paths[number - 1]
             plot_alignment(output, path, title=output.source[:80])
             print(f"  alignment: {path}", file=sys.stderr)
     return 0
@@ -288,10 +395,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..training import load_checkpoint
     from ..workbench import evaluate_model
 
+    resolve_direction(args)
+    check_not_input(args.json, "--json", {"--data": args.data, "--checkpoint": args.checkpoint})
     if args.json is not None:
         check_writable(args.json.parent, "--json")
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
     check_beam(args.beam, checkpoint)
+    check_data_fits(checkpoint, args)
     pairs = data_split("--data", args.data, "test", direction=args.direction)[: args.limit]
     scores, _ = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
                                beam_size=args.beam, progress=not args.quiet)
@@ -310,7 +420,7 @@ def add_evaluate_parser(commands) -> None:
     evaluate = commands.add_parser("evaluate", help="BLEU, chrF and BLEU by source length on a test set")
     evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run folder")
     evaluate.add_argument("--data", default="bible", help=_DATA_HELP + " (the test split of the bible)")
-    evaluate.add_argument("--direction", default="en-fr", choices=["en-fr", "fr-en"], help="for --data bible")
+    evaluate.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     evaluate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
     evaluate.add_argument("--limit", type=int_in(1), help="the first N test pairs only")
     evaluate.add_argument("--json", type=output_file, help="also write the scores as JSON")
