@@ -189,6 +189,7 @@ def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep tokens until the mass reaches top_p
+        drop[..., 0] = False  # the most likely token always stays (rounding could drop it for a tiny top_p)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 

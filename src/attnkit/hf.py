@@ -558,6 +558,21 @@ def load_gguf_for_inspection(path) -> tuple[InspectedModel, object, str]:
     return InspectedModel(model), _gguf_tokenizer(field), "decoder"
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     """(model, ``tokenizers.Tokenizer``, kind) from a Hugging Face folder (config.json, safetensors,
     tokenizer.json) of a claimed family, loaded with ``attn_implementation="attnkit"``; kind is
@@ -581,17 +596,35 @@ def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     if family == "whisper":
         raise UnsupportedFeature(f"{folder}: whisper takes audio features, not text; its attention runs through "
                                  "attnkit (attnkit.hf) but `attnkit inspect` reads texts")
+    if not (folder / "model.safetensors").is_file() and not any(folder.glob("model-*-of-*.safetensors")):
+        raise ValueError(f"{folder}: no model.safetensors; attnkit loads weights from safetensors only (a pickle "
+                         "file can run code when loaded)")
     register()
-    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    try:
+        hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as error:  # a user's damaged files: one line naming them, not a traceback
+        raise ValueError(f"{folder}: cannot read its config.json or tokenizer.json ({type(error).__name__}: "
+                         f"{str(error)[:200]})") from error
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    loader = AutoModelForSeq2SeqLM if getattr(hf_config, "is_encoder_decoder", False) else AutoModel
+    try:
+        with _quiet_transformers():  # its load report and bars: attnkit says what matters in one line
+            model, info = loader.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
+                                                 local_files_only=True, use_safetensors=True, output_loading_info=True)
+    except UnsupportedFeature:
+        raise
+    except Exception as error:  # truncated or mislabelled safetensors, sizes that do not match the config
+        raise ValueError(f"{folder}: cannot load its weights ({type(error).__name__}: {str(error)[:200]})") from error
+    missing = [k for k in info.get("missing_keys", []) if not k.startswith("pooler.")]  # unused by attention
+    missing += [str(m) for m in info.get("mismatched_keys", [])]
+    if missing:
+        raise ValueError(f"{folder}: the weights do not fill the model ({len(missing)} tensors missing or of another "
+                         f"size, e.g. {', '.join(missing[:3])}); transformers would initialise them at random")
+    model = model.float().eval()
     if getattr(hf_config, "is_encoder_decoder", False):
-        model = AutoModelForSeq2SeqLM.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
-                                                      local_files_only=True).float().eval()
         return model, tokenizer, "encoder-decoder"
-    model = AutoModel.from_pretrained(folder, config=hf_config, attn_implementation=IMPLEMENTATION,
-                                      local_files_only=True).float().eval()
     kind = "encoder" if VERIFIED_FAMILIES[family] == "encoder" else "decoder"
     return InspectedModel(model), tokenizer, kind
 

@@ -97,11 +97,15 @@ def _run_one(config: ContextParallelBench, world: int, layout: str) -> dict:
     processes = mp.start_processes(_worker, args=(world, _free_port(), config, layout, results), nprocs=world,
                                    join=False, start_method="spawn")
     deadline = time.monotonic() + config.timeout_s
-    while not processes.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in processes.processes:
+    try:
+        while not processes.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"W={world} {layout}: workers did not finish within {config.timeout_s:.0f} s")
+    except BaseException:  # a timeout, an error in a worker, or Ctrl-C: the workers go down with the parent
+        for p in processes.processes:
+            if p.is_alive():
                 p.kill()
-            raise TimeoutError(f"W={world} {layout}: workers did not finish within {config.timeout_s:.0f} s")
+        raise
     ranks = sorted((results.get() for _ in range(world)), key=lambda r: r["rank"])
     errors = [r["error"] for r in ranks if "error" in r]
     if errors:

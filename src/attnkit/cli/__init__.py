@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     unexpected internal error keeps its traceback, since that is a bug to report."""
     import logging
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the parsers import their tools
+        print("interrupted", file=sys.stderr)
+        return 130
     # The library logs; the command shows its INFO messages (epochs, steps of a report) on stdout.
     # --quiet turns progress bars off, not messages.
     handler = logging.StreamHandler(sys.stdout)

@@ -29,7 +29,13 @@ def _model_config(spec: str):
     data = read_json(spec, "config file")
     if not isinstance(data, dict):
         raise ValueError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
-    return config_from_dict(data) if "kind" in data else config_from_hf(data)
+    config = config_from_dict(data) if "kind" in data else config_from_hf(data)
+    from ..models.config import Seq2SeqConfig
+
+    if isinstance(config, Seq2SeqConfig):
+        raise ValueError(f"--model {spec}: cost models Transformers (decoders, encoders, encoder-decoders); this is "
+                         "an RNN translation model's config (no attention matrix or KV cache to count)")
+    return config
 
 
 def _cost(args: argparse.Namespace) -> int:

@@ -64,8 +64,8 @@ def _bench(args: argparse.Namespace) -> int:
         with owned_folder(args.out, "bench"):
             return _bench_context_parallel(args)
     refuse_unused(args, ["worlds"], "applies to --context-parallel only")
-    for name, default in SWEEP_DEFAULTS.items() | {"masks": list(bench.DEFAULT_MASKS),
-                                                   "impls": list(bench.IMPLEMENTATIONS)}.items():
+    for name, default in {**SWEEP_DEFAULTS, "masks": list(bench.DEFAULT_MASKS),
+                          "impls": list(bench.IMPLEMENTATIONS)}.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
     with owned_folder(args.out, "bench"):
@@ -193,6 +193,9 @@ def _inspect_into(args: argparse.Namespace) -> int:
             raise ValueError(f"--file {error}") from None
         check_texts("--file", texts)
     check_texts("text", texts or [])
+    if args.coref and (texts or references):
+        raise ValueError("--coref scores the bundled Winograd-style pairs; it reads no texts (drop them, or drop "
+                         "--coref to inspect them)")
     if args.aer_attribution == 1:
         raise ValueError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
     if args.also and not args.aer:

@@ -70,10 +70,20 @@ def resolve_checkpoint(path: Path) -> Path:
     return path
 
 
-def check_beam(beam: int, checkpoint) -> None:
+MAX_BEAM_TOKENS = 5_000
+"""Most beam width x source tokens a command decodes per sentence: a beam search's work grows with
+both (beam 100 allows 50 source tokens, beam 5 the longest text any command accepts)."""
+
+
+def check_beam(beam: int, checkpoint, texts=()) -> None:
     vocabulary = checkpoint.target_tokenizer.vocab_size
     if beam > vocabulary:
         raise ValueError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
+    for text in texts:
+        tokens = len(checkpoint.source_tokenizer.encode(text))
+        if beam * tokens > MAX_BEAM_TOKENS:
+            raise ValueError(f"--beam {beam} on a text of {tokens} source tokens: beam x tokens = {beam * tokens:,} "
+                             f"exceeds {MAX_BEAM_TOKENS:,}; lower --beam or split the text ({text[:40]!r}...)")
 
 
 MAX_UNKNOWN_SOURCE = 0.5
@@ -329,6 +339,9 @@ def _align(args: argparse.Namespace) -> int:
     else:
         model = IBMModel1().fit(words, iterations=args.ibm_iterations, progress=not args.quiet)
         links = [model.align(s, t) for s, t in words]
+        done = len(model.log_likelihoods)
+        print(f"IBM Model 1: {done} EM iterations" + (f", converged (log-likelihood per word gained < 1e-4)"
+                                                      if model.converged else f" (the --ibm-iterations limit)"))
     write_links(args.out, links)
     print(f"{sum(len(x) for x in links):,} links for {len(links):,} {args.split} pairs of {args.data} "
           f"({args.aligner}) in {args.out}")
@@ -369,7 +382,7 @@ def _translate(args: argparse.Namespace) -> int:
             for path in paths:
                 check_new_file(path, "--heatmap")
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
-    check_beam(args.beam, checkpoint)
+    check_beam(args.beam, checkpoint, texts)
     outputs = translate(checkpoint.model, texts, checkpoint.source_tokenizer, checkpoint.target_tokenizer,
                         beam_size=args.beam)
     for number, output in enumerate(outputs, 1):

@@ -383,9 +383,10 @@ class IBMModel1:
         self.log_likelihoods: list[float] = []
 
     def fit(self, pairs: Sequence[tuple[Sequence[str], Sequence[str]]], *, iterations: int = 5,
-            progress: bool = False) -> IBMModel1:
-        """EM on (source words, target words) pairs; t starts uniform. ``progress`` shows a tqdm bar
-        of the iterations."""
+            progress: bool = False, tolerance: float = 1e-4) -> IBMModel1:
+        """EM on (source words, target words) pairs; t starts uniform. At most ``iterations``
+        iterations: EM stops once the log-likelihood per target word improves by less than
+        ``tolerance`` (``converged`` then says after how many). ``progress`` shows a tqdm bar."""
         from tqdm.auto import tqdm
 
         if iterations < 1:
@@ -401,6 +402,8 @@ class IBMModel1:
                 for t in target:
                     row[t] = uniform
         self.log_likelihoods = []
+        self.converged: int | None = None
+        words_total = max(1, sum(len(target) for _, target in pairs))
         for _ in tqdm(range(iterations), desc="IBM Model 1 EM", unit="iteration", leave=False, disable=not progress):
             counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
             log_likelihood = 0.0
@@ -416,6 +419,10 @@ class IBMModel1:
                 norm = sum(row.values())
                 table[s] = {t: c / norm for t, c in row.items()}
             self.log_likelihoods.append(log_likelihood)
+            if len(self.log_likelihoods) > 1 and (
+                    self.log_likelihoods[-1] - self.log_likelihoods[-2]) / words_total < tolerance:
+                self.converged = len(self.log_likelihoods)
+                break
         self.table = dict(table)
         return self
 

@@ -84,6 +84,14 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     tensors = {current_name(name): tensor for name, tensor in read_safetensors(path).items()}
     expected = {name: tuple(t.shape) for name, t in unique_state_dict(model).items()}
     check_tensors(expected, {name: tuple(t.shape) for name, t in tensors.items()}, str(path))
+    state = model.state_dict()
+    for name, tensor in tensors.items():  # copy_ would cast integers silently and NaN would decode garbage
+        if state[name].is_floating_point() and not tensor.is_floating_point():
+            raise ValueError(f"{path}: {name} holds {tensor.dtype} values where the model has {state[name].dtype} "
+                             "weights; not a trained checkpoint")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{path}: {name} holds NaN or infinite values; the checkpoint is broken (a diverged "
+                             "or damaged run)")
     with torch.no_grad():
         state = model.state_dict()
         for name, tensor in tensors.items():

@@ -51,14 +51,39 @@ def check_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bool
             "or empty folder or one of its own runs"
         )
     recorded = _recorded(folder)
+    started = any((folder / name).exists() for name in ("last", "best", "history.json")) or bool(_stale(folder))
+    if not started and not resume:  # a marker alone: a run that stopped before it wrote anything
+        return
     if not resume and not overwrite:
         raise RunFolderError(f"--out {folder} already holds an attnkit run: continue it with --resume, or start "
                              "again with --overwrite (which deletes its checkpoints)")
+    if overwrite:
+        foreign = _foreign_files(folder)
+        if foreign:
+            raise RunFolderError(f"--overwrite would delete files attnkit did not write: {', '.join(foreign[:5])}; "
+                                 "move them out of the run folder first")
     if resume and options is not None:
         changed = sorted(name for name in set(recorded) | set(options) if recorded.get(name) != options.get(name))
         if changed:
             details = ", ".join(f"{name} (run: {recorded.get(name)!r}, now: {options.get(name)!r})" for name in changed)
             raise RunFolderError(f"--resume: data or model options differ from the run's: {details}")
+
+
+def _foreign_files(folder: Path) -> list[str]:
+    """Files inside the run's checkpoint folders that their manifests do not list (a user's own)."""
+    foreign = []
+    for name in ("last", "best"):
+        checkpoint = folder / name
+        if not checkpoint.is_dir():
+            continue
+        try:
+            listed = set(read_json(checkpoint / "checkpoint.json", "checkpoint manifest").get("files", {}))
+        except (OSError, ValueError, AttributeError):
+            listed = set()
+        listed.add("checkpoint.json")
+        foreign += [p.relative_to(folder).as_posix() for p in sorted(checkpoint.rglob("*"))
+                    if p.is_file() and p.relative_to(checkpoint).as_posix() not in listed]
+    return foreign
 
 
 def _stale(folder: Path) -> list[Path]:
@@ -85,5 +110,5 @@ def prepare_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bo
                 path.unlink()
     for path in _stale(folder):
         shutil.rmtree(path, ignore_errors=True)
-    if not resume:
+    if not resume:  # (re)written: a marker left by a run that stopped before writing anything is replaced
         write_json(folder / MARKER, {"format": FORMAT, "version": 1, "options": options or {}})
