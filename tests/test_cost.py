@@ -20,6 +20,7 @@ from attnkit.models.encoder import EncoderModel
     DecoderConfig(vocab_size=50, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2, d_ff=80, positional="rope",
                   norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True, attention_head_dim=16, mlp_bias=True),
 ], ids=lambda c: type(c).__name__)
+@pytest.mark.slow
 def test_analytic_parameters_equal_the_built_model(config):
     if isinstance(config, TransformerConfig):
         model = build_model(config)

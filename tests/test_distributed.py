@@ -17,6 +17,8 @@ import attnkit
 from attnkit.distributed import LAYOUTS, context_parallel_attention, shard, shard_positions, unshard
 from helpers import free_port, spawn_workers
 
+pytestmark = [pytest.mark.slow]  # spawns gloo processes
+
 CASES = [{}, {"is_causal": True}, {"window": 7}, {"is_causal": True, "padding": True}, {"padding": True}]
 
 

@@ -19,6 +19,8 @@ from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderModel
 from helpers import free_port, spawn_workers
 
+pytestmark = [pytest.mark.slow]  # spawns gloo processes and trains
+
 STEPS = 20
 LMS = {  # name: (config changes, ContextParallel)
     "llama-ring-zigzag": ({"positional": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "num_kv_heads": 2},

@@ -85,6 +85,7 @@ def test_run_times_and_measures_every_point_in_fresh_processes(tmp_path):
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pictures)
 
 
+@pytest.mark.slow
 def test_a_failing_worker_comes_back_as_an_error_not_an_exception():
     result = bench.run_worker("attnkit.bench.attention", {"task": "time"}, timeout=120)
     assert "error" in result and "KeyError" in result["error"]
@@ -117,6 +118,7 @@ def test_cli_bad_size_is_a_one_line_error(tmp_path, capsys):
     assert "argument --sizes: expected an integer in [1, 16,777,216], got 0" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_cli_json_records_machine_and_config(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--out", str(out), "--sizes", "32", "--masks", "dense", "--impls", "torch-sdpa",
@@ -125,6 +127,7 @@ def test_cli_json_records_machine_and_config(tmp_path):
     assert report["machine"]["threads"] == torch.get_num_threads() and report["config"]["heads"] == 2
 
 
+@pytest.mark.slow
 def test_context_parallel_bench_counts_bytes_and_balance(tmp_path, capsys):
     from attnkit.cli import main
 

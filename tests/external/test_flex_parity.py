@@ -10,6 +10,8 @@ import torch
 import attnkit
 from attnkit import masks
 
+pytestmark = [pytest.mark.slow]  # compiles flex_attention (about 70 s in all)
+
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
 
 L = 256

@@ -31,9 +31,16 @@ def _config(family: str):
             return None
 
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    TEXT_FAMILIES = sorted(f for f in CONFIG_MAPPING_NAMES if model_class(f)[0] is not None and _config(f) is not None)
+def _named_text_families() -> list[str]:
+    """Families with a causal-LM, seq2seq or masked-LM class by name (no model module is imported
+    at collection: that took 15 s)."""
+    from transformers.models.auto import modeling_auto as ma
+
+    names = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    return sorted((names | set(ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES)) & set(CONFIG_MAPPING_NAMES))
+
+
+TEXT_FAMILIES = _named_text_families()
 
 pytestmark = pytest.mark.slow
 
@@ -50,14 +57,20 @@ def test_the_walk_covers_the_registry_and_the_verified_list_is_in_it():
 
 @pytest.mark.parametrize("family", TEXT_FAMILIES)
 def test_each_family_equals_eager_or_is_refused_by_name(family):
+    cls, _ = model_class(family)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = _config(family)
+    if cls is None or config is None:
+        assert family not in VERIFIED_FAMILIES
+        pytest.skip(f"{family}: transformers exports no model class or its config class cannot be built alone, "
+                    "so it is outside the walk (and not verified)")
     if family in VERIFIED_FAMILIES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             problems = check(family)
         assert not problems, f"{family}: " + "; ".join(problems)
         return
-    cls, _ = model_class(family)
-    config = _config(family)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(UnverifiedFamily, match="is not a family attnkit has verified"):

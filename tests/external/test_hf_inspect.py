@@ -28,6 +28,7 @@ def _tokenizer_json(folder, *, bert: bool) -> None:
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
+@pytest.mark.requires("minilm")
 def test_minilm_through_transformers_equals_the_native_path():
     from attnkit.hf import load_for_inspection
     from attnkit.models.pretrained import load_minilm, minilm_folder
@@ -107,6 +108,7 @@ def test_a_whisper_folder_is_refused_by_name(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.requires("smollm2")
 def test_smollm2_through_transformers_gives_the_native_attention(smollm2_model):
     from attnkit.hf import load_gguf_for_inspection
     from attnkit.models.pretrained import smollm2_gguf
@@ -131,6 +133,7 @@ def smollm2_model():
 
 
 @pytest.mark.slow
+@pytest.mark.requires("smollm2")
 def test_inspect_cli_on_smollm2(tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["inspect", "--model", "smollm2", "--out", str(out), "--steps", "2", "--quiet",
@@ -139,6 +142,8 @@ def test_inspect_cli_on_smollm2(tmp_path, capsys):
     assert (out / "report.md").is_file() and (out / "viewer.html").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.requires("minilm")
 def test_coreference_through_transformers_equals_the_native_minilm(tmp_path, capsys):
     from attnkit.models.pretrained import minilm_folder
 
@@ -153,6 +158,8 @@ def test_coreference_through_transformers_equals_the_native_minilm(tmp_path, cap
     assert (tmp_path / "bridged" / "coref.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
+@pytest.mark.requires("smollm2")
 def test_coreference_on_a_decoder_is_refused_with_the_reason(capsys):
     assert main(["inspect", "--model", "smollm2", "--coref", "--quiet"]) == 2
     assert "the word that decides the referent comes after the pronoun" in capsys.readouterr().err

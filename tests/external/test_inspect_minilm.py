@@ -11,6 +11,8 @@ from attnkit.inspect.agreement import encoder_agreement, summarise
 from attnkit.inspect.roles import SENTENCES, encoder_attentions, head_roles
 from attnkit.models.pretrained import load_minilm, minilm_folder
 
+pytestmark = [pytest.mark.slow, pytest.mark.requires("minilm")]  # loads the real MiniLM weights
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -9,6 +9,8 @@ import torch
 from attnkit.models.encoder import mean_pool
 from attnkit.models.pretrained import load_gguf, load_minilm, minilm_folder, smollm2_gguf
 
+pytestmark = pytest.mark.requires("minilm", "smollm2")  # the two weight packages
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -190,6 +190,7 @@ def test_tiled_is_exact_whether_or_not_it_can_skip_the_running_max(magnitude, kw
     [{}, {"is_causal": True, "causal_align": "bottom-right"}, {"window": 3}, {"mask": "padding"}, {"bias": True}],
     ids=["dense", "causal-br", "window", "padding", "bias"],
 )
+@pytest.mark.slow
 def test_tiled_backward_gradcheck(kwargs, small_tiles):
     generator = torch.Generator().manual_seed(7)
     q = torch.randn(1, 4, 9, 5, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -203,6 +204,7 @@ def test_tiled_backward_gradcheck(kwargs, small_tiles):
     assert torch.autograd.gradcheck(lambda q, k, v: attnkit.attention(q, k, v, backend="tiled", **kwargs).output, (q, k, v))
 
 
+@pytest.mark.slow
 def test_tiled_backward_with_dropout_gradcheck(small_tiles):
     """The backward regenerates the forward's dropout masks block by block."""
     generator = torch.Generator().manual_seed(3)

@@ -334,6 +334,7 @@ def test_a_block_mask_and_the_structural_causal_mask_combine(rng, small_tiles):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.slow
 def test_dropout_with_a_block_mask_is_the_same_in_forward_and_backward(small_tiles):
     """gradcheck through the tiled backend with dropout and a block mask (the keep-mask of each
     block must be regenerated identically in the backward pass)."""

@@ -20,6 +20,7 @@ def test_small_demo_config_has_1_054_696_parameters_without_embeddings():
     assert count_parameters(model) == core + 2 * 1000 * 128  # plus source and target embeddings
 
 
+@pytest.mark.slow
 def test_base_config_counts_and_shared_embeddings_are_tied():
     model = TransformerEncoderDecoder(preset("transformer-base"))
     per_encoder_layer = 4 * (512 * 512 + 512) + (512 * 2048 + 2048 + 2048 * 512 + 512) + 2 * 2 * 512

@@ -63,6 +63,7 @@ def test_a_folder_with_the_users_files_is_refused_and_left_alone(command, tmp_pa
     assert _snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_a_command_may_write_again_over_its_own_output_but_not_beside_a_users_file(tmp_path, capsys):
     out = tmp_path / "tour"
     assert _run(["tour", "--out", out], capsys)[0] == 0
@@ -194,6 +195,7 @@ def test_a_broken_hugging_face_folder_is_named_not_a_traceback(how, words, tmp_p
     _refused(["inspect", "--model", folder, "--out", tmp_path / "out", "the cat sat"], capsys, str(folder), *words)
 
 
+@pytest.mark.slow
 def test_a_working_hugging_face_folder_inspects(tmp_path, capsys):
     pytest.importorskip("transformers")
     folder = _hf_folder(tmp_path)
@@ -301,3 +303,26 @@ def test_ibm_model_1_stops_at_convergence(phrase_file, tmp_path, capsys):
                                     "--out", tmp_path / "links.txt", "--quiet"], capsys)
     assert code == 0, err
     assert "converged" in out and seconds < 60
+
+
+class _Bytes:
+    """A byte-level tokenizer: token id = byte value."""
+
+    @staticmethod
+    def decode(ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_streamed_text_keeps_a_trailing_partial_character(cut):
+    import io
+
+    from attnkit.cli.language_models import Stream
+
+    out = io.StringIO()
+    stream = Stream(_Bytes(), stops=[0], out=out)
+    ids = list("a😀".encode())
+    for token in ids[: len(ids) - cut] + [0]:  # 0: a stop token, never printed
+        stream.add(token)
+    stream.finish()
+    assert out.getvalue() == ("a😀" if cut == 0 else "a\ufffd")  # the old loop printed "a" alone for cut=1

@@ -23,6 +23,7 @@ def _run(*args, **kwargs):
                           timeout=240, **kwargs)
 
 
+@pytest.mark.slow
 def test_train_translate_evaluate_on_a_user_file(phrase_file, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--data", str(phrase_file), "--out", str(run), "--epochs", "1", "--attention", "bahdanau",

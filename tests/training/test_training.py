@@ -48,6 +48,7 @@ def test_tiny_attention_model_learns_the_task_and_the_known_alignment(phrases, t
     assert agree / total >= 0.90, f"alignment agreement {agree / total:.3f}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["seq2seq", "transformer"])
 def test_resume_continues_bit_identically(phrases, tmp_path, kind):
     train_pairs, valid, _, source, target = phrases

@@ -16,6 +16,7 @@ def _png(path):
     return data
 
 
+@pytest.mark.slow
 def test_alignment_head_grid_and_overview_write_png_and_svg(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.dirichlet(np.ones(7), size=(3, 4, 5))  # (layers, H, L, S)

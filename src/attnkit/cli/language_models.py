@@ -113,6 +113,33 @@ def _load_lm(spec: str):
     raise ValueError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
 
 
+class Stream:
+    """Prints generated text as it comes: everything decoded so far, less what is printed; a piece
+    that ends inside a multi-byte character waits for the next token, and ``finish`` prints what is
+    left (a trailing partial character as the tokenizer decodes it, never dropped)."""
+
+    def __init__(self, tokenizer, stops, out):
+        self.tokenizer, self.stops, self.out = tokenizer, set(stops), out
+        self.produced: list[int] = []
+        self.printed = ""
+
+    def add(self, token: int) -> None:
+        if token in self.stops:
+            return
+        self.produced.append(token)
+        text = self.tokenizer.decode(self.produced)
+        if not text.endswith("\ufffd"):
+            self._write(text)
+
+    def finish(self) -> None:
+        self._write(self.tokenizer.decode(self.produced))
+
+    def _write(self, text: str) -> None:
+        self.out.write(text[len(self.printed):])
+        self.out.flush()
+        self.printed = text
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -146,25 +173,11 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"[{number}] {tokenizer.decode(kept)}")
         return 0
     ids = encoded[0]
-    produced: list[int] = []
-    printed = ""
-
-    def stream(token) -> None:  # decode everything so far, print what is new (multi-byte safe)
-        nonlocal printed
-        produced.append(int(token[0]))
-        if produced[-1] in stops:
-            return
-        text = tokenizer.decode(produced)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed) :])
-            sys.stdout.flush()
-            printed = text
-
+    stream = Stream(tokenizer, stops, sys.stdout)
     generate(model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
-             on_tokens=stream)
-    final = tokenizer.decode([t for t in produced if t not in stops])
-    sys.stdout.write(final[len(printed):])  # a trailing partial character: printed as the tokenizer decodes it
+             on_tokens=lambda token: stream.add(int(token[0])))
+    stream.finish()
     print()
     return 0
 

@@ -306,6 +306,11 @@ def _coref(model, tokenizer, args: argparse.Namespace, progress: bool, kind: str
     return 0
 
 
+MAX_IG_STEPS = 1_000
+"""Integrated-gradient steps at most: all steps of a text (x target pieces for --aer-attribution) run
+as one batch, so memory grows with them (10,000 steps took 3-7 GB; 1,000 stays under 1 GB)."""
+
+
 def add_inspect_parser(commands) -> None:
     """The ``inspect`` sub-command's arguments."""
     inspect = commands.add_parser(
@@ -318,7 +323,9 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
     inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")
     inspect.add_argument("--out", type=output_dir, default=Path("out/inspect"), help="folder for the report")
-    inspect.add_argument("--steps", type=int_in(2, 10_000), default=32, help="integrated-gradients steps (>= 2)")
+    inspect.add_argument("--steps", type=int_in(2, MAX_IG_STEPS), default=32,
+                         help=f"integrated-gradients steps, in [2, {MAX_IG_STEPS}] (each step is one copy of the text "
+                              "in one batch: the cap bounds the memory)")
     inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
     inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width of the translations")
     inspect.add_argument("--aer", action="store_true",
@@ -329,7 +336,7 @@ def add_inspect_parser(commands) -> None:
                               "Hugging Face encoder folder, through attn_implementation='attnkit')")
     inspect.add_argument("--also", type=Path, action="append", metavar="RUN",
                          help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
-    inspect.add_argument("--aer-attribution", type=int_in(0, 10_000), default=0, metavar="STEPS",
+    inspect.add_argument("--aer-attribution", type=int_in(0, MAX_IG_STEPS), default=0, metavar="STEPS",
                          help="--aer: also align --model (not --also runs) by integrated gradients with STEPS steps "
                               "(>= 2; 0: off, the default; one batch of target pieces x STEPS copies per verse)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
