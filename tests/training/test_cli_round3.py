@@ -326,3 +326,22 @@ def test_streamed_text_keeps_a_trailing_partial_character(cut):
         stream.add(token)
     stream.finish()
     assert out.getvalue() == ("a😀" if cut == 0 else "a\ufffd")  # the old loop printed "a" alone for cut=1
+
+
+def test_ctrl_c_while_torch_imports_is_a_clean_exit(monkeypatch, capsys):
+    """The console script's entry imports attnkit inside a guard (src/_attnkit_entry.py)."""
+    import builtins
+
+    import _attnkit_entry
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name == "attnkit.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    assert _attnkit_entry.main() == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err

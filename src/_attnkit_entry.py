@@ -1,0 +1,18 @@
+"""The ``attnkit`` console script's entry point, a module apart from the package: importing
+``attnkit`` (and torch with it) takes seconds, and a Ctrl-C then would end in a traceback from the
+import machinery. Here it ends with "interrupted" and exit status 130, like a Ctrl-C later on."""
+
+import sys
+
+
+def main() -> int:
+    try:
+        from attnkit.cli import main as run
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
