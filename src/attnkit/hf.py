@@ -97,9 +97,6 @@ class UnverifiedFamilyWarning(UserWarning):
     """Loading an unverified family with an explicit opt-in (``register(allow_unverified=[...])``)."""
 
 
-# Keyword arguments that change the numbers and that the bridge does not implement.
-_REFUSED = {"sliding_window_bidirectional": "a bidirectional sliding window passed as a keyword"}
-
 _ALLOWED_UNVERIFIED: set[str] = set()
 
 
@@ -202,7 +199,8 @@ def _recognise(mask_function, local_size, allow_causal: bool, allow_bidirectiona
     itself; None where it must be built (packed sequences, or/and overlays, chunks, odd offsets)."""
     from transformers import masking_utils as mu
 
-    if _int_offset(q_offset) is None or _int_offset(kv_offset) is None:
+    q0, k0 = _int_offset(q_offset), _int_offset(kv_offset)
+    if q0 is None or k0 is None:
         return None
     if mask_function is mu.bidirectional_mask_function and local_size is None and allow_bidirectional:
         return _Structure(is_causal=False, window=None, causal_align="top-left", padded=False)
@@ -214,9 +212,6 @@ def _recognise(mask_function, local_size, allow_causal: bool, allow_bidirectiona
         window = _sliding_window_of(mask_function)
         if window is None or window != local_size:
             return None
-    q0, k0 = _int_offset(q_offset), _int_offset(kv_offset)
-    if q0 is None or k0 is None:
-        return None
     offset = q0 - k0  # key j is allowed for query i iff j <= i + offset (and > i + offset - window)
     if offset == 0:
         align = "top-left"
@@ -242,15 +237,14 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     mask_function = mu.causal_mask_function if mask_function is None else mask_function
     structure = _recognise(mask_function, local_size, allow_is_causal_skip, allow_is_bidirectional_skip, q_length,
                            kv_length, q_offset, kv_offset)
-    if structure is None:
-        return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
-                            attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
-                            allow_is_bidirectional_skip=False, **kwargs)
     padding = None
-    if attention_mask is not None and attention_mask.dim() == 2:
-        start = _int_offset(kv_offset)
-        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, start:start + kv_length]
-    if attention_mask is not None and (padding is None or tuple(padding.shape) != (batch_size, kv_length)):
+    if structure is not None and attention_mask is not None:
+        if attention_mask.dim() == 2:
+            start = _int_offset(kv_offset)  # an int: _recognise has read it
+            padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, start:start + kv_length]
+        if padding is None or tuple(padding.shape) != (batch_size, kv_length):
+            structure = None  # not a plain (B, S) padding mask: transformers builds the whole mask
+    if structure is None:
         return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                             attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
                             allow_is_bidirectional_skip=False, **kwargs)
@@ -260,22 +254,12 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     return _structured(padding.bool()[:, None, None, :], dataclasses.replace(structure, padded=True))
 
 
-_SOFTCAPS: dict[float, ScoreMod] = {}
-
-
-def _softcap(cap: float) -> ScoreMod:
-    """Gemma 2's attention logit softcapping as a score_mod: cap * tanh(score / cap)."""
-    if cap not in _SOFTCAPS:
-        def softcap(score, b, h, q_idx, kv_idx):
-            return torch.tanh(score / cap) * cap
-
-        _SOFTCAPS[cap] = softcap
-    return _SOFTCAPS[cap]
-
-
-def _softcap_then_add(cap: float, bias: Tensor) -> ScoreMod:
-    """cap * tanh(score / cap) + bias[b, h, q, k]: Gemma 2's eager order with an additive mask
-    (B|1, H|1, L|1, S) or (L, S), indexed with FlexAttention's broadcast index tensors."""
+def _softcap(cap: float, bias: Tensor | None = None) -> ScoreMod:
+    """Gemma 2's attention logit softcapping as a score_mod, in eager's order: cap * tanh(score / cap),
+    then an additive mask ``bias`` ((B|1, H|1, L|1, S) or (L, S)) if given, indexed with
+    FlexAttention's broadcast index tensors."""
+    if bias is None:
+        return lambda score, b, h, q_idx, kv_idx: torch.tanh(score / cap) * cap
     bias = bias if bias.dim() == 4 else bias[None, None]
 
     def softcap_then_add(score, b, h, q_idx, kv_idx):
@@ -283,19 +267,6 @@ def _softcap_then_add(cap: float, bias: Tensor) -> ScoreMod:
         return torch.tanh(score / cap) * cap + bias[index[0], index[1], index[2], kv_idx].to(score.dtype)
 
     return softcap_then_add
-
-
-def _refuse_unsupported(module: nn.Module, kwargs: dict) -> None:
-    for name, feature in _REFUSED.items():
-        value = kwargs.get(name)
-        if value is not None and value is not False:
-            owner = type(module).__name__
-            raise UnsupportedFeature(f"{owner} asks for {feature} ({name}={_short(value)}), which attnkit's attention "
-                                     "does not implement; load this model with attn_implementation='eager' or 'sdpa'")
-
-
-def _short(value) -> str:
-    return f"tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
 
 
 def attnkit_attention_forward(
@@ -318,7 +289,6 @@ def attnkit_attention_forward(
     of any shape) is applied exactly as given, with nothing added; no mask at all means what it
     means to transformers' SDPA function (causal top-left if the module is causal and L > 1).
     ``softcap`` (Gemma 2) becomes a score_mod; ``s_aux`` / ``sinks`` (gpt-oss) attnkit's sinks."""
-    _refuse_unsupported(module, kwargs)
     owner = type(module).__name__
     L, S = query.shape[2], key.shape[2]
     mask = bias = None
@@ -353,7 +323,7 @@ def attnkit_attention_forward(
     score_mod = None
     softcap = kwargs.get("softcap")
     if softcap:
-        score_mod = _softcap(float(softcap)) if bias is None else _softcap_then_add(float(softcap), bias)
+        score_mod = _softcap(float(softcap), bias)
         bias = None  # eager adds an additive mask after the cap: so does the score_mod
     sinks = kwargs.get("s_aux")
     sinks = kwargs.get("sinks") if sinks is None else sinks

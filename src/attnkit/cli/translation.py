@@ -101,18 +101,23 @@ def _run_options(path: Path) -> dict:
     return {}
 
 
-def check_data_fits(checkpoint, args: argparse.Namespace) -> None:
-    """Refuse test data the model cannot read: where the run recorded its data and direction, they
-    must match (an en->fr model on fr-en gives a BLEU without a word); and in any case at most half
-    of the source tokens of the first 50 pairs may be unknown to the model's source vocabulary."""
+def unknown_source_fraction(checkpoint, pairs) -> float:
+    """The share of the source tokens of ``pairs`` (the first 50) that the model's source vocabulary
+    does not know: above MAX_UNKNOWN_SOURCE the model was trained on another language."""
     from ..data.tokenizer import UNK
 
+    ids = [i for pair in pairs[:50] for i in checkpoint.source_tokenizer.encode(pair.source)]
+    return sum(i == UNK for i in ids) / max(1, len(ids))
+
+
+def check_data_fits(checkpoint, args: argparse.Namespace, pairs) -> None:
+    """Refuse test data the model cannot read: where the run recorded its data and direction, they
+    must match (an en->fr model on fr-en gives a BLEU without a word); and in any case at most half
+    of the source tokens of the first 50 ``pairs`` may be unknown to the model's source vocabulary."""
     recorded = _run_options(Path(args.checkpoint))
     if args.data == "bible" and recorded.get("data") == "bible" and recorded.get("direction") not in (None, args.direction):
         raise ValueError(f"--direction {args.direction}: the model was trained on bible {recorded['direction']}")
-    pairs = data_split("--data", args.data, "test", direction=args.direction)[:50]
-    ids = [i for pair in pairs for i in checkpoint.source_tokenizer.encode(pair.source)]
-    unknown = sum(i == UNK for i in ids) / max(1, len(ids))
+    unknown = unknown_source_fraction(checkpoint, pairs)
     if unknown > MAX_UNKNOWN_SOURCE:
         raise ValueError(f"--data {args.data}: {unknown:.0%} of its source tokens are unknown to this model's source "
                          "vocabulary; it was trained on another language or direction")
@@ -122,11 +127,9 @@ def check_trained_on_grc_en(checkpoint) -> None:
     """--aer scores alignments on the Greek -> English verses: refuse a model whose source vocabulary
     does not know Greek (more than half of the held-out verses' tokens unknown)."""
     from ..data import aligned_corpus
-    from ..data.tokenizer import UNK
 
-    ids = [i for pair in aligned_corpus("test")[:50] for i in checkpoint.source_tokenizer.encode(pair.source)]
-    unknown = sum(i == UNK for i in ids) / max(1, len(ids))
-    if unknown > 0.5:
+    unknown = unknown_source_fraction(checkpoint, aligned_corpus("test"))
+    if unknown > MAX_UNKNOWN_SOURCE:
         raise ValueError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
                          f"{unknown:.0%} of the held-out Greek tokens unknown")
 
@@ -414,8 +417,9 @@ def _evaluate(args: argparse.Namespace) -> int:
         check_writable(args.json.parent, "--json")
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
     check_beam(args.beam, checkpoint)
-    check_data_fits(checkpoint, args)
-    pairs = data_split("--data", args.data, "test", direction=args.direction)[: args.limit]
+    pairs = data_split("--data", args.data, "test", direction=args.direction)
+    check_data_fits(checkpoint, args, pairs)
+    pairs = pairs[: args.limit]
     scores, _ = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
                                beam_size=args.beam, progress=not args.quiet)
     print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['sentences']} sentences, beam {args.beam})")
