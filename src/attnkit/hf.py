@@ -110,6 +110,8 @@ def register(*, allow_unverified: Sequence[str] = ()) -> None:
     from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface
 
+    if isinstance(allow_unverified, str) or not all(isinstance(name, str) for name in allow_unverified):
+        raise TypeError(f"allow_unverified must be a list of model_type names, got {allow_unverified!r}")
     AttentionInterface.register(IMPLEMENTATION, attnkit_attention_forward)
     AttentionMaskInterface.register(IMPLEMENTATION, attnkit_mask)
     _ALLOWED_UNVERIFIED.update(str(name) for name in allow_unverified)

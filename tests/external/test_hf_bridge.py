@@ -294,6 +294,13 @@ def test_an_unverified_family_loads_with_a_loud_warning_when_allowed(monkeypatch
         transformers.BloomForCausalLM._from_config(config, attn_implementation=attnkit.hf.IMPLEMENTATION)
 
 
+@pytest.mark.parametrize("names", ["bloom", [3]])
+def test_allow_unverified_takes_a_list_of_names(names):
+    with pytest.raises(TypeError, match="allow_unverified must be a list of model_type names"):
+        attnkit.hf.register(allow_unverified=names)
+    assert "b" not in attnkit.hf._ALLOWED_UNVERIFIED
+
+
 def test_a_mask_changed_on_its_way_is_refused_not_guessed():
     from attnkit.hf import StructuredMask, attnkit_attention_forward, attnkit_mask
 
