@@ -117,11 +117,12 @@ class BlockMask:
         """Fraction of tiles that some (batch, head) must compute: the work relative to dense."""
         if self.kinds.numel() == 0:
             return 0.0
-        return float((self.kinds != EMPTY).any(dim=(0, 1)).float().mean())
+        nonempty = _merged_kinds(self.kinds) != EMPTY
+        return int(torch.count_nonzero(nonempty)) / nonempty.numel()
 
     def counts(self) -> dict[str, int]:
         """Tiles of each kind over all (batch, head) entries."""
-        return {name: int((self.kinds == kind).sum()) for name, kind in (("empty", EMPTY), ("partial", PARTIAL), ("full", FULL))}
+        return {name: int(torch.count_nonzero(self.kinds == kind)) for name, kind in (("empty", EMPTY), ("partial", PARTIAL), ("full", FULL))}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts().items())
@@ -224,31 +225,36 @@ def _classify(mask: BlockMask) -> Tensor:
     return kinds
 
 
+def _merged_kinds(kinds: Tensor) -> Tensor:
+    """(nQ, nK) int8 kinds over all (batch, head) entries: non-empty if non-empty for some, full only
+    if full for all."""
+    if kinds.shape[0] * kinds.shape[1] == 1:
+        return kinds[0, 0]
+    nonempty = (kinds != EMPTY).any(dim=1).any(dim=0)
+    full = (kinds == FULL).all(dim=1).all(dim=0)
+    return nonempty.to(torch.int8) + (full & nonempty).to(torch.int8)
+
+
 def _runs(mask: BlockMask, max_blocks: int) -> list[list[tuple[int, int, bool]]]:
     S = mask.shape[3]
     block_k = mask.block_size[1]
-    nonempty = (mask.kinds != EMPTY).any(dim=(0, 1))  # (nQ, nK)
-    full = (mask.kinds == FULL).all(dim=(0, 1))
-    kind = torch.where(full, FULL, torch.where(nonempty, PARTIAL, EMPTY)).cpu()  # (nQ, nK)
+    kind = _merged_kinds(mask.kinds).cpu()  # (nQ, nK)
     num_q, num_k = kind.shape
-    # A run starts where the kind changes along the key axis (or at column 0).
+    # A run starts where the kind changes along the key axis (or at column 0); it ends where the
+    # next one in its row starts. Only the starts go to Python (a million-token mask has 64M tiles).
     change = torch.ones_like(kind, dtype=torch.bool)
     change[:, 1:] = kind[:, 1:] != kind[:, :-1]
-    starts = [[] for _ in range(num_q)]
-    for row, col in change.nonzero().tolist():
-        starts[row].append(col)
-    kind_rows = kind.tolist()
-    result = []
-    for row in range(num_q):
-        runs = []
-        cols = starts[row] + [num_k]
-        for a, b in zip(cols[:-1], cols[1:]):
-            k = kind_rows[row][a]
-            if k == EMPTY:
-                continue
-            for c in range(a, b, max_blocks):
-                runs.append((c * block_k, min(S, min(b, c + max_blocks) * block_k), k == PARTIAL))
-        result.append(runs)
+    rows, cols = change.nonzero(as_tuple=True)
+    ends = torch.full_like(cols, num_k)
+    same_row = rows[1:] == rows[:-1]
+    ends[:-1] = torch.where(same_row, cols[1:], num_k)
+    values = kind[rows, cols]
+    keep = values != EMPTY
+    result: list[list[tuple[int, int, bool]]] = [[] for _ in range(num_q)]
+    for row, a, b, k in zip(rows[keep].tolist(), cols[keep].tolist(), ends[keep].tolist(), values[keep].tolist()):
+        runs = result[row]
+        for c in range(a, b, max_blocks):
+            runs.append((c * block_k, min(S, min(b, c + max_blocks) * block_k), k == PARTIAL))
     return result
 
 

@@ -455,9 +455,19 @@ def pattern_block_mask(
     name: str, L: int, S: int | None = None, *, B: int | None = None, H: int | None = None,
     block: int | tuple[int, int] = DEFAULT_BLOCK, device=None, **options,
 ) -> BlockMask:
-    """The :class:`BlockMask` of a named pattern from :data:`PATTERNS` (``attnkit bench``, ``cost``)."""
+    """The :class:`BlockMask` of a named pattern from :data:`PATTERNS` (``attnkit bench``, ``cost``).
+
+    Without ``B`` and ``H``, causal, window, Longformer, documents, prefix-LM and sinks are built in
+    closed form (:mod:`attnkit.functional.block_patterns`: O(tiles), a million tokens in under a
+    second); the others, and per-batch or per-head ones, evaluate the mask_mod densely."""
     if name not in PATTERNS:
         raise ValueError(f"pattern must be one of {sorted(PATTERNS)}, got {name!r}")
     S = L if S is None else S
-    mod = PATTERNS[name](L, S, **options)
+    mod = PATTERNS[name](L, S, **options)  # validates the options, and is the mask evaluated otherwise
+    if B is None and H is None:
+        from .block_patterns import closed_form  # imports this module
+
+        built = closed_form(name, L, S, block=block, device=device, **options)
+        if built is not None:
+            return built
     return block_mask(mod, B, H, L, S, block=block, device=device)
