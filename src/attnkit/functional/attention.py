@@ -17,7 +17,7 @@ from torch import Tensor
 from . import masks as _masks
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
-from .backends import BACKENDS
+from .backends import BACKENDS, flex
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
 from .softmax import masked_softmax
 
@@ -99,8 +99,13 @@ AUTO_CLASSIFY_MIN_ENTRIES = 1 << 22
 2K): below that SDPA's dense time is a few milliseconds and the skipping cannot pay."""
 
 
+AUTO_FLEX_MIN_ENTRIES = 1 << 22
+"""On CUDA, a bottom-right causal call with L != S (a KV-cache prefill) goes to flex from L x S >=
+4M entries; below that SDPA with the materialised mask is cheap (decoding steps have L = 1)."""
+
+
 def choose_backend(problem: Problem) -> str:
-    """The backend ``"auto"`` runs.
+    """The backend ``"auto"`` runs: :func:`_choose_on_cuda` on CUDA, else the CPU rules:
 
     - a ``score_mod``: tiled (reference if it reads tensors that need gradients);
     - learned ``sinks``: tiled (its lse carries them without materialising a mask);
@@ -110,6 +115,8 @@ def choose_backend(problem: Problem) -> str:
     - otherwise SDPA (block masks and windows materialised).
     A bias that needs gradients always goes to SDPA (or reference with a score_mod).
     """
+    if problem.device_type == "cuda" and flex.available():
+        return _choose_on_cuda(problem)
     learned_bias = problem.bias is not None and problem.bias.requires_grad
     if problem.score_mod is not None:
         if learned_bias or (torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod)):
@@ -127,11 +134,38 @@ def choose_backend(problem: Problem) -> str:
     return "sdpa"
 
 
+def _choose_on_cuda(problem: Problem) -> str:
+    """``auto`` on CUDA: PyTorch's fused kernels only, never the plain-PyTorch tiled loop.
+
+    - dense, causal (top-left), padding or any boolean mask, bias, dropout: SDPA's fused kernels
+      (flash / memory-efficient; a mask or bias goes as SDPA's ``attn_mask``);
+    - sliding windows, block masks, score_mods, learned sinks, and bottom-right causal prefills of
+      at least AUTO_FLEX_MIN_ENTRIES scores: flex (compiled FlexAttention, empty tiles skipped);
+    - float64, dropout, a learned bias or a score_mod reading tensors that need gradients: what
+      handles them exactly (SDPA, or reference for a score_mod), as flex does not.
+    """
+    learned_bias = problem.bias is not None and problem.bias.requires_grad
+    exact_only = (problem.dtype == torch.float64 or problem.dropout_p > 0 or learned_bias)
+    if problem.score_mod is not None:
+        needs_grad = torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod)
+        return "reference" if exact_only or needs_grad else "flex"
+    if exact_only:
+        return "sdpa"
+    dims = problem.dims
+    long_prefill = (problem.is_causal and problem.causal_align == "bottom-right" and dims.L != dims.S
+                    and dims.L * dims.S >= AUTO_FLEX_MIN_ENTRIES)
+    if problem.sinks is not None or problem.block_mask is not None or problem.window is not None or long_prefill:
+        return "flex"
+    return "sdpa"
+
+
 def _classified(problem: Problem) -> Problem:
     """For ``auto``: a large boolean mask with a real query dim becomes a block mask when few of
     its tiles hold anything (one pass over the mask), so that the tiled backend can skip the rest."""
     mask = problem.mask
     if mask is None or mask.shape[-2] == 1 or problem.dims.L * problem.dims.S < AUTO_CLASSIFY_MIN_ENTRIES:
+        return problem
+    if problem.device_type == "cuda":  # SDPA takes the mask as it is; classifying would sync
         return problem
     if problem.bias is not None and problem.bias.requires_grad:
         return problem
@@ -237,6 +271,8 @@ def attention(
         block_mask=block_mask,
         score_mod=score_mod,
         sinks=sinks,
+        device_type=q.device.type,
+        dtype=q.dtype,
     )
     if backend == "auto":
         problem = _classified(problem)

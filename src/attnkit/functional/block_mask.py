@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
+__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 """``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` broadcastable to the index tiles' shape."""
@@ -38,6 +38,17 @@ CACHE_ELEMENTS = 1 << 24
 evaluates a partial run's mask once and reuses it in every later forward and backward pass."""
 INDEX_DTYPE = torch.int32
 """Index tensors given to mask_mod and score_mod are int32, as FlexAttention's."""
+
+
+def length_bucket(n: int) -> int:
+    """The length a compiled kernel is specialised for when a call has length ``n``: powers of two
+    up to 512, then multiples of a quarter of the octave (513 -> 640, 1000 -> 1024, 5000 -> 5120).
+    At most 25% of padding beyond 512 (whose tiles the kernel skips), four buckets per doubling.
+    The flex backend pads lengths to it; mask_mods pad the tables they close over to it."""
+    if n <= 512:
+        return max(1, 1 << (n - 1).bit_length())
+    step = (1 << (n.bit_length() - 1)) // 4
+    return -(-n // step) * step
 
 
 def _positive(name: str, value) -> int:
@@ -279,6 +290,12 @@ def block_mask(
     for name, n in (("L", L), ("S", S)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+    positions = getattr(mask_mod, "positions", None)
+    if positions is not None and max(L, S) > positions:
+        raise ValueError(
+            f"{getattr(mask_mod, '__name__', 'mask_mod')} reads tables of {positions} positions but the block "
+            f"mask has L={L}, S={S}; build the mask_mod from tables of the sequence's length"
+        )
     block_q, block_k = _block_sizes(block)
     device = torch.device("cpu") if device is None else torch.device(device)
     result = BlockMask(torch.empty(0, device=device), (B, H, L, S), (block_q, block_k), mask_mod=mask_mod)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .block_mask import DEFAULT_BLOCK, BlockMask, MaskMod, ScoreMod, block_mask
+from .block_mask import DEFAULT_BLOCK, BlockMask, MaskMod, ScoreMod, block_mask, length_bucket
 
 __all__ = [
     "ALIGNMENTS",
@@ -222,8 +222,11 @@ def from_additive(additive_mask: Tensor) -> Tensor:
 # kv_idx (1, 1, 1, bk).
 
 
-def _named(function: MaskMod, name: str) -> MaskMod:
+def _named(function: MaskMod, name: str, positions: int | None = None) -> MaskMod:
+    """Name a mask_mod; ``positions``: the length of the tables it reads (``mod.positions``), beyond
+    which :func:`block_mask` refuses it rather than read the tables' padding."""
     function.__name__ = function.__qualname__ = name
+    function.positions = positions
     return function
 
 
@@ -243,6 +246,14 @@ def _per_example(name: str, values, dtype_kind: str) -> Tensor:
     if dtype_kind == "int" and (values.is_floating_point() or values.dtype == torch.bool):
         raise TypeError(f"{name} must be an integer tensor, got dtype {values.dtype}")
     return values if values.dim() == 2 else values[None]
+
+
+def _captured(table: Tensor, fill) -> Tensor:
+    """The (B|1, N) table a mask_mod closes over, padded along positions to ``length_bucket(N)`` with
+    ``fill``. Indices never reach the padding (masks are evaluated within [0, L)); compiled
+    FlexAttention sees one shape per bucket, so a new length in the same bucket does not recompile."""
+    n = table.shape[-1]
+    return torch.nn.functional.pad(table, (0, length_bucket(n) - n), value=fill)
 
 
 def _take(table: Tensor, b: Tensor, index: Tensor, name: str) -> Tensor:
@@ -280,12 +291,12 @@ def padding_mod(lengths: Tensor) -> MaskMod:
 def real_tokens_mod(real: Tensor) -> MaskMod:
     """Padding anywhere (left, right, inside): query i and key j must both be real tokens, so a
     padding query attends nothing (zero output). real: (L,) or (B, L) boolean, True at real tokens."""
-    table = _per_example("real", real, "bool")
+    table = _captured(_per_example("real", real, "bool"), False)
 
     def mod(b, h, q_idx, kv_idx):
         return _take(table, b, q_idx, "real") & _take(table, b, kv_idx, "real")
 
-    return _named(mod, "real_tokens_mod")
+    return _named(mod, "real_tokens_mod", real.shape[-1])
 
 
 def window_mod(window: int) -> MaskMod:
@@ -303,13 +314,13 @@ def longformer_mod(window: int, global_tokens: Tensor) -> MaskMod:
         global_tokens: (L,) or (B, L) boolean, True at global positions (e.g. [CLS], the question).
     """
     local = window_mod(window)
-    table = _per_example("global_tokens", global_tokens, "bool")
+    table = _captured(_per_example("global_tokens", global_tokens, "bool"), False)
 
     def mod(b, h, q_idx, kv_idx):
         return (local(b, h, q_idx, kv_idx) | _take(table, b, q_idx, "global_tokens")
                 | _take(table, b, kv_idx, "global_tokens"))
 
-    return _named(mod, f"longformer_mod(window={window})")
+    return _named(mod, f"longformer_mod(window={window})", global_tokens.shape[-1])
 
 
 def bigbird_mod(
@@ -363,14 +374,14 @@ def document_mod(document_ids: Tensor, *, causal: bool = True) -> MaskMod:
     """Packed sequences: query i attends key j only within its own document
     (``document_ids[i] == document_ids[j]``), causally by default. document_ids: (L,) or (B, L)
     integers (negative ids mark padding, which attends and is attended by nothing)."""
-    table = _per_example("document_ids", document_ids, "int")
+    table = _captured(_per_example("document_ids", document_ids, "int"), -1)
 
     def mod(b, h, q_idx, kv_idx):
         q_doc = _take(table, b, q_idx, "document_ids")
         same = (q_doc == _take(table, b, kv_idx, "document_ids")) & (q_doc >= 0)
         return same & (kv_idx <= q_idx) if causal else same
 
-    return _named(mod, f"document_mod(causal={causal})")
+    return _named(mod, f"document_mod(causal={causal})", document_ids.shape[-1])
 
 
 def dilated_window_mod(window: int, dilation: int, *, causal: bool = False) -> MaskMod:
@@ -402,6 +413,11 @@ def sinks_window_mod(sinks: int, window: int, *, offset: int = 0) -> MaskMod:
     return _named(mod, f"sinks_window_mod(sinks={sinks}, window={window})")
 
 
+def _positions(mods) -> int | None:
+    known = [m.positions for m in mods if getattr(m, "positions", None) is not None]
+    return min(known) if known else None
+
+
 def and_mods(*mods: MaskMod) -> MaskMod:
     """A key is allowed iff every mask_mod allows it (e.g. a pattern and key padding)."""
     if not mods or not all(callable(m) for m in mods):
@@ -413,7 +429,7 @@ def and_mods(*mods: MaskMod) -> MaskMod:
             out = out & m(b, h, q_idx, kv_idx)
         return out
 
-    return _named(mod, "and_mods(" + ", ".join(m.__name__ for m in mods) + ")")
+    return _named(mod, "and_mods(" + ", ".join(m.__name__ for m in mods) + ")", _positions(mods))
 
 
 def or_mods(*mods: MaskMod) -> MaskMod:
@@ -427,7 +443,7 @@ def or_mods(*mods: MaskMod) -> MaskMod:
             out = out | m(b, h, q_idx, kv_idx)
         return out
 
-    return _named(mod, "or_mods(" + ", ".join(m.__name__ for m in mods) + ")")
+    return _named(mod, "or_mods(" + ", ".join(m.__name__ for m in mods) + ")", _positions(mods))
 
 
 def _longformer_first(L: int, S: int | None = None, *, window: int = 512, num_global: int = 16) -> MaskMod:

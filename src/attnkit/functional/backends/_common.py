@@ -50,6 +50,8 @@ class Problem:
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
     sinks: Tensor | None = None  # (H,) learned sink logits, in the backends' accumulation dtype's terms
+    device_type: str = "cpu"  # q's device type and dtype: "auto" routes by them
+    dtype: torch.dtype = torch.float32
     offset: int = field(init=False, default=0)  # key index aligned with query 0 (attnkit.masks.causal_offset)
 
     def __post_init__(self) -> None:

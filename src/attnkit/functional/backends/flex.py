@@ -1,0 +1,346 @@
+"""The "flex" backend: PyTorch's FlexAttention (Dong et al. 2024) with attnkit's semantics.
+
+FlexAttention compiles one fused kernel per mask and score pattern and skips the tiles a block mask
+rules out. attnkit hands it one call's whole problem:
+
+- **one block mask from attnkit's tile tables.** The call's parts (the structural mask: causal with
+  its alignment or a sliding window; a boolean ``mask``; a :class:`~attnkit.masks.BlockMask`) each
+  give EMPTY / PARTIAL / FULL per 128 x 128 tile, in closed form for the structure
+  (:func:`~attnkit.functional.block_patterns.band_kinds`) and from the block mask's own table, and
+  are combined tile by tile (empty if any part is, full if all are). The tables are written straight
+  into torch's format; no mask function is evaluated to build them and no L x S tensor exists. One
+  ``mask_mod`` ANDs the parts for the partial tiles.
+- **one score_mod**: ``bias`` (looked up per score) then the call's ``score_mod``, in FlexAttention's
+  semantics, which are attnkit's.
+- **the log-sum-exp** comes back with the output; :func:`attnkit.attention` folds learned sinks into
+  it and recomputes exact weights from it.
+
+Compiling: one ``torch.compile(flex_attention)`` serves every call. Every number that varies
+between calls of one pattern (lengths, offsets, the window) reaches the kernel as a tensor, so it
+never triggers a recompile; the lengths are padded up to a bucket (powers of two to 512, then four
+steps per octave) and the padding masked, so a training loop with varying lengths compiles once per
+(bucket, dtype, head layout, pattern kind). Past ``RECOMPILE_LIMIT`` compiles the call fails loudly
+instead of falling back to an unfused loop.
+
+On the CPU, PyTorch compiles FlexAttention's forward only, for inference and without the lse:
+attnkit runs that where it can (``COMPILE_ON_CPU``) and otherwise flex's unfused eager
+implementation (with sinks; it materialises the L x S scores). Training through flex needs CUDA: a
+CPU call that needs gradients is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..block_mask import EMPTY, FULL, PARTIAL, BlockMask, _classify, length_bucket
+from ..block_patterns import BAND_TILES, band_kinds
+from ._common import BackendResult, Problem, compute_dtype
+
+__all__ = ["forward", "FlexUnavailable", "available", "bucket", "flex_block_mask", "BLOCK", "COMPILE_ON_CPU",
+           "RECOMPILE_LIMIT"]
+
+BLOCK = 128
+"""FlexAttention's sparse block size, the side of every tile attnkit gives it."""
+COMPILE_ON_CPU = True
+"""Run the compiled CPU forward where PyTorch has one (no gradients, no lse); False: always flex's
+eager implementation on the CPU (tests of the semantics compile nothing)."""
+RECOMPILE_LIMIT = 64
+"""Compiles allowed for the flex call (PyTorch's default is 8, after which it silently runs an
+unfused eager loop); beyond it attnkit raises instead."""
+
+
+class FlexUnavailable(RuntimeError):
+    """This PyTorch has no usable FlexAttention (torch >= 2.6 with ``BlockMask(seq_lengths=...)``)."""
+
+
+def available() -> bool:
+    """Whether this PyTorch's FlexAttention can run attnkit's calls."""
+    try:
+        _flex()
+    except FlexUnavailable:
+        return False
+    return True
+
+
+@lru_cache(maxsize=None)
+def _flex():
+    try:
+        from torch.nn.attention import flex_attention as module
+    except ImportError as error:  # pragma: no cover - every supported torch has it
+        raise FlexUnavailable(f"this PyTorch ({torch.__version__}) has no FlexAttention: {error}") from error
+    parameters = inspect.signature(module.BlockMask.__init__).parameters
+    if "seq_lengths" not in parameters:
+        raise FlexUnavailable(f"FlexAttention in PyTorch {torch.__version__} is too old for attnkit (needs 2.6+)")
+    lse = ({"return_aux": module.AuxRequest(lse=True)} if hasattr(module, "AuxRequest")
+           else {"return_lse": True})
+    return module, lse
+
+
+@lru_cache(maxsize=None)
+def _compiled():
+    module, _ = _flex()
+    return torch.compile(module.flex_attention, dynamic=False)
+
+
+bucket = length_bucket
+
+
+# ---------------------------------------------------------------------------------------- the tables
+def _pad_kinds(kinds: Tensor, num_q: int, num_k: int) -> Tensor:
+    """Kinds padded with EMPTY tiles up to (num_q, num_k) tiles."""
+    return F.pad(kinds, (0, num_k - kinds.shape[-1], 0, num_q - kinds.shape[-2]), value=EMPTY)
+
+
+def _tile_kinds(mask: BlockMask) -> Tensor:
+    """An attnkit block mask's kinds on BLOCK x BLOCK tiles, from its own table when its tiles
+    divide BLOCK (a tile is empty iff all its sub-tiles are, full iff all are), else reclassified
+    from its mask once. Kept on the block mask."""
+    cached = getattr(mask, "_flex_kinds", None)
+    if cached is not None:
+        return cached
+    block_q, block_k = mask.block_size
+    if (block_q, block_k) == (BLOCK, BLOCK):
+        kinds = mask.kinds
+    elif BLOCK % block_q == 0 and BLOCK % block_k == 0:
+        rq, rk = BLOCK // block_q, BLOCK // block_k
+        B, H, nq, nk = mask.kinds.shape
+        grid = F.pad(mask.kinds, (0, -nk % rk, 0, -nq % rq), value=-1)  # -1: no tile there
+        grid = grid.view(B, H, grid.shape[2] // rq, rq, grid.shape[3] // rk, rk)
+        present = grid >= 0
+        nonempty = ((grid != EMPTY) & present).any(dim=5).any(dim=3)
+        full = ((grid == FULL) | ~present).all(dim=5).all(dim=3)
+        kinds = nonempty.to(torch.int8) + (full & nonempty).to(torch.int8)
+    else:
+        copy = BlockMask(torch.empty(0, device=mask.device), mask.shape, (BLOCK, BLOCK),
+                         mask_mod=mask.mask_mod, dense=mask._dense)
+        kinds = _classify(copy)
+    mask._flex_kinds = kinds
+    return kinds
+
+
+def _structural_kinds(problem: Problem, Lp: int, Sp: int, device) -> Tensor | None:
+    if not problem.structured:
+        return None
+    hi = problem.offset
+    lo = None if problem.window is None else problem.offset - problem.window + 1
+    return band_kinds(Lp, Sp, (BLOCK, BLOCK), lo, hi, device)
+
+
+def _padding_kinds(L: int, S: int, Lp: int, Sp: int, device) -> Tensor | None:
+    """Tiles of padded keys: empty beyond S, partial where a tile straddles S. Padded query rows need
+    no masking (their outputs are dropped) but tiles of padded rows only are empty."""
+    if (Lp, Sp) == (L, S):
+        return None
+    num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
+    columns = torch.full((num_k,), FULL, dtype=torch.int8, device=device)
+    columns[S // BLOCK:] = EMPTY
+    if S % BLOCK:
+        columns[S // BLOCK] = PARTIAL
+    rows = torch.full((num_q, 1), FULL, dtype=torch.int8, device=device)
+    rows[-(-L // BLOCK):] = EMPTY
+    return torch.minimum(rows, columns[None, :])[None, None]
+
+
+def _combine(parts: list[Tensor], num_q: int, num_k: int, device) -> Tensor:
+    if not parts:
+        return torch.full((1, 1, num_q, num_k), FULL, dtype=torch.int8, device=device)
+    kinds = parts[0]
+    for part in parts[1:]:  # min over EMPTY 0 < PARTIAL 1 < FULL 2: empty if any is, full if all are
+        kinds = torch.minimum(kinds, part)
+    return kinds.contiguous()
+
+
+def _ordered(flags: Tensor) -> tuple[Tensor, Tensor]:
+    """torch's table format: per row the count of True tiles (int32) and their column indices first,
+    ascending (int32, the rest of the row unspecified). Sorted a band of rows at a time."""
+    counts = flags.sum(dim=-1, dtype=torch.int32)
+    indices = torch.empty(flags.shape, dtype=torch.int32, device=flags.device)
+    rows = max(1, BAND_TILES // max(1, flags.shape[-1]))
+    flat_flags, flat_indices = flags.flatten(0, -2), indices.view(-1, flags.shape[-1])
+    for r0 in range(0, flat_flags.shape[0], rows):
+        chunk = (~flat_flags[r0:r0 + rows]).to(torch.uint8)  # 0 for True: stable sort puts them first
+        flat_indices[r0:r0 + rows] = torch.argsort(chunk, dim=-1, stable=True).to(torch.int32)
+    return counts, indices
+
+
+def _ragged_edges_partial(kinds: Tensor, seq_lengths: tuple[int, int]) -> Tensor:
+    """A last row or column of tiles cut short by the length holds no full tile, as in torch's own
+    ``create_block_mask`` (its kernel then masks positions past the length itself)."""
+    L, S = seq_lengths
+    if L % BLOCK == 0 and S % BLOCK == 0:
+        return kinds
+    kinds = kinds.clone()
+    if L % BLOCK:
+        kinds[..., -1, :].masked_fill_(kinds[..., -1, :] == FULL, PARTIAL)
+    if S % BLOCK:
+        kinds[..., -1].masked_fill_(kinds[..., -1] == FULL, PARTIAL)
+    return kinds
+
+
+def flex_block_mask(kinds: Tensor, seq_lengths: tuple[int, int], mask_mod):
+    """A ``torch.nn.attention.flex_attention.BlockMask`` from attnkit kinds (B|1, H|1, nQ, nK) on
+    BLOCK x BLOCK tiles: partial tiles in ``kv_indices``, full ones in ``full_kv_indices``, and the
+    transposed tables for the backward pass, all from the one table."""
+    module, _ = _flex()
+    kinds = _ragged_edges_partial(kinds, seq_lengths)
+    partial, full = kinds == PARTIAL, kinds == FULL
+    kv_num, kv_indices = _ordered(partial)
+    full_kv_num, full_kv_indices = _ordered(full)
+    q_num, q_indices = _ordered(partial.transpose(-1, -2))
+    full_q_num, full_q_indices = _ordered(full.transpose(-1, -2))
+    return module.BlockMask(
+        seq_lengths=seq_lengths, kv_num_blocks=kv_num, kv_indices=kv_indices, full_kv_num_blocks=full_kv_num,
+        full_kv_indices=full_kv_indices, q_num_blocks=q_num, q_indices=q_indices, full_q_num_blocks=full_q_num,
+        full_q_indices=full_q_indices, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=mask_mod,
+    )
+
+
+# ------------------------------------------------------------------------ mask_mod and score_mod
+def _scalar(value: int, device) -> Tensor:
+    """A 0-d int32 tensor: a value the compiled kernel reads instead of baking in (no recompile)."""
+    return torch.full((), value, dtype=torch.int32, device=device)
+
+
+def _lookup(table: Tensor):
+    """Index a (B|1, H|1, L|1, S) tensor with flex's scalar indices, broadcasting its size-1 dims."""
+    one_b, one_h, one_q = (table.shape[i] == 1 for i in range(3))
+
+    def at(b, h, q_idx, kv_idx):
+        return table[0 if one_b else b, 0 if one_h else h, 0 if one_q else q_idx, kv_idx]
+
+    return at
+
+
+def _as_4d(x: Tensor) -> Tensor:
+    return x[None, None] if x.dim() == 2 else x
+
+
+class _Call:
+    """The mask_mod and score_mod of one call, with query and key indices clamped into [0, L) and
+    [0, S) before any user function or table sees them (padded rows and keys are masked anyway)."""
+
+    def __init__(self, problem: Problem, padded: bool, device):
+        dims = problem.dims
+        self.padded = padded
+        self.last_q, self.last_k = _scalar(max(0, dims.L - 1), device), _scalar(max(0, dims.S - 1), device)
+        self.keys = _scalar(dims.S, device)
+        self.structured = problem.structured
+        self.offset = _scalar(problem.offset, device)
+        self.window = None if problem.window is None else _scalar(problem.window, device)
+        self.mask = None if problem.mask is None else _lookup(_as_4d(problem.mask))
+        block_mask = problem.block_mask
+        self.block_dense = None
+        self.block_mod = None
+        if block_mask is not None:
+            if block_mask._dense is not None:
+                self.block_dense = _lookup(block_mask._dense)
+            else:
+                self.block_mod = block_mask.mask_mod
+        acc = compute_dtype(problem.bias.dtype) if problem.bias is not None else None
+        self.bias = None if problem.bias is None else _lookup(_as_4d(problem.bias).to(acc))
+        self.user_score_mod = problem.score_mod
+
+    def _clamped(self, q_idx, kv_idx):
+        if not self.padded:
+            return q_idx, kv_idx
+        return torch.minimum(q_idx, self.last_q), torch.minimum(kv_idx, self.last_k)
+
+    def mask_mod(self, b, h, q_idx, kv_idx):
+        allowed = kv_idx < self.keys
+        if self.structured:
+            distance = kv_idx - q_idx
+            allowed = allowed & (distance <= self.offset)
+            if self.window is not None:
+                allowed = allowed & (distance > self.offset - self.window)
+        q_c, kv_c = self._clamped(q_idx, kv_idx)
+        if self.mask is not None:
+            allowed = allowed & self.mask(b, h, q_c, kv_c)
+        if self.block_dense is not None:
+            allowed = allowed & self.block_dense(b, h, q_c, kv_c)
+        if self.block_mod is not None:
+            allowed = allowed & self.block_mod(b, h, q_c, kv_c)
+        return allowed
+
+    def score_mod(self, score, b, h, q_idx, kv_idx):
+        q_c, kv_c = self._clamped(q_idx, kv_idx)
+        if self.bias is not None:
+            score = score + self.bias(b, h, q_c, kv_c)
+        if self.user_score_mod is not None:
+            score = self.user_score_mod(score, b, h, q_c, kv_c)
+        return score
+
+
+# ------------------------------------------------------------------------------------- the call
+def _needs_grad(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> bool:
+    tensors = [q, k, v] + [x for x in (problem.bias, problem.sinks) if x is not None]
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
+@contextlib.contextmanager
+def _loud_recompiles():
+    """Raise past RECOMPILE_LIMIT compiles instead of PyTorch's silent switch to eager."""
+    config = torch._dynamo.config
+    options = {name: value for name, value in (("recompile_limit", RECOMPILE_LIMIT),
+                                               ("fail_on_recompile_limit_hit", True)) if hasattr(config, name)}
+    with config.patch(**options):
+        yield
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
+    dims = problem.dims
+    if problem.dropout_p > 0:
+        raise ValueError("the flex backend has no attention dropout (FlexAttention has none); "
+                         "use backend='sdpa' or 'tiled' with dropout_p > 0")
+    module, lse_request = _flex()
+    on_cpu = q.device.type == "cpu"
+    if on_cpu and _needs_grad(q, k, v, problem):
+        raise ValueError(
+            "backend='flex' computes no gradients on the CPU (PyTorch's FlexAttention has no CPU backward): "
+            "train with backend='tiled' or 'auto' on the CPU, or run on CUDA"
+        )
+    if on_cpu:  # no gradient is needed; flex refuses CPU inputs that merely require one
+        q, k, v = q.detach(), k.detach(), v.detach()
+    compiled = not on_cpu or (COMPILE_ON_CPU and problem.sinks is None)
+    want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
+    L, S = dims.L, dims.S
+    Lp, Sp = (bucket(L), bucket(S)) if compiled else (L, S)
+    call = _Call(problem, padded=(Lp, Sp) != (L, S), device=q.device)
+    num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
+    parts = [x for x in (_structural_kinds(problem, Lp, Sp, q.device), _padding_kinds(L, S, Lp, Sp, q.device))
+             if x is not None]
+    if problem.mask is not None:
+        mask = _as_4d(problem.mask)
+        mask = mask.expand(*mask.shape[:2], L, S)
+        parts.append(_pad_kinds(BlockMask.from_dense(mask, BLOCK).kinds, num_q, num_k))
+    if problem.block_mask is not None:
+        parts.append(_pad_kinds(_tile_kinds(problem.block_mask), num_q, num_k))
+    block_mask = flex_block_mask(_combine(parts, num_q, num_k, q.device), (Lp, Sp), call.mask_mod)
+    if (Lp, Sp) != (L, S):
+        q = F.pad(q, (0, 0, 0, Lp - L))
+        k, v = F.pad(k, (0, 0, 0, Sp - S)), F.pad(v, (0, 0, 0, Sp - S))
+    score_mod = call.score_mod if (problem.bias is not None or problem.score_mod is not None) else None
+    options = dict(score_mod=score_mod, block_mask=block_mask, scale=problem.scale, enable_gqa=dims.H != dims.Hkv)
+    if want_lse:
+        options.update(lse_request)
+    if compiled:
+        with _loud_recompiles():
+            result = _compiled()(q, k, v, **options)
+    else:
+        with warnings.catch_warnings():  # the eager path is chosen, not stumbled into
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            warnings.filterwarnings("ignore", message="return_lse is deprecated")
+            result = module.flex_attention(q, k, v, **options)
+    if want_lse:
+        out, aux = result
+        lse = aux.lse if hasattr(aux, "lse") else aux
+        lse = lse[:, :, :L]
+    else:
+        out, lse = result, None
+    return BackendResult(output=out[:, :, :L], lse=lse)

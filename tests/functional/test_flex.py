@@ -1,0 +1,213 @@
+"""The flex backend on the CPU: attnkit's semantics through PyTorch's FlexAttention.
+
+- every case x masking x dtype of the oracle grid, block masks, score_mods and sinks against the
+  float64 oracle, through flex's eager implementation (no compile: the semantics of the mask_mod and
+  score_mod attnkit hands over);
+- the tile tables attnkit writes against the tables PyTorch's own ``create_block_mask`` computes for
+  the same mask (code nobody here wrote);
+- a few calls through the compiled CPU forward (the tables at work: full tiles skip the mask), and
+  the compile count over a loop of varying lengths;
+- ``auto`` on CUDA routes to flex / SDPA and never to the tiled loop (routing is decided from the
+  call's description, so it is tested here; tests/gpu runs it on a GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+import attnkit
+from attnkit import masks
+from attnkit.functional.attention import choose_backend
+from attnkit.functional.backends import flex
+from attnkit.functional.backends._common import Problem
+from attnkit.functional.checks import Dims
+from helpers import DTYPES, assert_close, numpy, randn
+from test_attention import CASES, MASKINGS, make_call, oracle
+
+pytestmark = pytest.mark.skipif(not flex.available(), reason="this PyTorch has no usable FlexAttention")
+
+
+@pytest.fixture
+def eager(monkeypatch):
+    monkeypatch.setattr(flex, "COMPILE_ON_CPU", False)
+
+
+def _check(result, expected, dtype):
+    out, weights, lse = expected
+    assert_close(result.output, out, dtype, "output")
+    if result.weights is not None:
+        assert_close(result.weights, weights, dtype, "weights")
+    if result.lse is not None:
+        got = numpy(result.lse)
+        assert (np.isneginf(got) == np.isneginf(lse)).all(), "lse is -inf exactly on fully masked rows"
+        finite = np.isfinite(lse)
+        assert np.allclose(got[finite], lse[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("masking", MASKINGS)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flex_matches_float64_oracle(dtype, case, masking, rng, eager):
+    q, k, v, kwargs = make_call(case, masking, dtype, rng)
+    result = attnkit.attention(q, k, v, backend="flex", need_weights=True, **kwargs)
+    assert result.output.dtype == dtype and result.lse is not None
+    _check(result, oracle(q, k, v, kwargs), dtype)
+
+
+@pytest.mark.parametrize("masking", ["none", "causal-bottom-right", "window-top-left", "padding", "bias+padding"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flex_with_sinks_matches_oracle(dtype, masking, rng, eager):
+    q, k, v, kwargs = make_call("gqa-33x97", masking, dtype, rng)
+    kwargs["sinks"] = randn(6, dtype=dtype, generator=rng)
+    result = attnkit.attention(q, k, v, backend="flex", need_weights=True, **kwargs)
+    _check(result, oracle(q, k, v, kwargs), dtype)
+
+
+PATTERNS = {
+    "longformer": lambda L: masks.longformer_mod(24, torch.arange(L) % 41 == 0),
+    "documents": lambda L: masks.document_mod(torch.arange(L) * 3 // L),
+    "bigbird": lambda L: masks.bigbird_mod(L, block=16, random_blocks=2),
+    "prefix-lm": lambda L: masks.prefix_lm_mod(torch.tensor([10, 40])),
+}
+
+
+@pytest.mark.parametrize("block", [16, (32, 64), 128, 48])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_flex_with_block_masks_matches_oracle(name, block, rng, eager):
+    """Any attnkit block size: tiles dividing 128 are merged from attnkit's table, others reclassified."""
+    B, H, L = 2, 4, 200
+    q, k, v = (randn(B, H, L, 32, dtype=torch.float64, generator=rng) for _ in range(3))
+    mod = PATTERNS[name](L)
+    blocks = masks.block_mask(mod, B, None, L, L, block=block)
+    for kwargs in ({"mask": blocks}, {"mask": blocks, "is_causal": True},
+                   {"mask": blocks, "score_mod": lambda s, b, h, qi, ki: s - 0.1 * (h + 1) * (qi - ki).abs()}):
+        result = attnkit.attention(q, k, v, backend="flex", need_weights=[1, 3], **kwargs)
+        want = attnkit.attention(q, k, v, backend="reference", need_weights=[1, 3], **kwargs)
+        torch.testing.assert_close(result.output, want.output, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(result.weights, want.weights, rtol=1e-10, atol=1e-10)
+
+
+def _flex_tables(block_mask):
+    """(partial, full) dense boolean tile grids of a torch BlockMask."""
+    from torch.nn.attention.flex_attention import _ordered_to_dense
+
+    num_k = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])
+    partial = _ordered_to_dense(block_mask.kv_num_blocks, block_mask.kv_indices, num_k).bool()
+    full = _ordered_to_dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, num_k).bool()
+    q_partial = _ordered_to_dense(block_mask.q_num_blocks, block_mask.q_indices,
+                                  -(-block_mask.seq_lengths[0] // block_mask.BLOCK_SIZE[0])).bool()
+    return partial[..., :num_k], full[..., :num_k], q_partial
+
+
+@pytest.mark.parametrize("name", ["longformer", "documents", "causal", "sinks", "prefix-lm", "bigbird"])
+def test_tables_equal_pytorch_create_block_mask(name):
+    """attnkit's tables, converted, are the tables torch computes itself for the same mask_mod."""
+    L = 1000
+    blocks = masks.pattern_block_mask(name, L, window=200) if name in ("longformer", "sinks") else \
+        masks.pattern_block_mask(name, L)
+    kinds = flex._tile_kinds(blocks)
+    ours = flex.flex_block_mask(kinds, (L, L), blocks.mask_mod)
+    theirs = create_block_mask(blocks.mask_mod, None, None, L, L, device="cpu", BLOCK_SIZE=flex.BLOCK)
+    for got, want in zip(_flex_tables(ours), _flex_tables(theirs)):
+        assert torch.equal(got, want)
+    assert torch.equal(ours.kv_num_blocks, theirs.kv_num_blocks)
+    assert torch.equal(ours.full_kv_num_blocks, theirs.full_kv_num_blocks)
+
+
+def test_flex_never_materialises_a_block_mask(rng, eager, monkeypatch):
+    """The block mask reaches flex as its table and its mask_mod: attnkit's tile() and to_dense(),
+    which build boolean tiles, are never called."""
+    B, H, L = 1, 2, 300
+    q, k, v = (randn(B, H, L, 32, generator=rng) for _ in range(3))
+    blocks = masks.pattern_block_mask("longformer", L, window=64)
+    want = attnkit.attention(q, k, v, backend="reference", mask=blocks).output
+    for name in ("tile", "to_dense"):
+        monkeypatch.setattr(masks.BlockMask, name, lambda *a, **k: pytest.fail("materialised"))
+    got = attnkit.attention(q, k, v, backend="flex", mask=blocks).output
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_flex_refusals(rng, eager):
+    q, k, v = (randn(1, 2, 16, 8, generator=rng) for _ in range(3))
+    with pytest.raises(ValueError, match="no attention dropout"):
+        attnkit.attention(q, k, v, backend="flex", dropout_p=0.1)
+    q.requires_grad_()
+    with pytest.raises(ValueError, match="no gradients on the CPU"):
+        attnkit.attention(q, k, v, backend="flex")
+    with torch.no_grad():  # inference is fine
+        attnkit.attention(q, k, v, backend="flex")
+
+
+def test_buckets():
+    assert [flex.bucket(n) for n in (1, 2, 3, 100, 128, 129, 512)] == [1, 2, 4, 128, 128, 256, 512]
+    assert [flex.bucket(n) for n in (513, 640, 641, 1000, 4096, 5000)] == [640, 640, 768, 1024, 4096, 5120]
+    for n in range(1, 5000, 7):  # padding: under 2x up to 512, at most 25% beyond; few buckets
+        assert n <= flex.bucket(n) < 2 * n if n <= 512 else n <= flex.bucket(n) <= 1.25 * n
+    assert len({flex.bucket(n) for n in range(513, 1 << 20)}) == 4 * 11
+
+
+@pytest.mark.slow
+def test_compiled_cpu_forward_matches_oracle_and_compiles_once_per_bucket(rng):
+    """The compiled CPU kernel uses the tables (full tiles skip the mask): right numbers at lengths
+    that need padding, and lengths of one bucket share one compile."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    H = 4
+    blocks_for = {L: masks.pattern_block_mask("longformer", L, window=64) for L in (300, 350, 384, 700)}
+    compiles = []
+    with torch.no_grad():
+        for L in (300, 350, 384, 700):
+            q, k, v = (randn(1, H, L, 32, generator=rng) for _ in range(3))
+            for kwargs in ({"window": 50}, {"mask": blocks_for[L]}):
+                before = counters["stats"]["unique_graphs"]
+                got = attnkit.attention(q, k, v, backend="flex", **kwargs)
+                compiles.append(counters["stats"]["unique_graphs"] - before)
+                want = attnkit.attention(q, k, v, backend="reference", **kwargs)
+                torch.testing.assert_close(got.output, want.output, rtol=2e-5, atol=2e-5)
+    # 300, 350 and 384 share the 512 bucket; 700 is in the 768 bucket: one compile per pattern each.
+    assert compiles == [1, 1, 0, 0, 0, 0, 1, 1]
+
+
+def _problem(**kwargs) -> Problem:
+    L, S = kwargs.pop("L", 4096), kwargs.pop("S", 4096)
+    return Problem(dims=Dims(B=1, H=8, Hkv=8, L=L, S=S, E=64, Ev=64), scale=0.125, device_type="cuda",
+                   dtype=kwargs.pop("dtype", torch.bfloat16), **kwargs)
+
+
+def test_auto_on_cuda_routes_to_fused_kernels_only():
+    blocks = masks.pattern_block_mask("longformer", 4096)
+    assert choose_backend(_problem()) == "sdpa"
+    assert choose_backend(_problem(is_causal=True)) == "sdpa"
+    assert choose_backend(_problem(mask=torch.ones(4096, 4096, dtype=torch.bool))) == "sdpa"
+    assert choose_backend(_problem(is_causal=True, window=1024)) == "flex"
+    assert choose_backend(_problem(block_mask=blocks)) == "flex"
+    assert choose_backend(_problem(score_mod=lambda s, b, h, q, k: s)) == "flex"
+    assert choose_backend(_problem(sinks=torch.zeros(8))) == "flex"
+    assert choose_backend(_problem(L=4096, S=8192, is_causal=True, causal_align="bottom-right")) == "flex"
+    assert choose_backend(_problem(L=1, S=8192, is_causal=True, causal_align="bottom-right")) == "sdpa"
+    # What flex cannot do exactly goes where it can: dropout, float64, learned biases.
+    assert choose_backend(_problem(is_causal=True, window=1024, dropout_p=0.1)) == "sdpa"
+    assert choose_backend(_problem(block_mask=blocks, dtype=torch.float64)) == "sdpa"
+    assert choose_backend(_problem(score_mod=lambda s, b, h, q, k: s, dtype=torch.float64)) == "reference"
+    learned = torch.zeros(8, requires_grad=True)
+    assert choose_backend(_problem(score_mod=lambda s, b, h, q, k: s + learned[h])) == "reference"
+    for problem in (_problem(is_causal=True, window=1024), _problem(block_mask=blocks), _problem()):
+        assert choose_backend(problem) != "tiled"
+    # The CPU rules are unchanged.
+    assert choose_backend(Problem(dims=Dims(1, 8, 8, 16384, 16384, 64, 64), scale=0.125, window=256)) == "tiled"
+
+
+def test_mask_mod_tables_are_bucketed_and_refused_beyond_their_length():
+    """attnkit's mask_mods pad the tables they read to a length bucket (one compile serves lengths
+    300 to 512), and a block mask longer than those tables is refused instead of reading padding."""
+    mod = masks.document_mod(torch.arange(300) // 100)
+    assert mod.positions == 300
+    combined = masks.and_mods(mod, masks.causal_mod())
+    for m in (mod, combined):
+        with pytest.raises(ValueError, match="reads tables of 300 positions but the block mask has L=400"):
+            masks.block_mask(m, None, None, 400, 400)
+    masks.block_mask(combined, None, None, 300, 300)
