@@ -23,7 +23,7 @@ DEFAULTS = {
     "--masks": ["band", "longformer", "bigbird", "documents", "sinks"],
     "--sizes": ["4096", "16384"],
     "--modes": ["fwd", "fwd+bwd"],
-    "--impls": ["torch-sdpa", "flex", "tiled", "auto"],
+    "--impls": ["torch-sdpa", "torch-flex", "tiled", "flex", "auto"],
 }
 
 if __name__ == "__main__":

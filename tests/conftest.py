@@ -12,12 +12,14 @@ from attnkit.functional.backends import tiled
 
 
 def pytest_collection_modifyitems(config, items):
-    """Markers by place: tests/external/ are "external", the Chromium tests "browser" (and they
-    require Chromium)."""
+    """Markers by place: tests/external/ are "external", tests/gpu/ "gpu", the Chromium tests
+    "browser" (and they require Chromium)."""
     for item in items:
         path = item.path.as_posix()
         if "/tests/external/" in path:
             item.add_marker(pytest.mark.external)
+        if "/tests/gpu/" in path:
+            item.add_marker(pytest.mark.gpu)
         if path.endswith("test_viewer_browser.py"):
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.requires("chromium", "playwright"))
@@ -29,6 +31,9 @@ def pytest_runtest_setup(item):
     and no Chromium). Under CI (CI set, as .ci/run runs) it fails instead: CI installs everything, so
     a missing dependency there is a broken set-up, never a silently skipped test."""
     from helpers import missing_dependencies
+
+    if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (tests/gpu/ run on the lent device: docs/performance.md)")
 
     for marker in item.iter_markers("requires"):
         missing = missing_dependencies(*marker.args)

@@ -54,7 +54,7 @@ def test_skips_are_predicted_from_the_measured_growth():
     linear.add(key, 2048, 6.0)  # linear growth -> 12 s at 4K, 6 x 4 s at 8K
     assert linear.predict(key, 4096) == pytest.approx(12.0)
     assert "GiB > max_memory_gb=1" in _skip_reason("naive", "fwd", "float32", "dense", 8192, config, history)
-    assert "backward on CPU" in _skip_reason("flex", "fwd+bwd", "float32", "dense", 512, config, history)
+    assert "backward on CPU" in _skip_reason("torch-flex", "fwd+bwd", "float32", "dense", 512, config, history)
 
 
 @pytest.mark.parametrize(

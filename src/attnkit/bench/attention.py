@@ -12,9 +12,11 @@ Implementations:
     torch-sdpa  ``F.scaled_dot_product_attention`` called directly: the baseline. A sliding
                 window or padding is given to it as the equivalent boolean mask, built before timing.
     naive       the three lines from tutorials: ``softmax(q k^T / sqrt(E), masked) v``.
-    flex        ``torch.compile(flex_attention)`` with a block mask built before timing
-                (compile time excluded from the timings, reported as ``compile_s``).
-    reference / sdpa / tiled / auto   ``attnkit.attention(backend=...)``.
+    torch-flex  ``torch.compile(flex_attention)`` with a block mask built by torch's
+                ``create_block_mask`` before timing (compile time excluded from the timings,
+                reported as ``compile_s``).
+    reference / sdpa / tiled / flex / auto   ``attnkit.attention(backend=...)``; flex and auto
+                (which compiles flex on CUDA) make one untimed first call, reported as ``compile_s``.
 
 Masks: ``dense``; ``causal``; ``window`` (causal sliding window); ``padding`` (the last quarter of
 the keys are padding, as in a batch whose longest example sets the length). Sparse patterns (not
@@ -42,7 +44,13 @@ from .harness import machine_info, peak_extra_mb, run_worker, time_round_robin
 
 __all__ = ["IMPLEMENTATIONS", "MASKS", "DEFAULT_MASKS", "MODES", "DTYPES", "AttentionBench", "run", "naive_attention"]
 
-IMPLEMENTATIONS = ("torch-sdpa", "naive", "flex", "reference", "sdpa", "tiled", "auto")
+IMPLEMENTATIONS = ("torch-sdpa", "naive", "torch-flex", "reference", "sdpa", "tiled", "flex", "auto")
+COMPILING = ("torch-flex", "flex", "auto")
+"""Implementations whose first call may compile (auto on CUDA only): called once before the timings."""
+
+
+def _compiles(impl: str, device: str) -> bool:
+    return impl in COMPILING and (impl != "auto" or device.startswith("cuda"))
 DEFAULT_MASKS = ("dense", "causal", "window", "padding")
 PATTERN_MASKS = ("longformer", "bigbird", "documents", "sinks")
 MASKS = (*DEFAULT_MASKS, "band", *PATTERN_MASKS)
@@ -184,7 +192,7 @@ def _forward_calls(spec: dict, q, k, v) -> dict[str, Callable[[], torch.Tensor]]
             calls[impl] = lambda m=sdpa_mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=kind == "causal")
         elif impl == "naive":
             calls[impl] = lambda: naive_attention(q, k, v, bool_mask)
-        elif impl == "flex":
+        elif impl == "torch-flex":
             flex = _flex(kind, n, window, batch, q.device)
             calls[impl] = lambda f=flex: f(q, k, v)
         else:
@@ -231,10 +239,12 @@ def _sync(device: str) -> Callable[[], None]:
 def time_worker(spec: dict) -> dict:
     calls = _calls(spec)
     compile_s = {}
-    if "flex" in calls:  # compile outside the timings
-        start = time.perf_counter()
-        calls["flex"]()
-        compile_s["flex"] = time.perf_counter() - start
+    for name in calls:  # compile outside the timings
+        if _compiles(name, spec["device"]):
+            start = time.perf_counter()
+            calls[name]()
+            _sync(spec["device"])()
+            compile_s[name] = time.perf_counter() - start
     result = time_round_robin(
         calls, repeats=spec["repeats"], min_seconds=spec["min_seconds"], sync=_sync(spec["device"])
     )
@@ -250,10 +260,10 @@ def time_worker(spec: dict) -> dict:
 
 def memory_worker(spec: dict) -> dict:
     (impl,) = spec["impls"]
-    if impl != "flex":  # initialise MKL, OpenMP, autograd on a small problem first
+    if not _compiles(impl, spec["device"]):  # initialise MKL, OpenMP, autograd on a small problem first
         _calls(spec, n=min(spec["n"], 256))[impl]()
     run = _calls(spec)[impl]
-    if impl == "flex":
+    if _compiles(impl, spec["device"]):
         run()  # compiles for this shape
     return {"peak_extra_mb": peak_extra_mb(run, spec["device"])}
 
@@ -295,7 +305,7 @@ def _quadratic_bytes(impl: str, mask: str, mode: str, config: AttentionBench, n:
 
 
 def _skip_reason(impl, mode, dtype, mask, n, config: AttentionBench, history: _History) -> str | None:
-    if impl == "flex" and mode == "fwd+bwd" and config.device == "cpu":
+    if impl in ("torch-flex", "flex") and mode == "fwd+bwd" and config.device == "cpu":
         return "FlexAttention does not support backward on CPU (NotImplementedError in torch)"
     need = _quadratic_bytes(impl, mask, mode, config, n)
     if need > config.max_memory_gb * 2**30:
@@ -337,11 +347,13 @@ def run(
         timeout = max(120.0, 20 * config.max_call_seconds * max(1, len(timed_impls)))
         if timed_impls:
             timed = run_worker(__name__, {**spec, "task": "time", "impls": timed_impls}, timeout=timeout)
-            if "error" in timed and "flex" in timed_impls:  # flex failing to compile must not sink the rest
-                rest = [impl for impl in timed_impls if impl != "flex"]
-                flex_error = run_worker(__name__, {**spec, "task": "time", "impls": ["flex"]}, timeout=timeout)
+            compiling = [impl for impl in timed_impls if impl in ("torch-flex", "flex")]
+            if "error" in timed and compiling:  # a compile failing must not sink the rest
+                rest = [impl for impl in timed_impls if impl not in compiling]
                 timed = run_worker(__name__, {**spec, "task": "time", "impls": rest}, timeout=timeout) if rest else {}
-                timed["flex"] = flex_error if "error" in flex_error else flex_error["flex"]
+                for impl in compiling:
+                    alone = run_worker(__name__, {**spec, "task": "time", "impls": [impl]}, timeout=timeout)
+                    timed[impl] = alone if "error" in alone else alone[impl]
         for impl in config.impls:
             row = dict(base, impl=impl)
             if reasons[impl] is not None:

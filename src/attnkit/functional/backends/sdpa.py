@@ -46,7 +46,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if mask is not None and not _zeroes_masked_rows(q.device.type, q.dtype, problem.bias is not None):
         # Let SDPA attend everywhere on rows with no allowed key, then zero those rows.
         has_key = mask.any(dim=-1, keepdim=True)
-        if not bool(has_key.all()):
+        # On the CPU, look first (most calls have no empty row); on an accelerator always fill
+        # rather than wait for the device to answer.
+        if q.device.type != "cpu" or not bool(has_key.all()):
             empty_rows = ~has_key
             mask = mask | empty_rows
     attn_mask = mask
