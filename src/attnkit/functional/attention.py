@@ -141,17 +141,19 @@ def _choose_on_cuda(problem: Problem) -> str:
       (flash / memory-efficient; a mask or bias goes as SDPA's ``attn_mask``);
     - sliding windows, block masks, score_mods, learned sinks, and bottom-right causal prefills of
       at least AUTO_FLEX_MIN_ENTRIES scores: flex (compiled FlexAttention, empty tiles skipped);
-    - float64, dropout, a learned bias or a score_mod reading tensors that need gradients: what
-      handles them exactly (SDPA, or reference for a score_mod), as flex does not.
+    - float64, dropout, a learned bias, a score_mod reading tensors that need gradients, or head
+      dims that are not powers of two of at least 16 (what FlexAttention's kernels are sure to take):
+      what handles them exactly (SDPA with the mask materialised, or reference for a score_mod).
     """
     learned_bias = problem.bias is not None and problem.bias.requires_grad
-    exact_only = (problem.dtype == torch.float64 or problem.dropout_p > 0 or learned_bias)
+    dims = problem.dims
+    odd_heads = not all(d >= 16 and d & (d - 1) == 0 for d in (dims.E, dims.Ev))
+    exact_only = problem.dtype == torch.float64 or problem.dropout_p > 0 or learned_bias or odd_heads
     if problem.score_mod is not None:
         needs_grad = torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod)
         return "reference" if exact_only or needs_grad else "flex"
     if exact_only:
         return "sdpa"
-    dims = problem.dims
     long_prefill = (problem.is_causal and problem.causal_align == "bottom-right" and dims.L != dims.S
                     and dims.L * dims.S >= AUTO_FLEX_MIN_ENTRIES)
     if problem.sinks is not None or problem.block_mask is not None or problem.window is not None or long_prefill:
@@ -215,16 +217,19 @@ def attention(
         scale: multiplies q k^T; default 1 / sqrt(E).
         dropout_p: dropout on the attention weights; pass 0 in evaluation.
         backend: ``"reference"`` (plain, materialises weights), ``"sdpa"`` (PyTorch fused),
-            ``"tiled"`` (exact online softmax, memory linear in length, skips masked blocks) or
-            ``"auto"`` (the fastest exact one for these inputs). All give the same numbers.
+            ``"tiled"`` (exact online softmax in plain PyTorch, memory linear in length, skips
+            masked blocks), ``"flex"`` (PyTorch's compiled FlexAttention with attnkit's tiles and
+            semantics; CUDA, or a CPU forward without gradients) or ``"auto"`` (the fastest exact
+            one for these inputs and this device; on CUDA only fused kernels). All give the same
+            numbers.
         need_weights: False, True (all heads) or a sequence of head indices. Weights are exact
             whatever the backend: fast backends keep their output path and recompute the weights
             of the asked-for heads only.
         score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` (FlexAttention's semantics)
             applied to the scaled scores (plus ``bias``) before masking: ALiBi, tanh softcapping,
             relative position bias. Index tensors broadcast as (B,1,1,1), (1,H,1,1), (1,1,L',1),
-            (1,1,1,S'). Runs in the tiled backend (gradients for q, k, v) and the reference
-            backend (also gradients for tensors the function reads); not in sdpa.
+            (1,1,1,S'). Runs in the tiled and flex backends (gradients for q, k, v) and the
+            reference backend (also gradients for tensors the function reads); not in sdpa.
         sinks: (H,) learned attention-sink logits, one per query head (gpt-oss; Xiao et al. 2023's
             "off-by-one" softmax): each row is normalised over exp(scores) and exp(sink), and the
             sink attends no value, so a row may give less than all its weight to the keys. Every

@@ -227,8 +227,11 @@ def _classify(mask: BlockMask) -> Tensor:
         t = mask.tile(q0, q1, 0, S)  # (B, H, rows, S)
         rows_pad = (i1 - i0) * block_q - (q1 - q0)
         # Padding rows and keys: False for "any", True for "all", so they change neither.
-        any_t = torch.nn.functional.pad(t, (0, pad, 0, rows_pad), value=False)
-        all_t = torch.nn.functional.pad(t, (0, pad, 0, rows_pad), value=True)
+        if pad or rows_pad:
+            any_t = torch.nn.functional.pad(t, (0, pad, 0, rows_pad), value=False)
+            all_t = torch.nn.functional.pad(t, (0, pad, 0, rows_pad), value=True)
+        else:  # whole tiles: no padded copies (a third of the time at 64K)
+            any_t = all_t = t.contiguous()
         shape = (B, H, i1 - i0, block_q, num_k, block_k)
         some = any_t.reshape(shape).any(dim=5).any(dim=3)
         every = all_t.reshape(shape).all(dim=5).all(dim=3)

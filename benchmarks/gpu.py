@@ -1,0 +1,216 @@
+"""The core on a GPU: attnkit against PyTorch's fused kernels on the same inputs (issue 23's table).
+
+Every row is timed in this one process with CUDA events (median of ``--repeats`` calls after a
+warm-up that includes any compile), bf16, B = 1, H = 16, E = 128:
+
+- dense and causal: ``F.scaled_dot_product_attention`` against ``attnkit.attention`` (auto);
+- causal window 1024 and Longformer (two-sided window 512 + 16 global tokens): compiled
+  ``flex_attention`` with torch's own ``create_block_mask(..., _compile=True)`` against attnkit auto
+  with its closed-form block mask (window: the ``window=`` argument);
+- block-mask construction at 64K and 1M tokens: torch's compiled ``create_block_mask`` against
+  attnkit's closed-form builder (its int8 tile table), and the builder plus the conversion to
+  FlexAttention's four int32 tables (dense grids in torch's format), seconds and peak MB.
+
+Writes ``--out`` (default benchmarks/results/gpu/core.json, atomically) with the device, torch and
+CUDA versions, and prints a markdown table with the ratios (>1: attnkit faster).
+
+    python benchmarks/gpu.py                  # 4K, 16K, 64K, 128K (an H100: a few minutes)
+    python benchmarks/gpu.py --sizes 4096     # one size
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import attnkit
+from attnkit import masks
+from attnkit._files import write_json
+from attnkit.functional import attention as attention_module
+from attnkit.functional.backends import flex
+from attnkit.functional.block_patterns import longformer_block_mask
+
+WINDOW, LONGFORMER_WINDOW, GLOBALS = 1024, 512, 16
+B, H, E = 1, 16, 128
+
+
+def _time(run, repeats: int) -> float:
+    """Median milliseconds of ``run()`` by CUDA events, after two warm-up calls."""
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _torch_mods(n: int):
+    flags = torch.zeros(n, dtype=torch.bool, device="cuda")
+    flags[:GLOBALS] = True
+    radius = LONGFORMER_WINDOW // 2
+    return {
+        "window": lambda b, h, i, j: (j <= i) & (i - j < WINDOW),
+        "longformer": lambda b, h, i, j: ((i - j).abs() <= radius) | flags[i] | flags[j],
+    }, flags
+
+
+def _cases(n: int):
+    """(name, torch call, attnkit keyword arguments) per pattern at length n."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    mods, flags = _torch_mods(n)
+    window_blocks = create_block_mask(mods["window"], None, None, n, n, device="cuda", _compile=True)
+    longformer_blocks = create_block_mask(mods["longformer"], None, None, n, n, device="cuda", _compile=True)
+    ours = longformer_block_mask(LONGFORMER_WINDOW, flags)
+    return [
+        ("dense", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), {}),
+        ("causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), {"is_causal": True}),
+        (f"causal window {WINDOW}", lambda q, k, v: compiled(q, k, v, block_mask=window_blocks), {"window": WINDOW}),
+        (f"Longformer {LONGFORMER_WINDOW} + {GLOBALS} globals", lambda q, k, v: compiled(q, k, v, block_mask=longformer_blocks),
+         {"mask": ours}),
+    ]
+
+
+def _chosen(q, k, v, kwargs) -> str:
+    chosen = []
+    real = attention_module.choose_backend
+    attention_module.choose_backend = lambda problem: chosen.append(real(problem)) or chosen[-1]
+    try:
+        with torch.no_grad():
+            attnkit.attention(q, k, v, **kwargs)
+    finally:
+        attention_module.choose_backend = real
+    return chosen[0]
+
+
+def attention_rows(sizes, repeats: int, progress) -> list[dict]:
+    rows = []
+    for n in sizes:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, E, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        d_out = torch.randn_like(q)
+        for name, theirs, kwargs in _cases(n):
+            ours = lambda q, k, v, kw=kwargs: attnkit.attention(q, k, v, **kw).output  # noqa: E731
+            row = {"n": n, "pattern": name, "attnkit_backend": _chosen(q, k, v, kwargs)}
+            for mode in ("fwd", "fwd+bwd"):
+                for label, call in (("torch", theirs), ("attnkit", ours)):
+                    if mode == "fwd":
+                        def run(call=call):
+                            with torch.no_grad():
+                                call(q, k, v)
+                    else:
+                        def run(call=call):
+                            call(q, k, v).backward(d_out)
+                    row[f"{label}_{mode}_ms"] = _time(run, repeats)
+                row[f"ratio_{mode}"] = row[f"torch_{mode}_ms"] / row[f"attnkit_{mode}_ms"]
+            rows.append(row)
+            progress.update()
+    return rows
+
+
+def _measure(build) -> tuple[float, float]:
+    build()  # warm up (and compile)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    result = build()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    del result
+    return seconds, peak
+
+
+def block_mask_rows(sizes, progress) -> list[dict]:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rows = []
+    for n in sizes:
+        mods, flags = _torch_mods(n)
+
+        def with_tables():
+            blocks = longformer_block_mask(LONGFORMER_WINDOW, flags)
+            return flex.flex_block_mask(flex._tile_kinds(blocks), (n, n), blocks.mask_mod)
+
+        row = {"n": n, "pattern": "Longformer"}
+        for label, build in (("torch_compiled", lambda: create_block_mask(mods["longformer"], None, None, n, n,
+                                                                            device="cuda", _compile=True)),
+                             ("attnkit", lambda: longformer_block_mask(LONGFORMER_WINDOW, flags)),
+                             ("attnkit_flex_tables", with_tables)):
+            try:
+                row[f"{label}_s"], row[f"{label}_peak_mb"] = _measure(build)
+            except torch.OutOfMemoryError as error:
+                row[f"{label}_error"] = f"out of memory: {str(error).splitlines()[0]}"
+                torch.cuda.empty_cache()
+        rows.append(row)
+        progress.update()
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = ["| n | pattern | attnkit backend | torch fwd ms | attnkit fwd ms | ratio fwd | torch fwd+bwd ms | "
+             "attnkit fwd+bwd ms | ratio fwd+bwd |", "|" + "---|" * 9]
+    for r in report["attention"]:
+        lines.append(f"| {r['n']} | {r['pattern']} | {r['attnkit_backend']} | {r['torch_fwd_ms']:.3f} | "
+                     f"{r['attnkit_fwd_ms']:.3f} | {r['ratio_fwd']:.2f}x | {r['torch_fwd+bwd_ms']:.3f} | "
+                     f"{r['attnkit_fwd+bwd_ms']:.3f} | {r['ratio_fwd+bwd']:.2f}x |")
+    labels = ("torch_compiled", "attnkit", "attnkit_flex_tables")
+    lines += ["", "| n | block mask | " + " | ".join(f"{label} s | {label} peak MB" for label in labels) + " |",
+              "|" + "---|" * (2 + 2 * len(labels))]
+    for r in report["block_masks"]:
+        cells = []
+        for label in labels:
+            for key in (f"{label}_s", f"{label}_peak_mb"):
+                cells.append(f"{r[key]:.3f}" if key in r else r.get(f"{label}_error", "-"))
+        lines.append(f"| {r['n']} | {r['pattern']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
+    parser.add_argument("--mask-sizes", type=int, nargs="+", default=[65536, 1 << 20])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "core.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    report = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "shape": {"B": B, "H": H, "E": E, "dtype": "bfloat16"}, "repeats": args.repeats,
+    }
+    try:
+        import transformers
+
+        report["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    with tqdm(total=4 * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress:
+        report["attention"] = attention_rows(args.sizes, args.repeats, progress)
+        report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, report)
+    print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")
+    print(markdown(report))
+    print(f"\nwritten {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
