@@ -149,13 +149,19 @@ def _code(value) -> int:
     return int.from_bytes(hashlib.blake2b(str(value).encode(), digest_size=7).digest(), "little")
 
 
-def _check_agreement(group, world: int, rank: int, signature: dict) -> None:
+def _collective_device(group, device: torch.device) -> torch.device:
+    """Where a small collective's tensor must live: NCCL takes CUDA tensors only, gloo CPU ones."""
+    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def _check_agreement(group, world: int, rank: int, signature: dict, device: torch.device = torch.device("cpu")) -> None:
     """Every rank's shapes and options, gathered in one small all_gather (|signature| int64 per
     rank) before any other transfer: a mismatch raises :class:`RankMismatch` on every rank, naming
     each option that differs and its value per rank, instead of wrong numbers, a gloo abort or a
     hang. Done on every call: a rank cannot know whether another changed its options without
     asking, and a cache that let one rank skip the gather while another gathers would hang."""
-    codes = torch.tensor([_code(value) for value in signature.values()], dtype=torch.int64)
+    codes = torch.tensor([_code(value) for value in signature.values()], dtype=torch.int64,
+                         device=_collective_device(group, device))
     gathered = [torch.empty_like(codes) for _ in range(world)]
     try:
         dist.all_gather(gathered, codes, group=group)
@@ -381,7 +387,7 @@ def context_parallel_attention(
             batch=q.shape[0], query_heads=q.shape[1], kv_heads=k.shape[1], shard_length=q.shape[2],
             head_dim=q.shape[3], value_dim=v.shape[3], is_causal=bool(is_causal), window=window,
             layout=layout, method=method, scale=scale, key_mask=key_mask is not None, dtype=q.dtype,
-            backend=backend, positions=positions is not None))
+            backend=backend, positions=positions is not None), q.device)
     if positions is None:
         positions = shard_positions(q.shape[2] * world, world, rank, layout)
     positions = positions.to(q.device)

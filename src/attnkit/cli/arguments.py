@@ -11,13 +11,33 @@ from pathlib import Path
 
 __all__ = ["MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
            "check_texts", "stdin_lines", "check_writable", "owned_folder", "check_not_input", "check_new_file",
-           "refuse_unused", "OUTPUT_MARKER"]
+           "refuse_unused", "OUTPUT_MARKER", "DEVICES", "add_device_argument", "check_device"]
 
 
 MAX_TEXT_CHARS = 1_000
 """Longest text argument (a sentence or a prompt, not a document): bounds the work before it starts."""
 MAX_BEAM = 100
 """Widest beam any command accepts (and never wider than the target vocabulary)."""
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def add_device_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--device cpu|cuda`` (default cpu), the same on every command that runs a model or attention."""
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help=f"where {what} runs: cpu, or cuda (one GPU; attention then runs on PyTorch's fused "
+                             "kernels: SDPA, FlexAttention)")
+
+
+def check_device(name: str):
+    """The torch.device for ``--device``; cuda refused with the reason on a machine without it."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: this machine has no usable CUDA GPU (torch.cuda.is_available() is False; "
+                         f"torch {torch.__version__})")
+    return torch.device(name)
 
 
 # -- argument types: a bad value is refused by argparse ("argument --x: ...", exit 2) before any work --

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from .arguments import (
+    add_device_argument,
+    check_device,
     check_texts,
     float_in,
     int_in,
@@ -150,7 +152,9 @@ def _generate(args: argparse.Namespace) -> int:
         from .arguments import refuse_unused
 
         refuse_unused(args, ["top_k", "top_p"], "applies to sampling (--temperature > 0), not to greedy decoding")
+    device = check_device(args.device)
     model, tokenizer = _load_lm(args.model)
+    model = model.to(device)
     if args.chat:
         prompts = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in prompts]
     encoded = [tokenizer.encode(p).ids for p in prompts]
@@ -162,10 +166,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--prompt ({longest:,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
                          f"model's {context:,}-token context")
     stops = [tokenizer.token_to_id(t) for t in args.stop if tokenizer.token_to_id(t) is not None]
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
     if len(encoded) > 1:  # one batch, left-padded; each completion printed when all are done
         ids, mask = pad_prompts(encoded)
-        result = generate(model, ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+        result = generate(model, ids.to(device), attention_mask=mask.to(device), max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_tokens=stops,
                           use_cache=not args.no_cache, generator=generator)
         for number, (row, length) in enumerate(zip(result.tokens.tolist(), result.lengths), 1):
@@ -174,7 +178,7 @@ def _generate(args: argparse.Namespace) -> int:
         return 0
     ids = encoded[0]
     stream = Stream(tokenizer, stops, sys.stdout)
-    generate(model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    generate(model, torch.tensor([ids], device=device), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
              on_tokens=lambda token: stream.add(int(token[0])))
     stream.finish()
@@ -196,4 +200,5 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--stop", nargs="*", default=["<|im_end|>", "<|endoftext|>"], help="stop tokens")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
+    add_device_argument(gen, "the model")
     gen.set_defaults(run=_generate)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 from .arguments import (
+    add_device_argument,
+    check_device,
     MAX_BEAM,
     check_texts,
     check_writable,
@@ -68,6 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
                           "impls": list(bench.IMPLEMENTATIONS)}.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    check_device(args.device)
     with owned_folder(args.out, "bench"):
         return _bench_sweep(args)
 
@@ -153,7 +156,7 @@ def add_bench_parser(commands) -> None:
     bench_cmd.add_argument("--heads", type=int_in(1, 4096), default=8, help="heads H")
     bench_cmd.add_argument("--head-dim", type=int_in(1, 4096), default=64, help="head dim E")
     bench_cmd.add_argument("--window", type=int_in(1), help="window of the 'window' mask (default 256)")
-    bench_cmd.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_device_argument(bench_cmd, "the attention calls")
     bench_cmd.add_argument("--repeats", type=int_in(1, 10_000), help="fewest timed calls per implementation (default 3)")
     bench_cmd.add_argument("--min-seconds", type=float_in(0.0, 3600.0), help="least total time per implementation (default 1)")
     bench_cmd.add_argument("--max-call-seconds", type=float_in(0.0, 86400.0, low_open=True),

@@ -1,8 +1,9 @@
 """Models composed from the layers: RNN encoder-decoders and Transformers."""
 
 from .blocks import count_parameters
-from .decoder import document_positions, pack_documents, packed_lm_losses
-from .config import PRESETS, Seq2SeqConfig, TransformerConfig, preset
+from .decoder import DecoderLM, document_positions, pack_documents, packed_lm_losses
+from .config import PRESETS, DecoderConfig, EncoderConfig, Seq2SeqConfig, TransformerConfig, preset
+from .encoder import EncoderModel
 from .outputs import EncoderOutput, LMOutput, StepOutput, TranslationOutput
 from .seq2seq import Seq2Seq
 from .transformer import TransformerEncoderDecoder
@@ -12,6 +13,10 @@ __all__ = [
     "Seq2SeqConfig",
     "TransformerEncoderDecoder",
     "TransformerConfig",
+    "DecoderLM",
+    "DecoderConfig",
+    "EncoderModel",
+    "EncoderConfig",
     "PRESETS",
     "preset",
     "build_model",

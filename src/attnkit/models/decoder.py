@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import check_context_parallel
-from ..functional import masks
+from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from .blocks import FeedForward, GatedFeedForward, make_norm
@@ -227,7 +227,7 @@ class DecoderLM(nn.Module):
                 )
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         if document_ids is not None:
-            mask = masks.block_mask(masks.document_mod(document_ids), B, None, L, L, device=input_ids.device)
+            mask = document_block_mask(document_ids)  # tiles in closed form: no pass over L x L
         x = self.tokens(input_ids)
         if self.positions is not None:
             x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
