@@ -230,8 +230,9 @@ def generate(
     row's positions count its real tokens only, so a row's output equals running it alone.
     With ``use_cache`` the prompt is run once and each new token attends to cached keys and values
     (a rolling cache under a sliding window); without it every step recomputes the whole prefix
-    (the baseline the cache is measured against). ``on_tokens(ids (B,))`` is called after every
-    step, for streaming. Rows stop at a stop token; generation ends when all have.
+    (the baseline the cache is measured against). ``on_tokens(ids (B,))`` (a CPU tensor) is called
+    after every step, for streaming. Rows stop at a stop token; generation ends when all have.
+    On an accelerator each step reads the device once (the new tokens and which rows stopped).
     """
     if input_ids.dim() != 2 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape (B, L) with L >= 1, got {tuple(input_ids.shape)}")
@@ -269,13 +270,16 @@ def generate(
             token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             token = torch.where(done, new[-1] if new else token, token)  # finished rows repeat their stop token
             new.append(token)
-            if on_tokens is not None:
-                on_tokens(token)
             hit = torch.isin(token, stop) & ~done if stop.numel() else torch.zeros_like(done)
-            for b in hit.nonzero()[:, 0].tolist():
-                lengths[b] = step + 1
-            done |= hit
-            if bool(done.all()) or step == max_new_tokens - 1:
+            done = done | hit
+            # The one read from the device per step: the tokens, which rows stopped, whether all have.
+            host = torch.cat([token, hit.long(), done.all().long().view(1)]).tolist()
+            if on_tokens is not None:
+                on_tokens(torch.tensor(host[:B]))
+            for b in range(B):
+                if host[B + b]:
+                    lengths[b] = step + 1
+            if host[-1] or step == max_new_tokens - 1:
                 break
             if full_mask is not None:
                 full_mask = torch.cat([full_mask, full_mask.new_ones(B, 1)], 1)

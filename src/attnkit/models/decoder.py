@@ -212,9 +212,11 @@ class DecoderLM(nn.Module):
             if tuple(position_ids.shape) != (B, L) or position_ids.dtype != torch.long:
                 raise ValueError(f"position_ids must be int64 of shape (B, L) = ({B}, {L}), got "
                                  f"{position_ids.dtype} {tuple(position_ids.shape)}")
-            top = int(position_ids.max()) if position_ids.numel() else -1
-            if self.positions is not None and (top >= self.config.max_len or int(position_ids.min()) < 0):
-                raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got up to {top}")
+            if self.positions is not None and position_ids.numel():  # a table lookup: check the range
+                # (rotary positions take any value, and reading them would wait for the device)
+                top, bottom = int(position_ids.max()), int(position_ids.min())
+                if top >= self.config.max_len or bottom < 0:
+                    raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got {bottom}..{top}")
         elif self.positions is not None and offset + L > self.config.max_len:
             raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
         mask = None
