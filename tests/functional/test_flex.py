@@ -218,3 +218,22 @@ def test_mask_mod_tables_are_bucketed_and_refused_beyond_their_length():
         with pytest.raises(ValueError, match="reads tables of 300 positions but the block mask has L=400"):
             masks.block_mask(m, None, None, 400, 400)
     masks.block_mask(combined, None, None, 300, 300)
+
+
+def test_tables_are_converted_once_per_block_mask_and_length(rng, eager, monkeypatch):
+    """The layers of a model share one block mask: its tables are converted on the first call only;
+    a boolean mask (a new tensor each call) is converted every time."""
+    built = []
+    real = flex._tables
+    monkeypatch.setattr(flex, "_tables", lambda *a: built.append(1) or real(*a))
+    q, k, v = (randn(1, 2, 300, 32, generator=rng) for _ in range(3))
+    blocks = masks.pattern_block_mask("documents", 300)
+    for _ in range(3):
+        attnkit.attention(q, k, v, backend="flex", mask=blocks)
+    assert len(built) == 1
+    for _ in range(2):
+        attnkit.attention(q, k, v, backend="flex", window=17, causal_align="bottom-right")
+    assert len(built) == 2
+    for _ in range(2):
+        attnkit.attention(q, k, v, backend="flex", mask=torch.ones(300, 300, dtype=torch.bool))
+    assert len(built) == 4

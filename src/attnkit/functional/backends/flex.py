@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+from collections import OrderedDict
 from functools import lru_cache
 
 import torch
@@ -184,22 +185,44 @@ def _ragged_edges_partial(kinds: Tensor, seq_lengths: tuple[int, int]) -> Tensor
     return kinds
 
 
-def flex_block_mask(kinds: Tensor, seq_lengths: tuple[int, int], mask_mod):
-    """A ``torch.nn.attention.flex_attention.BlockMask`` from attnkit kinds (B|1, H|1, nQ, nK) on
-    BLOCK x BLOCK tiles: partial tiles in ``kv_indices``, full ones in ``full_kv_indices``, and the
-    transposed tables for the backward pass, all from the one table."""
-    module, _ = _flex()
+def _tables(kinds: Tensor, seq_lengths: tuple[int, int]) -> dict[str, Tensor]:
+    """torch's eight tables from attnkit kinds: partial tiles in ``kv_indices``, full ones in
+    ``full_kv_indices``, and the transposed tables for the backward pass, all from the one table."""
     kinds = _ragged_edges_partial(kinds, seq_lengths)
     partial, full = kinds == PARTIAL, kinds == FULL
-    kv_num, kv_indices = _ordered(partial)
-    full_kv_num, full_kv_indices = _ordered(full)
-    q_num, q_indices = _ordered(partial.transpose(-1, -2))
-    full_q_num, full_q_indices = _ordered(full.transpose(-1, -2))
-    return module.BlockMask(
-        seq_lengths=seq_lengths, kv_num_blocks=kv_num, kv_indices=kv_indices, full_kv_num_blocks=full_kv_num,
-        full_kv_indices=full_kv_indices, q_num_blocks=q_num, q_indices=q_indices, full_q_num_blocks=full_q_num,
-        full_q_indices=full_q_indices, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=mask_mod,
-    )
+    tables = {}
+    for prefix, flags in (("", partial), ("full_", full)):
+        tables[f"{prefix}kv_num_blocks"], tables[f"{prefix}kv_indices"] = _ordered(flags)
+        tables[f"{prefix}q_num_blocks"], tables[f"{prefix}q_indices"] = _ordered(flags.transpose(-1, -2))
+    return tables
+
+
+def flex_block_mask(kinds: Tensor, seq_lengths: tuple[int, int], mask_mod):
+    """A ``torch.nn.attention.flex_attention.BlockMask`` from attnkit kinds (B|1, H|1, nQ, nK) on
+    BLOCK x BLOCK tiles (:func:`_tables`), with ``mask_mod`` for the partial tiles."""
+    module, _ = _flex()
+    return module.BlockMask(seq_lengths=seq_lengths, **_tables(kinds, seq_lengths), BLOCK_SIZE=(BLOCK, BLOCK),
+                            mask_mod=mask_mod)
+
+
+TABLE_CACHE = 64
+"""Converted tables kept for calls without a boolean mask (the structure alone, or a BlockMask, at
+one bucket): the layers of a model, and the steps of a training loop, convert once."""
+_structure_tables: OrderedDict = OrderedDict()
+
+
+def _cached_tables(problem: Problem, key: tuple, build) -> dict[str, Tensor]:
+    """The tables of ``key`` from the block mask's own cache (or the structure's, bounded LRU)."""
+    owner = problem.block_mask
+    cache = _structure_tables if owner is None else owner.__dict__.setdefault("_flex_tables", {})
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = build()
+        if owner is None and len(cache) > TABLE_CACHE:
+            cache.popitem(last=False)
+    elif owner is None:
+        cache.move_to_end(key)
+    return found
 
 
 # ------------------------------------------------------------------------ mask_mod and score_mod
@@ -313,15 +336,24 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     Lp, Sp = (bucket(L), bucket(S)) if compiled else (L, S)
     call = _Call(problem, padded=(Lp, Sp) != (L, S), device=q.device)
     num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
-    parts = [x for x in (_structural_kinds(problem, Lp, Sp, q.device), _padding_kinds(L, S, Lp, Sp, q.device))
-             if x is not None]
-    if problem.mask is not None:
-        mask = _as_4d(problem.mask)
-        mask = mask.expand(*mask.shape[:2], L, S)
-        parts.append(_pad_kinds(BlockMask.from_dense(mask, BLOCK).kinds, num_q, num_k))
-    if problem.block_mask is not None:
-        parts.append(_pad_kinds(_tile_kinds(problem.block_mask), num_q, num_k))
-    block_mask = flex_block_mask(_combine(parts, num_q, num_k, q.device), (Lp, Sp), call.mask_mod)
+
+    def build() -> dict[str, Tensor]:
+        parts = [x for x in (_structural_kinds(problem, Lp, Sp, q.device), _padding_kinds(L, S, Lp, Sp, q.device))
+                 if x is not None]
+        if problem.mask is not None:
+            mask = _as_4d(problem.mask)
+            mask = mask.expand(*mask.shape[:2], L, S)
+            parts.append(_pad_kinds(BlockMask.from_dense(mask, BLOCK).kinds, num_q, num_k))
+        if problem.block_mask is not None:
+            parts.append(_pad_kinds(_tile_kinds(problem.block_mask), num_q, num_k))
+        return _tables(_combine(parts, num_q, num_k, q.device), (Lp, Sp))
+
+    if problem.mask is None:  # the tables depend on these numbers only
+        key = (q.device, L, S, Lp, Sp, problem.structured, problem.offset, problem.window)
+        tables = _cached_tables(problem, key, build)
+    else:
+        tables = build()
+    block_mask = module.BlockMask(seq_lengths=(Lp, Sp), **tables, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=call.mask_mod)
     if (Lp, Sp) != (L, S):
         q = F.pad(q, (0, 0, 0, Lp - L))
         k, v = F.pad(k, (0, 0, 0, Sp - S)), F.pad(v, (0, 0, 0, Sp - S))
