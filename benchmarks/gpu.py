@@ -21,6 +21,7 @@ CUDA versions, and prints a markdown table with the ratios (>1: attnkit faster).
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
@@ -31,11 +32,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import attnkit
-from attnkit import masks
 from attnkit._files import write_json
-from attnkit.functional import attention as attention_module
 from attnkit.functional.backends import flex
 from attnkit.functional.block_patterns import longformer_block_mask
+
+attention_module = importlib.import_module("attnkit.functional.attention")  # the module, not the function
 
 WINDOW, LONGFORMER_WINDOW, GLOBALS = 1024, 512, 16
 B, H, E = 1, 16, 128
