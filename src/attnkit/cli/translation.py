@@ -8,6 +8,8 @@ from pathlib import Path
 
 from .arguments import (
     MAX_BEAM,
+    add_device_argument,
+    check_device,
     check_new_file,
     check_not_input,
     check_texts,
@@ -175,6 +177,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..workbench import build_tokenizers
 
     resolve_direction(args)
+    device = check_device(args.device)
     seq2seq_options = {"attention": "bahdanau", "cell": "gru", "embedding_dim": 128, "hidden_size": 256, "layers": 1}
     if args.arch == "transformer":
         refuse_unused(args, list(seq2seq_options), "applies to --arch seq2seq only (the Transformer takes --preset)")
@@ -238,6 +241,7 @@ def _train(args: argparse.Namespace) -> int:
             config = Seq2SeqConfig(**vocab, attention=args.attention, cell=args.cell, embedding_dim=args.embedding_dim,
                                    hidden_size=args.hidden_size, num_layers=args.layers, dropout=args.dropout)
         model = build_model(config)
+    model = model.to(device)  # batches follow the model's device
     schedule = {} if args.warmup is None else {"warmup_steps": args.warmup}
     guided = {} if alignments is None else {"alignment_weight": args.alignment_weight,
                                             "alignment_layer": args.alignment_layer, "alignment_head": args.alignment_head}
@@ -280,6 +284,7 @@ def add_train_parser(commands) -> None:
     train.add_argument("--out", type=output_dir, required=True,
                        help="run folder: last/, best/, history.json (new, empty, or an attnkit run)")
     train.add_argument("--arch", default="seq2seq", choices=["seq2seq", "transformer"], help="model family")
+    add_device_argument(train, "training")
     train.add_argument("--attention", choices=SEQ2SEQ_ATTENTIONS,
                        help="for --arch seq2seq (default bahdanau): 'none' is the fixed-length bottleneck")
     train.add_argument("--cell", choices=["gru", "lstm"], help="for --arch seq2seq: the RNN cell (default gru)")

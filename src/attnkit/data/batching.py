@@ -24,7 +24,11 @@ class Batch(NamedTuple):
     @property
     def source_mask(self) -> Tensor:
         """(B, S) boolean, True at real source tokens."""
-        return torch.arange(self.source.shape[1]) < self.source_lengths[:, None]
+        return torch.arange(self.source.shape[1], device=self.source.device) < self.source_lengths[:, None]
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch on ``device`` (a model's: training and evaluation follow the model)."""
+        return Batch(*(t.to(device) for t in self))
 
     @property
     def target_tokens(self) -> int:

@@ -189,7 +189,7 @@ def evaluate_loss(model: nn.Module, data: Sequence[tuple[list[int], list[int]]],
     order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
     for start in range(0, len(order), batch_size):
         chunk = [data[i] for i in order[start : start + batch_size]]
-        batch = collate([s for s, _ in chunk], [t for _, t in chunk])
+        batch = collate([s for s, _ in chunk], [t for _, t in chunk]).to(next(model.parameters()).device)
         total += float(_loss_sum(model, batch, 0.0))
         tokens += batch.target_tokens
     model.train(was_training)
@@ -287,6 +287,7 @@ class _Trainer:
         from torch.nn.parallel import DistributedDataParallel
 
         self.model, self.config, self.folder, self.progress, self.log = model, config, folder, progress, log
+        self.device = next(model.parameters()).device  # batches follow the model (model.to("cuda") trains there)
         self.tokenizers = (source_tokenizer, target_tokenizer)
         self.rank, self.world_size = world()
         self.main = is_main()
@@ -394,7 +395,7 @@ class _Trainer:
         per token over all ranks, tokens, tokens/s)."""
         config = self.config
         chunk = [self.train_data[i] for i in indices]
-        batch = collate([s for s, _ in chunk], [t for _, t in chunk])
+        batch = collate([s for s, _ in chunk], [t for _, t in chunk]).to(self.device)
         tick = time.perf_counter()
         global_tokens = all_sum(batch.target_tokens)
         step = self.state.step + 1
@@ -406,7 +407,7 @@ class _Trainer:
         else:
             output = self.net(batch.source, batch.source_lengths, batch.target_in, **self.weights_options)
             loss_sum = _cross_entropy_sum(output.logits, batch, config.label_smoothing)
-            guide = _guide_matrix([self.guides[i] for i in indices], tuple(output.weights.shape))
+            guide = _guide_matrix([self.guides[i] for i in indices], tuple(output.weights.shape)).to(self.device)
             alignment_sum = -(guide * output.weights.float().clamp_min(1e-9).log()).sum()
             objective = loss_sum + config.alignment_weight * alignment_sum
         # Each rank's sum over the global token count; DDP's gradient mean then gives the gradient of
