@@ -178,11 +178,16 @@ def test_compiled_cpu_forward_matches_oracle_and_compiles_once_per_bucket(rng):
 
 def _problem(**kwargs) -> Problem:
     L, S = kwargs.pop("L", 4096), kwargs.pop("S", 4096)
-    return Problem(dims=Dims(B=1, H=8, Hkv=8, L=L, S=S, E=64, Ev=64), scale=0.125, device_type="cuda",
+    return Problem(dims=Dims(B=1, H=8, Hkv=8, L=L, S=S, E=64, Ev=64), scale=0.125, device=torch.device("cuda"),
                    dtype=kwargs.pop("dtype", torch.bfloat16), **kwargs)
 
 
-def test_auto_on_cuda_routes_to_fused_kernels_only():
+def test_auto_on_cuda_routes_to_fused_kernels_only(monkeypatch):
+    import importlib
+
+    attention_module = importlib.import_module("attnkit.functional.attention")
+    probe = attention_module.score_mod_needs_grad  # runs on the call's device: here the CPU stands in
+    monkeypatch.setattr(attention_module, "score_mod_needs_grad", lambda mod, device: probe(mod, "cpu"))
     blocks = masks.pattern_block_mask("longformer", 4096)
     assert choose_backend(_problem()) == "sdpa"
     assert choose_backend(_problem(is_causal=True)) == "sdpa"
@@ -197,7 +202,7 @@ def test_auto_on_cuda_routes_to_fused_kernels_only():
     assert choose_backend(_problem(is_causal=True, window=1024, dropout_p=0.1)) == "sdpa"
     assert choose_backend(_problem(block_mask=blocks, dtype=torch.float64)) == "sdpa"
     assert choose_backend(_problem(score_mod=lambda s, b, h, q, k: s, dtype=torch.float64)) == "reference"
-    odd = Problem(dims=Dims(B=1, H=8, Hkv=8, L=4096, S=4096, E=59, Ev=59), scale=0.1, device_type="cuda",
+    odd = Problem(dims=Dims(B=1, H=8, Hkv=8, L=4096, S=4096, E=59, Ev=59), scale=0.1, device=torch.device("cuda"),
                   dtype=torch.bfloat16, window=1024)
     assert choose_backend(odd) == "sdpa"
     learned = torch.zeros(8, requires_grad=True)

@@ -110,6 +110,9 @@ SYNC_FREE_CALLS = {
     "longformer": lambda L: {"mask": masks.pattern_block_mask("longformer", L, window=256, device=CUDA)},
     "score_mod": lambda L: {"is_causal": True, "score_mod": lambda s, b, h, qi, ki: 30 * torch.tanh(s / 30)},
     "sinks": lambda L: {"is_causal": True, "sinks": torch.zeros(8, device=CUDA)},
+    # a score_mod reading a table on the GPU (auto probes it on the call's device)
+    "score_mod_table": lambda L: {"is_causal": True,
+                                  "score_mod": lambda s, b, h, qi, ki, t=torch.linspace(0, 1, 8, device=CUDA): s + t[h]},
 }
 
 

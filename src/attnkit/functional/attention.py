@@ -119,7 +119,7 @@ def choose_backend(problem: Problem) -> str:
         return _choose_on_cuda(problem)
     learned_bias = problem.bias is not None and problem.bias.requires_grad
     if problem.score_mod is not None:
-        if learned_bias or (torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod)):
+        if learned_bias or (torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, problem.device)):
             return "reference"
         return "tiled"
     if learned_bias:
@@ -150,7 +150,7 @@ def _choose_on_cuda(problem: Problem) -> str:
     odd_heads = not all(d >= 16 and d & (d - 1) == 0 for d in (dims.E, dims.Ev))
     exact_only = problem.dtype == torch.float64 or problem.dropout_p > 0 or learned_bias or odd_heads
     if problem.score_mod is not None:
-        needs_grad = torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod)
+        needs_grad = torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, problem.device)
         return "reference" if exact_only or needs_grad else "flex"
     if exact_only:
         return "sdpa"
@@ -276,7 +276,7 @@ def attention(
         block_mask=block_mask,
         score_mod=score_mod,
         sinks=sinks,
-        device_type=q.device.type,
+        device=q.device,
         dtype=q.dtype,
     )
     if backend == "auto":

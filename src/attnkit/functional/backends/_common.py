@@ -50,7 +50,7 @@ class Problem:
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
     sinks: Tensor | None = None  # (H,) learned sink logits, in the backends' accumulation dtype's terms
-    device_type: str = "cpu"  # q's device type and dtype: "auto" routes by them
+    device: torch.device = torch.device("cpu")  # q's device and dtype: "auto" routes by them
     dtype: torch.dtype = torch.float32
     offset: int = field(init=False, default=0)  # key index aligned with query 0 (attnkit.masks.causal_offset)
 
@@ -59,6 +59,10 @@ class Problem:
             raise ValueError("a Problem takes a boolean mask or a block mask, not both")
         # Computed once per call; the tiled backend reads it per block without validating again.
         object.__setattr__(self, "offset", _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align))
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
 
     @property
     def structured(self) -> bool:
@@ -213,10 +217,11 @@ def apply_sinks(result: BackendResult, sinks: Tensor) -> BackendResult:
     return BackendResult(output=output, lse=total, weights=weights)
 
 
-def score_mod_needs_grad(score_mod: ScoreMod) -> bool:
+def score_mod_needs_grad(score_mod: ScoreMod, device: torch.device | str = "cpu") -> bool:
     """Whether ``score_mod`` reads tensors that require gradients (a learned bias table): probed
-    once on a single score under autograd. The tiled backend gives gradients for q, k and v only."""
-    zero = torch.zeros(1, 1, 1, 1, dtype=INDEX_DTYPE)
+    once on a single score under autograd, on the call's device (a score_mod may read tables that
+    live there). The tiled backend gives gradients for q, k and v only."""
+    zero = torch.zeros(1, 1, 1, 1, dtype=INDEX_DTYPE, device=device)
     with torch.enable_grad():
-        out = score_mod(torch.zeros(1, 1, 1, 1), zero, zero, zero, zero)
+        out = score_mod(torch.zeros(1, 1, 1, 1, device=device), zero, zero, zero, zero)
     return isinstance(out, Tensor) and out.requires_grad

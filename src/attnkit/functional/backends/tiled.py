@@ -290,7 +290,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             "the tiled backend does not propagate gradients to bias; use backend='reference' "
             "or 'sdpa' for a learned bias"
         )
-    if problem.score_mod is not None and torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod):
+    if problem.score_mod is not None and torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, q.device):
         raise ValueError(
             "score_mod reads tensors that require gradients; the tiled backend propagates gradients "
             "to q, k and v only: use backend='reference' for a learned score_mod"
