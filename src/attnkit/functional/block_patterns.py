@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import masks as _masks
-from .block_mask import DEFAULT_BLOCK, EMPTY, BlockMask, _block_sizes
+from .block_mask import DEFAULT_BLOCK, BlockMask, _block_sizes, block_mask
 
 __all__ = [
     "band_kinds",
@@ -37,6 +37,7 @@ __all__ = [
     "document_ids",
     "prefix_lm_block_mask",
     "sinks_block_mask",
+    "pattern_block_mask",
 ]
 
 _INF = 1 << 62
@@ -268,7 +269,6 @@ def sinks_block_mask(L: int, S: int | None = None, *, sinks: int, window: int, a
     return _result(_banded(1, len(a), len(c), device, rows), (1, 1, L, S), block, mod)
 
 
-assert EMPTY == 0  # _kinds relies on EMPTY 0, PARTIAL 1, FULL 2
 
 
 def closed_form(name: str, L: int, S: int, *, block, device=None, **options) -> BlockMask | None:
@@ -295,3 +295,24 @@ def closed_form(name: str, L: int, S: int, *, block, device=None, **options) -> 
         return sinks_block_mask(L, S, sinks=options.get("sinks", 4), window=options.get("window", 512), block=block,
                                 device=device)
     return None
+
+
+def pattern_block_mask(
+    name: str, L: int, S: int | None = None, *, B: int | None = None, H: int | None = None,
+    block: int | tuple[int, int] = DEFAULT_BLOCK, device=None, **options,
+) -> BlockMask:
+    """The :class:`BlockMask` of a named pattern from :data:`attnkit.masks.PATTERNS` (``attnkit bench``,
+    ``cost``), with its options.
+
+    Without ``B`` and ``H``, causal, window, Longformer, documents, prefix-LM and sinks are built in
+    closed form (:func:`closed_form`: O(tiles), a million tokens in under a second); the others, and
+    per-batch or per-head ones, evaluate the mask_mod on every pair (:func:`attnkit.masks.block_mask`)."""
+    if name not in _masks.PATTERNS:
+        raise ValueError(f"pattern must be one of {sorted(_masks.PATTERNS)}, got {name!r}")
+    S = L if S is None else S
+    mod = _masks.PATTERNS[name](L, S, **options)  # validates the options, and is the mask evaluated otherwise
+    if B is None and H is None:
+        built = closed_form(name, L, S, block=block, device=device, **options)
+        if built is not None:
+            return built
+    return block_mask(mod, B, H, L, S, block=block, device=device)

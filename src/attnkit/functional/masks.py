@@ -15,7 +15,8 @@ Sparse patterns beyond one mask tensor are ``mask_mod(b, h, q_idx, kv_idx) -> bo
 tiled backend skips the tiles they rule out: :func:`window_mod` (two-sided, encoders),
 :func:`longformer_mod`, :func:`bigbird_mod`, :func:`prefix_lm_mod`, :func:`document_mod` (packed
 sequences), :func:`dilated_window_mod`, :func:`sinks_window_mod` (StreamingLLM), combined with
-:func:`and_mods` / :func:`or_mods`; :func:`pattern_block_mask` builds one by name.
+:func:`and_mods` / :func:`or_mods`; :func:`attnkit.masks.pattern_block_mask` builds one by name
+(:mod:`attnkit.functional.block_patterns`).
 
 Shape legend: B batch, H heads, L query length, S key length.
 """
@@ -56,7 +57,6 @@ __all__ = [
     "and_mods",
     "or_mods",
     "PATTERNS",
-    "pattern_block_mask",
 ]
 
 ALIGNMENTS = ("top-left", "bottom-right")
@@ -465,25 +465,3 @@ PATTERNS = {
 """Named patterns with benchmark defaults, ``name -> factory(L, S=None, **options) -> mask_mod``:
 Longformer puts its globals at the first ``num_global`` tokens; documents splits the sequence
 into ``documents`` equal packed documents; prefix-LM takes a quarter of L as prefix."""
-
-
-def pattern_block_mask(
-    name: str, L: int, S: int | None = None, *, B: int | None = None, H: int | None = None,
-    block: int | tuple[int, int] = DEFAULT_BLOCK, device=None, **options,
-) -> BlockMask:
-    """The :class:`BlockMask` of a named pattern from :data:`PATTERNS` (``attnkit bench``, ``cost``).
-
-    Without ``B`` and ``H``, causal, window, Longformer, documents, prefix-LM and sinks are built in
-    closed form (:mod:`attnkit.functional.block_patterns`: O(tiles), a million tokens in under a
-    second); the others, and per-batch or per-head ones, evaluate the mask_mod densely."""
-    if name not in PATTERNS:
-        raise ValueError(f"pattern must be one of {sorted(PATTERNS)}, got {name!r}")
-    S = L if S is None else S
-    mod = PATTERNS[name](L, S, **options)  # validates the options, and is the mask evaluated otherwise
-    if B is None and H is None:
-        from .block_patterns import closed_form  # imports this module
-
-        built = closed_form(name, L, S, block=block, device=device, **options)
-        if built is not None:
-            return built
-    return block_mask(mod, B, H, L, S, block=block, device=device)
