@@ -202,6 +202,11 @@ def test_auto_on_cuda_routes_to_fused_kernels_only(monkeypatch):
     assert choose_backend(_problem(sinks=torch.zeros(8))) == "flex"
     assert choose_backend(_problem(L=4096, S=8192, is_causal=True, causal_align="bottom-right")) == "flex"
     assert choose_backend(_problem(L=1, S=8192, is_causal=True, causal_align="bottom-right")) == "sdpa"
+    # Small calls, decoding steps among them, keep SDPA with the mask materialised; a score_mod does not.
+    assert choose_backend(_problem(L=1, S=8192, is_causal=True, window=1024, causal_align="bottom-right")) == "sdpa"
+    small = masks.pattern_block_mask("longformer", 1024)
+    assert choose_backend(_problem(L=1024, S=1024, block_mask=small)) == "sdpa"
+    assert choose_backend(_problem(L=1, S=8192, score_mod=lambda s, b, h, q, k: s)) == "flex"
     # What flex cannot do exactly goes where it can: dropout, float64, learned biases.
     assert choose_backend(_problem(is_causal=True, window=1024, dropout_p=0.1)) == "sdpa"
     assert choose_backend(_problem(block_mask=blocks, dtype=torch.float64)) == "sdpa"

@@ -100,8 +100,9 @@ AUTO_CLASSIFY_MIN_ENTRIES = 1 << 22
 
 
 AUTO_FLEX_MIN_ENTRIES = 1 << 22
-"""On CUDA, a bottom-right causal call with L != S (a KV-cache prefill) goes to flex from L x S >=
-4M entries; below that SDPA with the materialised mask is cheap (decoding steps have L = 1)."""
+"""On CUDA, windows, block masks, sinks and bottom-right causal calls with L != S (KV-cache
+prefills) go to flex from L x S >= 4M scores (2K x 2K); below that SDPA with the materialised mask
+is cheap, and decoding steps (L = 1) stay on SDPA's kernels. A score_mod always goes to flex."""
 
 
 def choose_backend(problem: Problem) -> str:
@@ -139,8 +140,9 @@ def _choose_on_cuda(problem: Problem) -> str:
 
     - dense, causal (top-left), padding or any boolean mask, bias, dropout: SDPA's fused kernels
       (flash / memory-efficient; a mask or bias goes as SDPA's ``attn_mask``);
-    - sliding windows, block masks, score_mods, learned sinks, and bottom-right causal prefills of
-      at least AUTO_FLEX_MIN_ENTRIES scores: flex (compiled FlexAttention, empty tiles skipped);
+    - score_mods; and from AUTO_FLEX_MIN_ENTRIES scores, sliding windows, block masks, learned
+      sinks and bottom-right causal prefills: flex (compiled FlexAttention, empty tiles skipped);
+      smaller ones SDPA with the mask materialised;
     - float64, dropout, a learned bias, a score_mod reading tensors that need gradients, or head
       dims that are not powers of two of at least 16 (what FlexAttention's kernels are sure to take):
       what handles them exactly (SDPA with the mask materialised, or reference for a score_mod).
@@ -152,11 +154,10 @@ def _choose_on_cuda(problem: Problem) -> str:
     if problem.score_mod is not None:
         needs_grad = torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, problem.device)
         return "reference" if exact_only or needs_grad else "flex"
-    if exact_only:
-        return "sdpa"
-    long_prefill = (problem.is_causal and problem.causal_align == "bottom-right" and dims.L != dims.S
-                    and dims.L * dims.S >= AUTO_FLEX_MIN_ENTRIES)
-    if problem.sinks is not None or problem.block_mask is not None or problem.window is not None or long_prefill:
+    if exact_only or dims.L * dims.S < AUTO_FLEX_MIN_ENTRIES:
+        return "sdpa"  # small calls (decoding steps among them): the materialised mask is cheap
+    bottom_right = problem.is_causal and problem.causal_align == "bottom-right" and dims.L != dims.S
+    if problem.sinks is not None or problem.block_mask is not None or problem.window is not None or bottom_right:
         return "flex"
     return "sdpa"
 
