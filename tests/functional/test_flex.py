@@ -251,3 +251,26 @@ def test_tables_are_converted_once_per_block_mask_and_length(rng, eager, monkeyp
     for _ in range(2):
         attnkit.attention(q, k, v, backend="flex", mask=torch.ones(300, 300, dtype=torch.bool))
     assert len(built) == 4
+
+
+@pytest.mark.slow
+def test_compiled_cpu_forward_with_every_part_at_a_padded_length(rng):
+    """Per-example block mask (B = 2 tables), a padding mask, a bias, a score_mod and GQA, at a length
+    padded from 300 to 512: the compiled kernel reads the tables per example and the lookups clamp."""
+    B, H, Hkv, L = 2, 4, 2, 300
+    q = randn(B, H, L, 32, generator=rng)
+    k, v = (randn(B, Hkv, L, 32, generator=rng) for _ in range(2))
+    ids = torch.stack([torch.arange(L) * 3 // L, torch.arange(L) * 5 // L])
+    blocks = masks.document_block_mask(ids)
+    kwargs = {"mask": blocks, "bias": randn(1, H, L, L, generator=rng),
+              "score_mod": lambda s, b, h, qi, ki: s - 0.01 * (qi - ki).abs()}
+    with torch.no_grad():
+        got = attnkit.attention(q, k, v, backend="flex", **kwargs).output
+    want = attnkit.attention(q.double(), k.double(), v.double(), backend="reference",
+                             **{**kwargs, "bias": kwargs["bias"].double()}).output
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+    padding = masks.padding(torch.tensor([L, 200]), L)
+    with torch.no_grad():
+        got = attnkit.attention(q, k, v, backend="flex", mask=padding, is_causal=True).output
+    want = attnkit.attention(q.double(), k.double(), v.double(), backend="reference", mask=padding, is_causal=True).output
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
