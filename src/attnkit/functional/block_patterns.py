@@ -2,7 +2,7 @@
 
 :func:`attnkit.masks.block_mask` learns which tiles are empty, partial or full by evaluating the
 ``mask_mod`` on all L x S pairs, a band of query blocks at a time: exact for any function, but
-O(L x S) work (a 64K Longformer mask takes over a minute on 2 cores). The patterns here know their
+O(L x S) work (a 64K Longformer mask takes about 30 s on 2 cores). The patterns here know their
 tiles from a few numbers per block, in O(number of tiles) vectorised work and memory of a few bytes
 per tile, and attach the same ``mask_mod`` for the partial tiles:
 
