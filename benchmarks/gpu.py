@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 import attnkit
 from attnkit._files import write_json
+from attnkit.bench.harness import peak_extra_mb
 from attnkit.functional.backends import flex
 from attnkit.functional.block_patterns import longformer_block_mask
 
@@ -124,17 +125,18 @@ def attention_rows(sizes, repeats: int, progress) -> list[dict]:
 
 
 def _measure(build) -> tuple[float, float]:
-    build()  # warm up (and compile)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    start = time.perf_counter()
-    result = build()
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    del result
-    return seconds, peak
+    """(seconds, peak extra MB) of one ``build()`` after a warm-up (and compile)."""
+    build()
+    seconds = []
+
+    def run():
+        start = time.perf_counter()
+        build()
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+
+    peak = peak_extra_mb(run, "cuda")  # the harness's measure: the allocator's peak over the call
+    return seconds[0], peak
 
 
 def block_mask_rows(sizes, progress) -> list[dict]:

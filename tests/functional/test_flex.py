@@ -23,6 +23,7 @@ from attnkit import masks
 from attnkit.functional.attention import choose_backend
 from attnkit.functional.backends import flex
 from attnkit.functional.backends._common import Problem
+from attnkit.functional.block_mask import length_bucket
 from attnkit.functional.checks import Dims
 from helpers import DTYPES, assert_close, numpy, randn
 from test_attention import CASES, MASKINGS, make_call, oracle
@@ -150,11 +151,11 @@ def test_flex_refusals(rng, eager):
 
 
 def test_buckets():
-    assert [flex.bucket(n) for n in (1, 2, 3, 100, 128, 129, 512)] == [1, 2, 4, 128, 128, 256, 512]
-    assert [flex.bucket(n) for n in (513, 640, 641, 1000, 4096, 5000)] == [640, 640, 768, 1024, 4096, 5120]
+    assert [length_bucket(n) for n in (1, 2, 3, 100, 128, 129, 512)] == [1, 2, 4, 128, 128, 256, 512]
+    assert [length_bucket(n) for n in (513, 640, 641, 1000, 4096, 5000)] == [640, 640, 768, 1024, 4096, 5120]
     for n in range(1, 5000, 7):  # padding: under 2x up to 512, at most 25% beyond; few buckets
-        assert n <= flex.bucket(n) < 2 * n if n <= 512 else n <= flex.bucket(n) <= 1.25 * n
-    assert len({flex.bucket(n) for n in range(513, 1 << 20)}) == 4 * 11
+        assert n <= length_bucket(n) < 2 * n if n <= 512 else n <= length_bucket(n) <= 1.25 * n
+    assert len({length_bucket(n) for n in range(513, 1 << 20)}) == 4 * 11
 
 
 @pytest.mark.slow

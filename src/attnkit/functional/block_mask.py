@@ -235,8 +235,14 @@ def _classify(mask: BlockMask) -> Tensor:
         shape = (B, H, i1 - i0, block_q, num_k, block_k)
         some = any_t.reshape(shape).any(dim=5).any(dim=3)
         every = all_t.reshape(shape).all(dim=5).all(dim=3)
-        kinds[:, :, i0:i1] = torch.where(every, FULL, torch.where(some, PARTIAL, EMPTY)).to(torch.int8)
+        kinds[:, :, i0:i1] = kinds_of(some, every)
     return kinds
+
+
+def kinds_of(nonempty: Tensor, full: Tensor) -> Tensor:
+    """int8 kinds from two boolean grids of tiles: EMPTY (0) where not non-empty, FULL (2) where full
+    and non-empty, PARTIAL (1) otherwise. Every builder of kinds from reductions ends here."""
+    return nonempty.to(torch.int8) + (full & nonempty).to(torch.int8)
 
 
 def _merged_kinds(kinds: Tensor) -> Tensor:
@@ -244,9 +250,7 @@ def _merged_kinds(kinds: Tensor) -> Tensor:
     if full for all."""
     if kinds.shape[0] * kinds.shape[1] == 1:
         return kinds[0, 0]
-    nonempty = (kinds != EMPTY).any(dim=1).any(dim=0)
-    full = (kinds == FULL).all(dim=1).all(dim=0)
-    return nonempty.to(torch.int8) + (full & nonempty).to(torch.int8)
+    return kinds_of((kinds != EMPTY).any(dim=1).any(dim=0), (kinds == FULL).all(dim=1).all(dim=0))
 
 
 def _runs(mask: BlockMask, max_blocks: int) -> list[list[tuple[int, int, bool]]]:

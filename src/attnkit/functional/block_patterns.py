@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import masks as _masks
-from .block_mask import DEFAULT_BLOCK, BlockMask, _block_sizes, block_mask
+from .block_mask import DEFAULT_BLOCK, BlockMask, _block_sizes, block_mask, kinds_of
 
 __all__ = [
     "band_kinds",
@@ -49,12 +49,6 @@ def _extents(n: int, block: int, device) -> tuple[Tensor, Tensor]:
     return first, torch.clamp(first + block - 1, max=n - 1)
 
 
-def _kinds(nonempty: Tensor, full: Tensor) -> Tensor:
-    """int8 kinds from two boolean grids (full implies non-empty): EMPTY 0, PARTIAL 1, FULL 2."""
-    full = full & nonempty
-    return nonempty.to(torch.int8) + full.to(torch.int8)
-
-
 BAND_TILES = 1 << 22
 """Tiles whose kinds are worked out at once (a few bytes of temporaries each): a million-token mask
 (8192 x 8192 tiles of 128) is written in bands of 512 query blocks, so that the peak memory is the
@@ -69,7 +63,7 @@ def _banded(batch: int, num_q: int, num_k: int, device, rows) -> Tensor:
     for i0 in range(0, num_q, band):
         i1 = min(num_q, i0 + band)
         nonempty, full = rows(i0, i1)
-        kinds[:, 0, i0:i1] = _kinds(nonempty, full)
+        kinds[:, 0, i0:i1] = kinds_of(nonempty, full)
     return kinds
 
 

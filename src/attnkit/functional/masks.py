@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .block_mask import DEFAULT_BLOCK, BlockMask, MaskMod, ScoreMod, block_mask, length_bucket
+from .block_mask import BlockMask, MaskMod, ScoreMod, block_mask, length_bucket
 
 __all__ = [
     "ALIGNMENTS",

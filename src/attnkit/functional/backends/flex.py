@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..block_mask import EMPTY, FULL, PARTIAL, BlockMask, _classify, length_bucket
+from ..block_mask import EMPTY, FULL, PARTIAL, BlockMask, _classify, kinds_of, length_bucket
 from ..block_patterns import BAND_TILES, band_kinds
 from ._common import BackendResult, Problem, compute_dtype
 
-__all__ = ["forward", "FlexUnavailable", "available", "bucket", "flex_block_mask", "BLOCK", "COMPILE_ON_CPU",
+__all__ = ["forward", "FlexUnavailable", "available", "flex_block_mask", "BLOCK", "COMPILE_ON_CPU",
            "RECOMPILE_LIMIT"]
 
 BLOCK = 128
@@ -90,9 +90,6 @@ def _compiled():
     return torch.compile(module.flex_attention, dynamic=False)
 
 
-bucket = length_bucket
-
-
 # ---------------------------------------------------------------------------------------- the tables
 def _pad_kinds(kinds: Tensor, num_q: int, num_k: int) -> Tensor:
     """Kinds padded with EMPTY tiles up to (num_q, num_k) tiles."""
@@ -117,7 +114,7 @@ def _tile_kinds(mask: BlockMask) -> Tensor:
         present = grid >= 0
         nonempty = ((grid != EMPTY) & present).any(dim=5).any(dim=3)
         full = ((grid == FULL) | ~present).all(dim=5).all(dim=3)
-        kinds = nonempty.to(torch.int8) + (full & nonempty).to(torch.int8)
+        kinds = kinds_of(nonempty, full)
     else:
         copy = BlockMask(torch.empty(0, device=mask.device), mask.shape, (BLOCK, BLOCK),
                          mask_mod=mask.mask_mod, dense=mask._dense)
@@ -333,7 +330,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     compiled = not on_cpu or (COMPILE_ON_CPU and problem.sinks is None)
     want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
     L, S = dims.L, dims.S
-    Lp, Sp = (bucket(L), bucket(S)) if compiled else (L, S)
+    Lp, Sp = (length_bucket(L), length_bucket(S)) if compiled else (L, S)
     call = _Call(problem, padded=(Lp, Sp) != (L, S), device=q.device)
     num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
 
