@@ -87,6 +87,37 @@ def test_one_process_is_plain_attention(layout):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_ring_blocks_in_low_precision_match_float64(monkeypatch, dtype, fused):
+    """The ring's blocks go through the fused CPU kernel (or plain PyTorch): tiles allowed whole,
+    cut by the window, causal triangles and padding, in float32 / bfloat16 against float64."""
+    import attnkit.distributed
+    from attnkit.functional import partial
+
+    monkeypatch.setattr(attnkit.distributed, "QUERY_TILE", 16)
+    monkeypatch.setattr(partial, "FUSED", fused)
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=generator, dtype=torch.float64) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    key_mask = torch.rand(2, 64, generator=generator) > 0.2
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    for case in CASES:
+        case = dict(case)
+        extra = {"key_mask": key_mask} if case.pop("padding", False) else {}
+        mask = key_mask[:, None, None, :] if extra else None
+        want_x = [x.clone().requires_grad_() for x in (q, k, v)]
+        want = attnkit.attention(*want_x, backend="reference", mask=mask, **case).output
+        want_grads = torch.autograd.grad(want, want_x, torch.ones_like(want))
+        got_x = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        got = context_parallel_attention(*got_x, **case, **extra)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), want.detach(), rtol=tol, atol=tol, msg=lambda m: f"{case}: {m}")
+        for name, a, b in zip("qkv", torch.autograd.grad(got, got_x, torch.ones_like(got)), want_grads):
+            torch.testing.assert_close(a.double(), b, rtol=10 * tol, atol=10 * tol,
+                                       msg=lambda m, name=name: f"{case} d{name}: {m}")
+
+
 def test_layouts_partition_the_sequence_and_unshard_inverts_shard():
     assert shard_positions(16, 2, 0, "zigzag").tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
     assert shard_positions(16, 2, 1, "zigzag").tolist() == [4, 5, 6, 7, 8, 9, 10, 11]

@@ -3,10 +3,11 @@
 Each of the W processes of a group holds a shard of the sequence, (B, H, n / W, E) for the
 queries and (B, Hkv, n / W, E) for keys and values, and gets its shard of exact attention over the
 whole sequence. Ring attention (Liu et al. 2023): the key/value shards travel around the ring of
-processes, one hop per step, while each process attends its queries to the shard it holds and
-merges the partial results by log-sum-exp (float32). The backward pass recomputes each block from
-the saved log-sum-exp and sends the key/value gradients around the ring with their shard, so
-they arrive home after W hops. Communication is torch.distributed point-to-point
+processes, one hop per step, while each process attends its queries to the shard it holds (a
+fused kernel that returns the log-sum-exp: :mod:`attnkit.functional.partial`) and merges the
+partial results by log-sum-exp (float32). The backward pass gives each block's gradients from the
+saved output and log-sum-exp and sends the key/value gradients around the ring with their shard,
+so they arrive home after W hops. Communication is torch.distributed point-to-point
 (``batch_isend_irecv``; gloo on CPU, nccl on GPU), posted before each block is computed so that
 it can overlap with it.
 
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from torch import distributed as dist
+
+from .functional.partial import merge_partial, partial_attention, partial_attention_backward
 
 __all__ = ["PeerFailure", "RankMismatch", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard", "context_parallel_attention",
            "ContextParallel", "check_context_parallel", "lm_shards", "all_reduce_gradients"]
@@ -96,15 +99,25 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) 
     return allowed
 
 
-def _scores(q, k, scale, allowed, key_mask=None):
-    """Scaled scores of a block, -inf where ``allowed`` (Lq, Lk; None: everywhere) or ``key_mask``
-    (B, Lk, nonzero at real keys) rule a key out."""
-    s = (q @ k.transpose(-1, -2)) * scale
+def _bias(allowed: Tensor | None, key_mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
+    """(additive bias (B or 1, 1, Lq, Lk) or None, is_causal) for one block from ``allowed``
+    (Lq, Lk; None: everywhere) and ``key_mask`` (B, Lk, nonzero at real keys). A block allowed
+    everywhere needs no bias; one whose mask is the top-left causal triangle (the diagonal blocks
+    of a causal ring) passes ``is_causal`` so that the kernel skips the masked half."""
+    causal = False
     if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
+        if bool(allowed.all()):
+            allowed = None
+        elif allowed.shape[0] == allowed.shape[1] and torch.equal(allowed, torch.ones_like(allowed).tril()):
+            allowed, causal = None, True
+    if allowed is None and key_mask is None:
+        return None, causal
+    ok = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=(allowed if key_mask is None else key_mask).device)
+    if allowed is not None:
+        ok = ok & allowed[None, None]
     if key_mask is not None:
-        s = s.masked_fill(~key_mask.bool()[:, None, None, :], float("-inf"))
-    return s
+        ok = ok & key_mask.bool()[:, None, None, :]
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf")), causal
 
 
 def _key_span(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None):
@@ -224,7 +237,24 @@ def _expand(x: Tensor, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def _blocks(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None, key_mask: Tensor | None,
+            dtype: torch.dtype):
+    """Per query tile of a (query shard, key shard) block: (q0, q1, k0, k1, bias, is_causal), the
+    key slice the tile may attend and its mask; tiles that may attend nothing are left out."""
+    for q0 in range(0, q_pos.shape[0], QUERY_TILE):  # one tile at a time: a mask is tile x shard at most
+        q1 = min(q_pos.shape[0], q0 + QUERY_TILE)
+        span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
+        if span is None:
+            continue  # causal / window rule out the whole block: no work
+        k0, k1, allowed = span
+        bias, causal = _bias(allowed, None if key_mask is None else key_mask[:, k0:k1], dtype)
+        yield q0, q1, k0, k1, bias, causal
+
+
 class _RingAttention(torch.autograd.Function):
+    """Ring attention; each block by :func:`attnkit.functional.partial.partial_attention` (a fused
+    kernel that returns the log-sum-exp), merged by log-sum-exp in float32 (float64 for float64)."""
+
     @staticmethod
     def forward(ctx, q, k, v, q_pos, scale, is_causal, window, group, key_mask):
         ring = _Ring(group)
@@ -233,26 +263,15 @@ class _RingAttention(torch.autograd.Function):
         B, H, L, _ = q.shape
         out = torch.zeros(B, H, L, v.shape[-1], dtype=acc, device=q.device)
         lse = torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)
-        qa = q.to(acc)
         current = [k, v, q_pos] + ([key_mask] if key_mask is not None else [])  # what travels the ring
         for step in range(ring.world):
-            pending = ring.start(current) if step < ring.world - 1 else None
+            pending = ring.start(current) if step < ring.world - 1 else None  # the next block's hop overlaps this one
             ck, cv, k_pos = current[:3]
-            ke, ve = _expand(ck, groups).to(acc), _expand(cv, groups).to(acc)
-            for q0 in range(0, L, QUERY_TILE):  # scores of one query tile at a time: tile x shard memory
-                q1 = min(L, q0 + QUERY_TILE)
-                span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
-                if span is None:
-                    continue  # causal / window rule out the whole block: no work
-                k0, k1, allowed = span
-                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, allowed,
-                            current[3][:, k0:k1] if key_mask is not None else None)
-                old = lse[:, :, q0:q1]
-                merged = torch.logaddexp(old, torch.logsumexp(s, dim=-1))
-                safe = torch.where(torch.isinf(merged), torch.zeros_like(merged), merged)
-                p = torch.exp(s - safe[..., None])  # block weights under the merged normaliser
-                out[:, :, q0:q1] = out[:, :, q0:q1] * torch.exp(old - safe)[..., None] + p @ ve[:, :, k0:k1]
-                lse[:, :, q0:q1] = merged
+            ke, ve = _expand(ck, groups), _expand(cv, groups)
+            for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window,
+                                                        current[3] if key_mask is not None else None, q.dtype):
+                part = partial_attention(q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], scale, bias, causal)
+                out[:, :, q0:q1], lse[:, :, q0:q1] = merge_partial(out[:, :, q0:q1], lse[:, :, q0:q1], *part)
             if pending is not None:
                 ring.wait(pending[0])
                 current = pending[1]
@@ -267,39 +286,41 @@ class _RingAttention(torch.autograd.Function):
         ring = _Ring(ctx.group)
         groups = q.shape[1] // k.shape[1]
         acc = out.dtype
-        qa, do = q.to(acc), d_out.to(acc)
-        delta = (do * out).sum(-1)  # (B, H, L)
-        safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-        dq = torch.zeros_like(qa)
+        safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # rows with no key: out 0, nothing flows
+        dq = torch.zeros_like(q, dtype=acc)
         carried = [k, v, q_pos] + ([key_mask] if key_mask is not None else [])
-        grads = [torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]  # travel with their shard
+        in_flight = None  # the previous step's key/value gradients, on their way here
         for step in range(ring.world):
+            last = step == ring.world - 1
+            pending = ring.start(carried) if not last else None  # the next shard's hop overlaps this block
             ck, cv, k_pos = carried[:3]
-            km = carried[3] if key_mask is not None else None
-            ke, ve = _expand(ck, groups).to(acc), _expand(cv, groups).to(acc)
-            dke, dve = torch.zeros_like(ke), torch.zeros_like(ve)
-            for q0 in range(0, qa.shape[2], QUERY_TILE):
-                q1 = min(qa.shape[2], q0 + QUERY_TILE)
-                span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
-                if span is None:
-                    continue
-                k0, k1, allowed = span
-                s = _scores(qa[:, :, q0:q1], ke[:, :, k0:k1], scale, allowed, None if km is None else km[:, k0:k1])
-                p = torch.exp(s - safe_lse[:, :, q0:q1, None])
-                dve[:, :, k0:k1] += p.transpose(-1, -2) @ do[:, :, q0:q1]
-                ds = p * (do[:, :, q0:q1] @ ve[:, :, k0:k1].transpose(-1, -2) - delta[:, :, q0:q1, None])
-                dq[:, :, q0:q1] += (ds @ ke[:, :, k0:k1]) * scale
-                dke[:, :, k0:k1] += (ds.transpose(-1, -2) @ qa[:, :, q0:q1]) * scale
+            ke, ve = _expand(ck, groups), _expand(cv, groups)
+            dke = torch.zeros_like(ke, dtype=acc)
+            dve = torch.zeros_like(ve, dtype=acc)
+            for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window,
+                                                        carried[3] if key_mask is not None else None, q.dtype):
+                dqi, dki, dvi = partial_attention_backward(
+                    d_out[:, :, q0:q1], q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], out[:, :, q0:q1],
+                    safe_lse[:, :, q0:q1], scale, bias, causal)
+                dq[:, :, q0:q1] += dqi
+                dke[:, :, k0:k1] += dki
+                dve[:, :, k0:k1] += dvi
             if groups > 1:
-                B, H, S, E = dke.shape
-                dke = dke.view(B, H // groups, groups, S, E).sum(2)
-                dve = dve.view(B, H // groups, groups, S, dve.shape[-1]).sum(2)
-            grads = [grads[0] + dke, grads[1] + dve]
-            if ring.world > 1:  # the gradients travel with their shard; after W hops they are home
-                last = step == ring.world - 1
-                requests, received = ring.start(grads if last else carried + grads)
-                ring.wait(requests)
-                carried, grads = (carried, received) if last else (received[:len(carried)], received[len(carried):])
+                Bk, Hq, S, E = dke.shape
+                dke = dke.view(Bk, Hq // groups, groups, S, E).sum(2)
+                dve = dve.view(Bk, Hq // groups, groups, S, dve.shape[-1]).sum(2)
+            grads = [dke, dve]
+            if in_flight is not None:  # this shard's gradients from the ranks it visited before
+                ring.wait(in_flight[0])
+                grads = [g + r for g, r in zip(grads, in_flight[1])]
+            if ring.world > 1:  # they travel with their shard and arrive home after W hops; the
+                in_flight = ring.start(grads)  # hop overlaps the next step's block
+            if pending is not None:
+                ring.wait(pending[0])
+                carried = pending[1]
+        if in_flight is not None and ring.world > 1:
+            ring.wait(in_flight[0])
+            grads = in_flight[1]
         dk, dv = grads
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 

@@ -42,3 +42,41 @@ def test_ring_step_and_merge_on_cuda_equals_attention(kwargs, dtype):
 def test_agreement_check_runs_over_nccl(nccl_world_of_one):
     signature = {"batch": 2, "window": None, "dtype": torch.bfloat16}
     distributed._check_agreement(nccl_world_of_one, 1, 0, signature, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("lengths", [(100, 77), (128, 256)], ids=["unaligned", "aligned"])
+def test_partial_attention_on_the_cuda_efficient_kernel(dtype, lengths):
+    """The ring's block kernel on CUDA (the memory-efficient op, bias rows padded to 16, its
+    log-sum-exp padded to 32): parts merged equal float64 attention, empty rows give 0 and -inf,
+    and the parts' gradients add up to float64 autograd's."""
+    from attnkit.functional.partial import fused, merge_partial, partial_attention, partial_attention_backward
+
+    Lq, S = lengths
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.float64) for n in (Lq, S, S))
+    ok = (torch.rand(Lq, S, device="cuda") > 0.3)[None, None] & (torch.rand(2, S, device="cuda") > 0.1)[:, None, None]
+    ok[:, :, 3] = False
+    x = [t.to(dtype) for t in (q, k, v)]
+    assert fused(x[0]) == "cuda-efficient"
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    want = attnkit.attention(q, k, v, mask=ok, scale=0.125, backend="reference").output
+    d_out = torch.randn_like(want)
+    grads = torch.autograd.grad(want, (q, k, v), d_out)
+    out = torch.zeros(2, 4, Lq, 64, device="cuda")
+    lse = torch.full((2, 4, Lq), float("-inf"), device="cuda")
+    cuts = [(0, S // 2), (S // 2, S)]
+    bias = torch.zeros(ok.shape, dtype=dtype, device="cuda").masked_fill(~ok, float("-inf"))
+    for a, b in cuts:
+        out, lse = merge_partial(out, lse, *partial_attention(x[0], x[1][:, :, a:b], x[2][:, :, a:b], 0.125,
+                                                              bias[..., a:b].contiguous()))
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.double(), want.detach(), rtol=tol, atol=tol)
+    assert torch.isneginf(lse[:, :, 3]).all() and (out[:, :, 3] == 0).all()
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    parts = [partial_attention_backward(d_out.to(dtype), x[0], x[1][:, :, a:b], x[2][:, :, a:b], out, safe, 0.125,
+                                        bias[..., a:b].contiguous()) for a, b in cuts]
+    got = (sum(p[0].double() for p in parts), torch.cat([p[1].double() for p in parts], 2),
+           torch.cat([p[2].double() for p in parts], 2))
+    for name, g, w in zip("qkv", got, grads):
+        torch.testing.assert_close(g, w, rtol=10 * tol, atol=10 * tol, msg=lambda m, name=name: f"d{name}: {m}")
