@@ -72,6 +72,23 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tens
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
+def _cuda_rng_states(model: nn.Module) -> dict[str, Tensor]:
+    """The state of the CUDA generator of the model's device (dropout on the GPU draws from it);
+    {} for a model on the CPU."""
+    device = next(model.parameters()).device
+    return {"rng.cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}
+
+
+def _restore_cuda_rng(tensors: dict[str, Tensor], model: nn.Module) -> None:
+    """Put the saved CUDA generator state back on the model's device, so that a run resumed on the
+    GPU draws the same dropout masks as one that never stopped. A GPU run resumed on the CPU needs
+    none (the CPU generator drives dropout there); a CPU run resumed on a GPU has none to restore,
+    so its dropout draws differ from here on (the weights and optimiser are still exact)."""
+    device = next(model.parameters()).device
+    if device.type == "cuda" and "rng.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["rng.cuda"], device)
+
+
 def save_checkpoint(
     folder: str | os.PathLike,
     model: nn.Module,
@@ -96,7 +113,7 @@ def save_checkpoint(
         if trainer is not None:
             from safetensors.torch import save_file
 
-            tensors = {"rng.torch": torch.get_rng_state()}
+            tensors = {"rng.torch": torch.get_rng_state()} | _cuda_rng_states(model)
             extra = {}
             if optimizer is not None:
                 optimizer_tensors, extra = _optimizer_tensors(optimizer)
@@ -258,4 +275,5 @@ def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: t
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{folder}: optimiser state does not fit the model ({error})") from error
     torch.set_rng_state(tensors["rng.torch"])
+    _restore_cuda_rng(tensors, model)
     return trainer
