@@ -52,3 +52,25 @@ def test_version_and_python_dash_m(capsys):
     assert exit.value.code == 0 and capsys.readouterr().out.strip() == f"attnkit {__version__}"
     result = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == f"attnkit {__version__}"
+
+
+def test_user_mistakes_are_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    """Error policy: a UsageError / InputError / OSError ends with one line and exit 2; any other
+    exception (a ValueError from a bug included) propagates with its traceback; --debug shows the
+    traceback of a user mistake too."""
+    import attnkit.cli.language_models as lm
+    from attnkit.cli import UsageError
+
+    assert main(["cost", "--model", "gpt2-small", "--seq", "1024", "--pattern", "window",
+                 "--pattern-options", "globals=3"]) == 2
+    assert "--pattern-options" in capsys.readouterr().err  # the library's ValueError, named by option
+    with pytest.raises(UsageError):
+        main(["--debug", "cost", "--model", "gpt2-small", "--seq", "1024", "--pattern", "window",
+              "--pattern-options", "globals=3"])
+
+    def bug(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(lm, "_model_config", bug)  # outside the call that receives the user's values
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["cost", "--model", "gpt2-small", "--seq", "1024"])

@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import InputError
+
 __all__ = ["atomic_path", "write_json", "read_json"]
 
 
@@ -52,4 +54,4 @@ def read_json(path: str | os.PathLike, what: str = "file"):
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} not found: {path}") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from error
+        raise InputError(f"{path}: not valid JSON ({error})") from error

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import InputError
 from .models.config import DecoderConfig, EncoderConfig, TransformerConfig
 
 __all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES"]
@@ -169,9 +170,9 @@ def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int, bool]:
     o = {**PATTERN_OPTIONS[pattern], **options}
     for name, value in o.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"{pattern} option {name} must be a non-negative int, got {value!r}")
+            raise InputError(f"{pattern} option {name} must be a non-negative int, got {value!r}")
         if name in _POSITIVE_OPTIONS and value is not None and value < 1:  # never silently computed as 1
-            raise ValueError(f"{pattern} option {name} must be >= 1, got {value!r}")
+            raise InputError(f"{pattern} option {name} must be >= 1, got {value!r}")
     if pattern == "causal":
         return n * (n + 1) // 2, n, True
     if pattern == "window":

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .errors import InputError
 from .functional.attention import attention
 from .functional.block_mask import ScoreMod
 
@@ -85,7 +86,7 @@ VERIFIED_FAMILIES: dict[str, str] = {
 }
 """The families whose attention runs through attnkit, tested family by family (README lists them)."""
 
-class UnsupportedFeature(ValueError):
+class UnsupportedFeature(InputError):
     """A model asks its attention for something attnkit does not implement."""
 
 
@@ -569,14 +570,14 @@ def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
         raise UnsupportedFeature(f"{folder}: whisper takes audio features, not text; its attention runs through "
                                  "attnkit (attnkit.hf) but `attnkit inspect` reads texts")
     if not (folder / "model.safetensors").is_file() and not any(folder.glob("model-*-of-*.safetensors")):
-        raise ValueError(f"{folder}: no model.safetensors; attnkit loads weights from safetensors only (a pickle "
+        raise InputError(f"{folder}: no model.safetensors; attnkit loads weights from safetensors only (a pickle "
                          "file can run code when loaded)")
     register()
     try:
         hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as error:  # a user's damaged files: one line naming them, not a traceback
-        raise ValueError(f"{folder}: cannot read its config.json or tokenizer.json ({type(error).__name__}: "
+        raise InputError(f"{folder}: cannot read its config.json or tokenizer.json ({type(error).__name__}: "
                          f"{str(error)[:200]})") from error
     tokenizer.no_padding()
     tokenizer.no_truncation()
@@ -588,11 +589,11 @@ def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     except UnsupportedFeature:
         raise
     except Exception as error:  # truncated or mislabelled safetensors, sizes that do not match the config
-        raise ValueError(f"{folder}: cannot load its weights ({type(error).__name__}: {str(error)[:200]})") from error
+        raise InputError(f"{folder}: cannot load its weights ({type(error).__name__}: {str(error)[:200]})") from error
     missing = [k for k in info.get("missing_keys", []) if not k.startswith("pooler.")]  # unused by attention
     missing += [str(m) for m in info.get("mismatched_keys", [])]
     if missing:
-        raise ValueError(f"{folder}: the weights do not fill the model ({len(missing)} tensors missing or of another "
+        raise InputError(f"{folder}: the weights do not fill the model ({len(missing)} tensors missing or of another "
                          f"size, e.g. {', '.join(missing[:3])}); transformers would initialise them at random")
     model = model.float().eval()
     if getattr(hf_config, "is_encoder_decoder", False):

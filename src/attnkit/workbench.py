@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import InputError
 from ._files import atomic_path, write_json
 from .data import Pair, Tokenizer, aligned_corpus, bible_corpus, read_pairs
 from .decoding import Translation, translate
@@ -243,7 +244,7 @@ def run_demo(
     if minutes is not None:
         share = (minutes * 60 - (time.perf_counter() - started) - EVALUATION_RESERVE_S * len(models)) / len(models)
         if share < 10:
-            raise ValueError(f"a budget of {minutes:g} minutes leaves {share:.0f} s of training per model; "
+            raise InputError(f"a budget of {minutes:g} minutes leaves {share:.0f} s of training per model; "
                              f"give at least {(10 + EVALUATION_RESERVE_S) * len(models) / 60 + 0.5:.1f} minutes")
     training = TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
 

@@ -12,8 +12,10 @@ import argparse
 import sys
 
 from . import language_models, tools, translation
+from ..errors import InputError
+from .arguments import UsageError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="attnkit", description="Attention mechanisms: library and workbench.")
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of every error, user mistakes included")
     commands = parser.add_subparsers(dest="command", required=True)
     tools.add_tour_parser(commands)
     translation.add_demo_parser(commands)
@@ -35,10 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USER_ERRORS: tuple[type[BaseException], ...] = (InputError, OSError, ImportError)
+"""What ends a command with one line and exit status 2: a mistake in how it was called
+(:class:`~attnkit.cli.arguments.UsageError`) or a file or config it was given that cannot be used
+(:class:`~attnkit.errors.InputError`: a checkpoint, a run folder, a model config), a missing,
+unreadable or unwritable file, a missing optional package. Anything else is a bug: its traceback
+is shown (``--debug`` shows it for these too)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``attnkit`` command. A user mistake (a bad value, a missing, unreadable or unwritable
-    file, a missing optional package) ends with one line naming the argument and exit status 2; an
-    unexpected internal error keeps its traceback, since that is a bug to report."""
+    """Run the ``attnkit`` command; errors as :data:`USER_ERRORS` says."""
     import logging
 
     try:
@@ -59,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, ImportError) as error:  # bad input: a message, not a traceback
+    except USER_ERRORS as error:  # a user mistake: a message, not a traceback
+        if args.debug:
+            raise
         print(f"attnkit {args.command}: error: {error}", file=sys.stderr)
         return 2
     finally:  # main() may be called again in one process (tests, notebooks): leave logging as it was

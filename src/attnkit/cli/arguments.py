@@ -9,9 +9,30 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
+from ..errors import InputError
+
+__all__ = ["UsageError", "user_values", "MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
            "check_texts", "stdin_lines", "check_writable", "owned_folder", "check_not_input", "check_new_file",
            "refuse_unused", "OUTPUT_MARKER", "DEVICES", "add_device_argument", "check_device"]
+
+
+class UsageError(InputError):
+    """A mistake in how a command was called (a value, a file, a combination of options): the
+    command prints its message on one line and exits with status 2. Any other exception is a bug and
+    keeps its traceback."""
+
+
+@contextlib.contextmanager
+def user_values(*options: str) -> Iterator[None]:
+    """A ``ValueError`` the library raises about these command-line values is the user's mistake:
+    it becomes a :class:`UsageError` naming the options (one line, exit 2) instead of a traceback.
+    Wrap only the call that receives the values, so that a bug elsewhere keeps its traceback."""
+    try:
+        yield
+    except InputError:
+        raise
+    except ValueError as error:
+        raise UsageError(f"{', '.join(options)}: {error}") from error
 
 
 MAX_TEXT_CHARS = 1_000
@@ -35,7 +56,7 @@ def check_device(name: str):
     import torch
 
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: this machine has no usable CUDA GPU (torch.cuda.is_available() is False; "
+        raise UsageError("--device cuda: this machine has no usable CUDA GPU (torch.cuda.is_available() is False; "
                          f"torch {torch.__version__})")
     return torch.device(name)
 
@@ -109,11 +130,11 @@ def check_texts(name: str, texts: list[str]) -> list[str]:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError(f"{name}: not valid UTF-8 text: {text.encode('utf-8', 'replace')[:60]!r}") from None
+            raise UsageError(f"{name}: not valid UTF-8 text: {text.encode('utf-8', 'replace')[:60]!r}") from None
         if not text.strip():
-            raise ValueError(f"{name}: an empty or whitespace-only text")
+            raise UsageError(f"{name}: an empty or whitespace-only text")
         if len(text) > MAX_TEXT_CHARS:
-            raise ValueError(f"{name}: a text of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} (one sentence)")
+            raise UsageError(f"{name}: a text of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} (one sentence)")
     return texts
 
 
@@ -122,10 +143,10 @@ def stdin_lines() -> list[str]:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ValueError(f"stdin: not UTF-8 text (byte {error.start}: {error.reason})") from None
+        raise UsageError(f"stdin: not UTF-8 text (byte {error.start}: {error.reason})") from None
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
-        raise ValueError("no text: give sentences as arguments or one per line on stdin")
+        raise UsageError("no text: give sentences as arguments or one per line on stdin")
     return check_texts("stdin", lines)
 
 
@@ -165,15 +186,15 @@ def owned_folder(folder: Path, command: str, name: str = "--out") -> Iterator[Pa
     if present:
         marker = folder / OUTPUT_MARKER
         if not marker.is_file():
-            raise ValueError(f"{name} {folder} is not empty and attnkit did not write it (no {OUTPUT_MARKER}); "
+            raise UsageError(f"{name} {folder} is not empty and attnkit did not write it (no {OUTPUT_MARKER}); "
                              "give a new or empty folder")
         data = read_json(marker, "output marker")
         if not isinstance(data, dict) or not isinstance(data.get("files"), list):
-            raise ValueError(f"{marker} is not an attnkit output marker")
+            raise UsageError(f"{marker} is not an attnkit output marker")
         foreign = sorted(present - {str(f) for f in data["files"]})
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-            raise ValueError(f"{name} {folder} holds files attnkit did not write ({shown}); attnkit {command} "
+            raise UsageError(f"{name} {folder} holds files attnkit did not write ({shown}); attnkit {command} "
                              "writes only over its own output: give another folder or move them")
     check_writable(folder, name)
     try:
@@ -193,13 +214,13 @@ def check_not_input(path: Path | None, name: str, inputs: dict[str, object]) -> 
             continue
         candidate = Path(str(value))
         if candidate.exists() and path.exists() and path.resolve() == candidate.resolve():
-            raise ValueError(f"{name} {path} is the {input_name} input; attnkit never writes over its inputs")
+            raise UsageError(f"{name} {path} is the {input_name} input; attnkit never writes over its inputs")
 
 
 def check_new_file(path: Path, name: str) -> None:
     """Refuse to write a file name the user did not give (a numbered sibling) over an existing file."""
     if path.exists():
-        raise ValueError(f"{name}: {path} exists and is not a name you gave; attnkit writes numbered files "
+        raise UsageError(f"{name}: {path} exists and is not a name you gave; attnkit writes numbered files "
                          "only where none exists (move it, or give another name)")
 
 
@@ -208,4 +229,4 @@ def refuse_unused(args: argparse.Namespace, names: list[str], why: str) -> None:
     parser default is None) that the user gave raises one line naming it and ``why``."""
     for option in names:
         if getattr(args, option) not in (None, False, []):
-            raise ValueError(f"--{option.replace('_', '-')} {why}")
+            raise UsageError(f"--{option.replace('_', '-')} {why}")

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from .arguments import (
+    UsageError,
+    user_values,
     add_device_argument,
     check_device,
     check_texts,
@@ -27,15 +29,15 @@ def _model_config(spec: str):
     if spec in PRESETS:
         return PRESETS[spec]
     if not Path(spec).is_file():
-        raise ValueError(f"--model must be a preset ({', '.join(sorted(PRESETS))}) or a config JSON file, got {spec!r}")
+        raise UsageError(f"--model must be a preset ({', '.join(sorted(PRESETS))}) or a config JSON file, got {spec!r}")
     data = read_json(spec, "config file")
     if not isinstance(data, dict):
-        raise ValueError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
+        raise UsageError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
     config = config_from_dict(data) if "kind" in data else config_from_hf(data)
     from ..models.config import Seq2SeqConfig
 
     if isinstance(config, Seq2SeqConfig):
-        raise ValueError(f"--model {spec}: cost models Transformers (decoders, encoders, encoder-decoders); this is "
+        raise UsageError(f"--model {spec}: cost models Transformers (decoders, encoders, encoder-decoders); this is "
                          "an RNN translation model's config (no attention matrix or KV cache to count)")
     return config
 
@@ -48,11 +50,12 @@ def _cost(args: argparse.Namespace) -> int:
     for item in args.pattern_options or []:
         name, _, value = item.partition("=")
         if not value.lstrip("-").isdigit():
-            raise ValueError(f"--pattern-options: expected NAME=INT, got {item!r}")
+            raise UsageError(f"--pattern-options: expected NAME=INT, got {item!r}")
         options[name] = int(value)
     if options and args.pattern is None:
-        raise ValueError("--pattern-options needs --pattern")
-    cost = estimate(config, args.seq, args.dtype, args.pattern, **options)
+        raise UsageError("--pattern-options needs --pattern")
+    with user_values("--seq", "--dtype", "--pattern", "--pattern-options"):
+        cost = estimate(config, args.seq, args.dtype, args.pattern, **options)
     p = cost.parameters
     g = 1e9
     print(f"model: {args.model} ({type(config).__name__}), seq {args.seq:,}, {args.dtype} ({cost.dtype_bytes} bytes)")
@@ -110,9 +113,9 @@ def _load_lm(spec: str):
 
         model = load_hf_folder(path)
         if not hasattr(model, "new_cache"):
-            raise ValueError(f"{path} holds an encoder, not a language model")
+            raise UsageError(f"{path} holds an encoder, not a language model")
         return model, Tokenizer.from_file(str(path / "tokenizer.json"))
-    raise ValueError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
+    raise UsageError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
 
 
 class Stream:
@@ -159,11 +162,11 @@ def _generate(args: argparse.Namespace) -> int:
         prompts = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in prompts]
     encoded = [tokenizer.encode(p).ids for p in prompts]
     if not all(encoded):
-        raise ValueError("--prompt has no tokens")
+        raise UsageError("--prompt has no tokens")
     context = model.config.max_len
     longest = max(len(ids) for ids in encoded)
     if longest + args.max_new_tokens > context:
-        raise ValueError(f"--prompt ({longest:,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
+        raise UsageError(f"--prompt ({longest:,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
                          f"model's {context:,}-token context")
     stops = [tokenizer.token_to_id(t) for t in args.stop if tokenizer.token_to_id(t) is not None]
     generator = torch.Generator(device=device).manual_seed(args.seed)

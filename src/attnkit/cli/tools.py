@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from .arguments import (
+    UsageError,
     add_device_argument,
     check_device,
     MAX_BEAM,
@@ -53,11 +54,11 @@ def _bench(args: argparse.Namespace) -> int:
     if args.render:
         report = read_json(args.render, "benchmark results")
         if not isinstance(report, dict) or not isinstance(report.get("results"), list):
-            raise ValueError(f"--render {args.render}: not an attnkit bench JSON (no 'results' list)")
+            raise UsageError(f"--render {args.render}: not an attnkit bench JSON (no 'results' list)")
         try:
             print(bench.format_markdown(report["results"]))
         except (KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"--render {args.render}: a result row is malformed ({error!r})") from None
+            raise UsageError(f"--render {args.render}: a result row is malformed ({error!r})") from None
         return 0
     if args.context_parallel:
         refuse_unused(args, ["sizes", "masks", "impls", "dtypes", "window", "repeats", "min_seconds",
@@ -112,11 +113,11 @@ def _bench_context_parallel(args: argparse.Namespace) -> int:
     args.worlds = args.worlds or [1, 2, 4]
     cap = max_world()
     if max(args.worlds) > cap:
-        raise ValueError(f"--worlds {max(args.worlds)}: at most {cap} processes on this machine "
+        raise UsageError(f"--worlds {max(args.worlds)}: at most {cap} processes on this machine "
                          f"({os.cpu_count()} cores; each process holds a shard and a copy of the model's state)")
     for w in args.worlds:
         if args.context_parallel % (2 * w):
-            raise ValueError(f"--context-parallel {args.context_parallel} must be a multiple of 2 x W = {2 * w} "
+            raise UsageError(f"--context-parallel {args.context_parallel} must be a multiple of 2 x W = {2 * w} "
                              f"for every --worlds value (zigzag)")
     config = ContextParallelBench(n=args.context_parallel, worlds=tuple(args.worlds), layouts=layouts,
                                   batch=args.batch, heads=args.heads, head_dim=args.head_dim,
@@ -187,25 +188,25 @@ def _inspect_into(args: argparse.Namespace) -> int:
     texts, references = args.text, args.reference
     if args.file is not None:
         if args.text or args.reference:
-            raise ValueError("give texts either on the command line or with --file, not both")
+            raise UsageError("give texts either on the command line or with --file, not both")
         from ..data import read_texts
 
         try:
             texts, references = read_texts(args.file)
         except ValueError as error:
-            raise ValueError(f"--file {error}") from None
+            raise UsageError(f"--file {error}") from None
         check_texts("--file", texts)
     check_texts("text", texts or [])
     if args.coref and (texts or references):
-        raise ValueError("--coref scores the bundled Winograd-style pairs; it reads no texts (drop them, or drop "
+        raise UsageError("--coref scores the bundled Winograd-style pairs; it reads no texts (drop them, or drop "
                          "--coref to inspect them)")
     if args.aer_attribution == 1:
-        raise ValueError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
+        raise UsageError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
     if args.also and not args.aer:
-        raise ValueError("--also adds checkpoints to --aer's table; give --aer too")
+        raise UsageError("--also adds checkpoints to --aer's table; give --aer too")
     if args.model == "minilm":
         if references or args.aer:
-            raise ValueError("--reference and --aer need a translation checkpoint, not --model minilm")
+            raise UsageError("--reference and --aer need a translation checkpoint, not --model minilm")
         from ..models.pretrained import load_minilm
 
         model, tokenizer = load_minilm()
@@ -219,7 +220,7 @@ def _inspect_into(args: argparse.Namespace) -> int:
 
     if args.model == "smollm2" or args.model.endswith(".gguf"):  # a decoder, through transformers' GGUF reader
         if references or args.aer:
-            raise ValueError("--reference and --aer need a translation checkpoint, not a language model")
+            raise UsageError("--reference and --aer need a translation checkpoint, not a language model")
         from ..hf import load_gguf_for_inspection
         from ..models.pretrained import smollm2_gguf
 
@@ -239,20 +240,20 @@ def _inspect_into(args: argparse.Namespace) -> int:
                                 f"{folder}")
     if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
         if args.aer:
-            raise ValueError("--aer needs a translation checkpoint trained on grc-en, not a Hugging Face folder")
+            raise UsageError("--aer needs a translation checkpoint trained on grc-en, not a Hugging Face folder")
         from ..hf import load_for_inspection, seq2seq_attentions
 
         model, tokenizer, kind = load_for_inspection(folder)
         if args.coref:
             if kind == "encoder-decoder":
-                raise ValueError(f"--coref reads one self-attention stack: {folder} is an encoder-decoder")
+                raise UsageError(f"--coref reads one self-attention stack: {folder} is an encoder-decoder")
             return _coref(model, tokenizer, args, progress, kind)
         if kind == "encoder-decoder":
             if not texts:
-                raise ValueError("give source texts (or --file with source<TAB>reference lines) for an encoder-decoder")
+                raise UsageError("give source texts (or --file with source<TAB>reference lines) for an encoder-decoder")
             forced = references or [None] * len(texts)
             if len(forced) != len(texts):
-                raise ValueError(f"--reference must match the texts in number: {len(forced)} and {len(texts)}")
+                raise UsageError(f"--reference must match the texts in number: {len(forced)} and {len(texts)}")
             runs = [seq2seq_attentions(model, tokenizer, t, r) for t, r in zip(texts, forced)]
             path = report.inspect_encoder_decoder(runs, texts, args.out, source=str(folder), references=references,
                                                   top_k=args.top_k)
@@ -262,10 +263,10 @@ def _inspect_into(args: argparse.Namespace) -> int:
         print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
         return 0
     if args.coref:
-        raise ValueError("--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation "
+        raise UsageError("--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation "
                          "checkpoint")
     if not texts and not args.aer:
-        raise ValueError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
+        raise UsageError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
     checkpoint = load_checkpoint(resolve_checkpoint(folder))
     check_beam(args.beam, checkpoint)
     if args.aer:
@@ -280,7 +281,7 @@ def _inspect_into(args: argparse.Namespace) -> int:
             extra = load_checkpoint(resolve_checkpoint(other))
             check_trained_on_grc_en(extra)
             if other.name in checkpoints:
-                raise ValueError(f"--also {other}: two runs named {other.name!r}; rename one folder")
+                raise UsageError(f"--also {other}: two runs named {other.name!r}; rename one folder")
             checkpoints[other.name] = extra
         result = report.evaluate_alignment(checkpoints, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
                                            eflomal=not args.no_eflomal, attribution_steps=args.aer_attribution,
@@ -295,7 +296,7 @@ def _coref(model, tokenizer, args: argparse.Namespace, progress: bool, kind: str
     from ..inspect import report
 
     if kind == "decoder":
-        raise ValueError("--coref needs bidirectional attention: in every bundled pair the word that decides the "
+        raise UsageError("--coref needs bidirectional attention: in every bundled pair the word that decides the "
                          "referent comes after the pronoun, so a decoder's causal attention from the pronoun is the "
                          "same in both sentences of a pair and every head scores exactly 50% (measured on SmolLM2); "
                          "give an encoder (minilm or a Hugging Face encoder folder)")

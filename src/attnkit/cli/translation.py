@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .arguments import (
+    UsageError,
     MAX_BEAM,
     add_device_argument,
     check_device,
@@ -59,7 +60,7 @@ def data_split(name: str, data: str, split: str, **kwargs):
     try:
         return load_split(data, split, **kwargs)
     except ValueError as error:
-        raise ValueError(f"{name} {data}: {error}") from None
+        raise UsageError(f"{name} {data}: {error}") from None
     except OSError as error:
         raise OSError(f"{name} {data}: {error}") from None
 
@@ -80,11 +81,11 @@ both (beam 100 allows 50 source tokens, beam 5 the longest text any command acce
 def check_beam(beam: int, checkpoint, texts=()) -> None:
     vocabulary = checkpoint.target_tokenizer.vocab_size
     if beam > vocabulary:
-        raise ValueError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
+        raise UsageError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
     for text in texts:
         tokens = len(checkpoint.source_tokenizer.encode(text))
         if beam * tokens > MAX_BEAM_TOKENS:
-            raise ValueError(f"--beam {beam} on a text of {tokens} source tokens: beam x tokens = {beam * tokens:,} "
+            raise UsageError(f"--beam {beam} on a text of {tokens} source tokens: beam x tokens = {beam * tokens:,} "
                              f"exceeds {MAX_BEAM_TOKENS:,}; lower --beam or split the text ({text[:40]!r}...)")
 
 
@@ -118,10 +119,10 @@ def check_data_fits(checkpoint, args: argparse.Namespace, pairs) -> None:
     of the source tokens of the first 50 ``pairs`` may be unknown to the model's source vocabulary."""
     recorded = _run_options(Path(args.checkpoint))
     if args.data == "bible" and recorded.get("data") == "bible" and recorded.get("direction") not in (None, args.direction):
-        raise ValueError(f"--direction {args.direction}: the model was trained on bible {recorded['direction']}")
+        raise UsageError(f"--direction {args.direction}: the model was trained on bible {recorded['direction']}")
     unknown = unknown_source_fraction(checkpoint, pairs)
     if unknown > MAX_UNKNOWN_SOURCE:
-        raise ValueError(f"--data {args.data}: {unknown:.0%} of its source tokens are unknown to this model's source "
+        raise UsageError(f"--data {args.data}: {unknown:.0%} of its source tokens are unknown to this model's source "
                          "vocabulary; it was trained on another language or direction")
 
 
@@ -132,7 +133,7 @@ def check_trained_on_grc_en(checkpoint) -> None:
 
     unknown = unknown_source_fraction(checkpoint, aligned_corpus("test"))
     if unknown > MAX_UNKNOWN_SOURCE:
-        raise ValueError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
+        raise UsageError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
                          f"{unknown:.0%} of the held-out Greek tokens unknown")
 
 
@@ -216,9 +217,9 @@ def _train(args: argparse.Namespace) -> int:
         try:
             alignments = read_links(args.guided_alignment)
         except ValueError as error:
-            raise ValueError(f"--guided-alignment {error}") from None
+            raise UsageError(f"--guided-alignment {error}") from None
         if len(alignments) != len(train_pairs):
-            raise ValueError(f"--guided-alignment {args.guided_alignment} has {len(alignments)} lines for "
+            raise UsageError(f"--guided-alignment {args.guided_alignment} has {len(alignments)} lines for "
                              f"{len(train_pairs)} training pairs of --data {args.data} (make it with attnkit align)")
     valid_pairs = (data_split("--valid", str(args.valid), "test") if args.valid else
                    data_split("--data", args.data, "valid", direction=args.direction))
@@ -268,7 +269,7 @@ def _check_size(args: argparse.Namespace) -> None:
     rnn = gates * (h * (e + h) + 2 * h) * layers * 3  # encoder (two directions) and decoder, upper bound
     total = 2 * v * e + rnn + 4 * h * h + v * h
     if total > MAX_TRAIN_PARAMETERS:
-        raise ValueError(f"--hidden-size {h} with --embedding-dim {e}, --layers {layers}, --vocab-size {v} makes a "
+        raise UsageError(f"--hidden-size {h} with --embedding-dim {e}, --layers {layers}, --vocab-size {v} makes a "
                          f"model of about {total / 1e9:.1f} billion parameters; at most {MAX_TRAIN_PARAMETERS / 1e9:.0f} "
                          "billion (lower --hidden-size)")
 

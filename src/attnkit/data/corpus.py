@@ -9,6 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
+from ..errors import InputError
+
 __all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS", "CorefItem", "winograd_pairs"]
 
 SPLITS = ("train", "valid", "test")
@@ -44,7 +46,7 @@ def _bundled_rows(name: str, columns: list[str], split: str):
     with resources.as_file(path) as file, _open_text(Path(file)) as lines:
         header = next(lines).rstrip("\n").split("\t")
         if header != columns:
-            raise ValueError(f"{file}: expected header {columns}, got {header}")
+            raise InputError(f"{file}: expected header {columns}, got {header}")
         for row in lines:
             fields = row.rstrip("\n").split("\t")
             if fields[0] == split:
@@ -114,11 +116,11 @@ def read_pairs(path: str | os.PathLike) -> list[Pair]:
     try:
         return _read_pairs(path)
     except gzip.BadGzipFile as error:
-        raise ValueError(f"{path}: not a gzip file although its name ends in .gz ({error})") from None
+        raise InputError(f"{path}: not a gzip file although its name ends in .gz ({error})") from None
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {error.start} of a line: {error.reason})") from None
+        raise InputError(f"{path}: not UTF-8 text (byte {error.start} of a line: {error.reason})") from None
     except EOFError:
-        raise ValueError(f"{path}: the gzip stream is truncated") from None
+        raise InputError(f"{path}: the gzip stream is truncated") from None
 
 
 def _read_pairs(path: Path) -> list[Pair]:
@@ -126,7 +128,7 @@ def _read_pairs(path: Path) -> list[Pair]:
     with _open_text(path) as lines:
         for number, line in enumerate(lines, 1):
             if len(line) > MAX_LINE_CHARS:
-                raise ValueError(f"{path}:{number}: line of {len(line):,} characters; at most {MAX_LINE_CHARS:,} "
+                raise InputError(f"{path}:{number}: line of {len(line):,} characters; at most {MAX_LINE_CHARS:,} "
                                  "(one sentence pair per line)")
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -138,10 +140,10 @@ def _read_pairs(path: Path) -> list[Pair]:
                 )
             source, target = (field.strip() for field in fields)
             if not source or not target:
-                raise ValueError(f"{path}:{number}: empty {'source' if not source else 'target'} side")
+                raise InputError(f"{path}:{number}: empty {'source' if not source else 'target'} side")
             pairs.append(Pair(source, target, reference=f"{path.name}:{number}"))
     if not pairs:
-        raise ValueError(f"{path}: no sentence pairs found")
+        raise InputError(f"{path}: no sentence pairs found")
     return pairs
 
 
@@ -156,17 +158,17 @@ def read_texts(path: str | os.PathLike) -> tuple[list[str], list[str] | None]:
     try:
         content = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+        raise InputError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
     lines = [line for line in content.splitlines() if line.strip()]
     if not lines:
-        raise ValueError(f"{path}: no texts in it")
+        raise InputError(f"{path}: no texts in it")
     for number, line in enumerate(lines, 1):
         if len(line) > MAX_LINE_CHARS:
-            raise ValueError(f"{path}: a line of {len(line):,} characters; at most {MAX_LINE_CHARS:,}")
+            raise InputError(f"{path}: a line of {len(line):,} characters; at most {MAX_LINE_CHARS:,}")
     tabs = ["\t" in line for line in lines]
     if all(tabs):
         pairs = read_pairs(path)
         return [p.source for p in pairs], [p.target for p in pairs]
     if any(tabs):
-        raise ValueError(f"{path}: either every line is 'source<TAB>reference' or none has a tab")
+        raise InputError(f"{path}: either every line is 'source<TAB>reference' or none has a tab")
     return lines, None

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..errors import InputError
 from .._files import atomic_path
 
 __all__ = ["Tokenizer", "SPECIALS", "PAD", "UNK", "BOS", "EOS", "KINDS"]
@@ -131,5 +132,5 @@ class Tokenizer:
         try:
             json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from error
+            raise InputError(f"{path}: not valid JSON ({error})") from error
         return cls.from_json(text)

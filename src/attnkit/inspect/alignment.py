@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..data.batching import collate
 from ..data.corpus import Pair
 from ..data.tokenizer import Tokenizer
@@ -67,7 +68,7 @@ def read_links(path) -> list[Links]:
         for item in line.split():
             parts = item.split("-")
             if len(parts) != 2 or not all(p.isdigit() for p in parts):
-                raise ValueError(f"{path}, line {number}: expected links like 3-4 (source-target word indices), got {item!r}")
+                raise InputError(f"{path}, line {number}: expected links like 3-4 (source-target word indices), got {item!r}")
             links.add((int(parts[0]), int(parts[1])))
         out.append(Links(links))
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .._files import atomic_path, read_json
 from .config import DecoderConfig, EncoderConfig
 from .decoder import DecoderLM
@@ -100,7 +101,7 @@ _ROPE_KEYS = {"default": {"rope_type", "type", "rope_theta"},
                          "original_max_position_embeddings"}}
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(InputError):
     """A Hugging Face config asks for something attnkit does not implement (never silently ignored)."""
 
 
@@ -505,7 +506,7 @@ def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, pr
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as error:  # the gguf package raises ValueError, struct.error, IndexError... on a bad file
-        raise ValueError(f"{path}: not a readable GGUF file ({type(error).__name__}: {error})") from error
+        raise InputError(f"{path}: not a readable GGUF file ({type(error).__name__}: {error})") from error
 
     def field(name: str, default=None):
         value = reader.fields.get(name)
@@ -513,7 +514,7 @@ def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, pr
 
     arch = field("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: only the llama architecture is supported, got {arch!r}")
+        raise InputError(f"{path}: only the llama architecture is supported, got {arch!r}")
     heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
     state: dict[str, Tensor] = {}
     from tqdm.auto import tqdm

@@ -11,6 +11,7 @@ import os
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .._files import atomic_path
 
 __all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "LEGACY_NAMES",
@@ -42,7 +43,7 @@ def check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[i
             problems.append(f"tensor {name!r}: expected shape {tuple(expected[name])}, found {tuple(found[name])}")
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise ValueError(f"{source} does not match the model:\n  " + "\n  ".join(shown))
+        raise InputError(f"{source} does not match the model:\n  " + "\n  ".join(shown))
 
 
 def save_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
@@ -76,7 +77,7 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
     except FileNotFoundError:
         raise FileNotFoundError(f"weights file not found: {path}") from None
     except (SafetensorError, OSError) as error:
-        raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
+        raise InputError(f"{path}: not a readable safetensors file ({error})") from error
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
@@ -87,10 +88,10 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     state = model.state_dict()
     for name, tensor in tensors.items():  # copy_ would cast integers silently and NaN would decode garbage
         if state[name].is_floating_point() and not tensor.is_floating_point():
-            raise ValueError(f"{path}: {name} holds {tensor.dtype} values where the model has {state[name].dtype} "
+            raise InputError(f"{path}: {name} holds {tensor.dtype} values where the model has {state[name].dtype} "
                              "weights; not a trained checkpoint")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{path}: {name} holds NaN or infinite values; the checkpoint is broken (a diverged "
+            raise InputError(f"{path}: {name} holds NaN or infinite values; the checkpoint is broken (a diverged "
                              "or damaged run)")
     with torch.no_grad():
         state = model.state_dict()

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .._files import read_json, write_json
 from ..data.tokenizer import Tokenizer
 from ..models import build_model
@@ -39,7 +40,7 @@ FORMAT = "attnkit-checkpoint"
 VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint folder is missing, incomplete, corrupt, or does not fit the model."""
 
 
@@ -237,12 +238,12 @@ def _check_shapes_before_building(config, weights: Path) -> None:
         with safe_open(str(weights), framework="pt") as f:
             found = {current_name(name): tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except (SafetensorError, OSError) as error:
-        raise ValueError(f"{weights}: not a readable safetensors file ({error})") from error
+        raise InputError(f"{weights}: not a readable safetensors file ({error})") from error
     check_tensors({name: shape for name, shape in expected.items() if name in found}, found, str(weights))
     described = sum(p.numel() for p in model.parameters())
     stored = sum(math.prod(shape) for shape in found.values())
     if described > 2 * stored + 1_000_000:
-        raise ValueError(f"{weights}: the config describes {described:,} parameters, the file holds {stored:,}")
+        raise InputError(f"{weights}: the config describes {described:,} parameters, the file holds {stored:,}")
 
 
 def load_trainer_state(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:

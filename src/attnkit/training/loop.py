@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._files import write_json
+from ..errors import InputError
 from ..data.batching import BatchSampler, collate
 from ..data.corpus import Pair
 from ..data.tokenizer import PAD, Tokenizer
@@ -41,7 +42,7 @@ __all__ = ["TrainingConfig", "TrainingResult", "TrainerState", "TrainingDiverged
 logger = logging.getLogger(__name__)
 
 
-class TrainingDiverged(ValueError):
+class TrainingDiverged(InputError):
     """The loss or the gradient norm is not finite: weights would become NaN; training stops instead."""
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import InputError
 from .._files import read_json, write_json
 from .checkpoint import recover_checkpoint
 
@@ -23,7 +24,7 @@ RUN_FILES = ("last", "best", "history.json", MARKER)
 """What a run writes; --overwrite removes these (and stale temporaries) and nothing else."""
 
 
-class RunFolderError(ValueError):
+class RunFolderError(InputError):
     """A run folder that train must not write into, or options that do not fit the run."""
 
 
