@@ -390,7 +390,7 @@ def test_bfloat16_error_at_most_twice_plain_pytorch_in_bfloat16(backend, masking
     exact, _, _ = oracle(q, k, v, kwargs)
     mask = kwargs.get("mask")
     if kwargs.get("is_causal"):
-        mask = masks.causal(33, 97, align=kwargs["causal_align"])
+        mask = masks.causal(33, 97, causal_align=kwargs["causal_align"])
     k_heads, v_heads = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
     scores = (q @ k_heads.transpose(-1, -2)) / 8.0  # all in bfloat16, E = 64
     if mask is not None:

@@ -34,11 +34,11 @@ def _build(kind: str, rng: random.Random):
     block = (rng.choice([1, 3, 16, 32, 64]), rng.choice([1, 5, 16, 32, 64]))
     align = rng.choice(masks.ALIGNMENTS)
     if kind == "causal":
-        return patterns.causal_block_mask(L, S, align=align, block=block)
+        return patterns.causal_block_mask(L, S, causal_align=align, block=block)
     if kind == "window":
         return patterns.window_block_mask(L, S, window=rng.randint(0, 80), block=block)
     if kind == "causal-window":
-        return patterns.window_block_mask(L, S, window=rng.randint(1, 80), causal=True, align=align, block=block)
+        return patterns.window_block_mask(L, S, window=rng.randint(1, 80), causal=True, causal_align=align, block=block)
     if kind == "longformer":
         flags = torch.rand(rng.choice([1, 2]), L, generator=torch.Generator().manual_seed(rng.randint(0, 10**6)))
         flags = flags < rng.choice([0.0, 0.02, 0.3, 1.0])
@@ -51,7 +51,7 @@ def _build(kind: str, rng: random.Random):
         prefix = rng.randint(0, L) if rng.random() < 0.5 else torch.randint(0, L + 1, (2,))
         return patterns.prefix_lm_block_mask(L, prefix, S, block=block)
     assert kind == "sinks"
-    return patterns.sinks_block_mask(L, S, sinks=rng.randint(0, 20), window=rng.randint(1, 60), align=align,
+    return patterns.sinks_block_mask(L, S, sinks=rng.randint(0, 20), window=rng.randint(1, 60), causal_align=align,
                                      block=block)
 
 

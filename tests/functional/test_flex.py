@@ -228,7 +228,7 @@ def test_mask_mod_tables_are_bucketed_and_refused_beyond_their_length():
     300 to 512), and a block mask longer than those tables is refused instead of reading padding."""
     mod = masks.document_mod(torch.arange(300) // 100)
     assert mod.positions == 300
-    combined = masks.and_mods(mod, masks.causal_mod())
+    combined = masks.and_masks(mod, masks.causal_mod())
     for m in (mod, combined):
         with pytest.raises(ValueError, match="reads tables of 300 positions but the block mask has L=400"):
             masks.block_mask(m, None, None, 400, 400)

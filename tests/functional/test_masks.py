@@ -12,14 +12,14 @@ from attnkit import masks, reference
 @pytest.mark.parametrize("L, S", [(5, 5), (3, 7), (7, 3), (1, 4)])
 @pytest.mark.parametrize("align", ["top-left", "bottom-right"])
 def test_causal_and_sliding_window_match_the_oracle(L, S, align):
-    assert np.array_equal(masks.causal(L, S, align=align).numpy(), reference.causal_mask(L, S, align))
+    assert np.array_equal(masks.causal(L, S, causal_align=align).numpy(), reference.causal_mask(L, S, align))
     for window in (1, 2, 5, 100):
-        got = masks.sliding_window(L, S, window, align=align).numpy()
+        got = masks.sliding_window(L, S, window, causal_align=align).numpy()
         assert np.array_equal(got, reference.sliding_window_mask(L, S, window, align))
 
 
 def test_bottom_right_lets_the_last_query_see_every_key():
-    mask = masks.causal(3, 8, align="bottom-right")
+    mask = masks.causal(3, 8, causal_align="bottom-right")
     assert mask[-1].all() and mask[0].sum() == 6
     assert masks.causal(3, 8)[0].sum() == 1  # top-left: first query sees key 0 only
 
@@ -63,7 +63,7 @@ def test_from_additive_accepts_zero_and_minus_inf_only():
 @pytest.mark.parametrize(
     "call, words",
     [
-        (lambda: masks.causal(4, 4, align="middle"), "causal_align"),
+        (lambda: masks.causal(4, 4, causal_align="middle"), "causal_align"),
         (lambda: masks.sliding_window(4, 4, 0), "window must be a positive int"),
         (lambda: masks.padding(torch.tensor([[1, 2]]), 4), "lengths must be a 1-D tensor"),
         (lambda: masks.padding(torch.tensor([5]), 4), "[0, S=4]"),

@@ -72,9 +72,9 @@ def _plain_grads(q, k, v, sinks, kwargs, d_out):
         scores = scores + kwargs["bias"]
     align = kwargs.get("causal_align", "top-left")
     if kwargs.get("window") is not None:
-        allowed &= masks.sliding_window(L, S, kwargs["window"], align=align)
+        allowed &= masks.sliding_window(L, S, kwargs["window"], causal_align=align)
     elif kwargs.get("is_causal"):
-        allowed &= masks.causal(L, S, align=align)
+        allowed &= masks.causal(L, S, causal_align=align)
     scores = scores.masked_fill(~allowed, float("-inf"))
     combined = torch.cat([scores, sl.view(1, H, 1, 1).expand(B, H, L, 1)], dim=-1)
     probs = torch.softmax(combined, dim=-1)[..., :-1]

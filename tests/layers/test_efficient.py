@@ -22,14 +22,14 @@ def _naive_linear(phi_q, phi_k, v, causal):
 def test_linear_attention_equals_its_formula(rng, causal):
     q, k, v = (torch.randn(2, 3, 97, 16, generator=rng) for _ in range(3))
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
-    got = linear_attention(phi_q, phi_k, v, causal=causal, chunk=16, eps=0.0)
+    got = linear_attention(phi_q, phi_k, v, is_causal=causal, chunk=16, eps=0.0)
     torch.testing.assert_close(got.double(), _naive_linear(phi_q, phi_k, v, causal), rtol=1e-5, atol=1e-5)
 
 
 def test_recurrent_steps_equal_the_causal_parallel_form(rng):
     layer = LinearAttention(24, 4).double()
     x = torch.randn(2, 13, 24, dtype=torch.float64, generator=rng)
-    parallel = layer(x, causal=True)
+    parallel = layer(x, is_causal=True)
     state, steps = None, []
     for t in range(13):
         out, state = layer.step(x[:, t], state)
@@ -76,8 +76,8 @@ def test_linformer_with_identity_projections_is_exact_attention(rng):
 def test_performer_layer_runs_causal_and_shapes(rng):
     layer = PerformerAttention(32, 4, num_features=32)
     x = torch.randn(2, 10, 32, generator=rng)
-    assert layer(x).shape == layer(x, causal=True).shape == (2, 10, 32)
+    assert layer(x).shape == layer(x, is_causal=True).shape == (2, 10, 32)
     # causal: changing a later token leaves earlier outputs unchanged
     y = x.clone()
     y[:, 7] += 1
-    torch.testing.assert_close(layer(x, causal=True)[:, :7], layer(y, causal=True)[:, :7])
+    torch.testing.assert_close(layer(x, is_causal=True)[:, :7], layer(y, is_causal=True)[:, :7])

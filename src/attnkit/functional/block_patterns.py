@@ -95,16 +95,16 @@ def _lengths(L: int, S: int | None) -> tuple[int, int]:
     return L, S
 
 
-def causal_block_mask(L: int, S: int | None = None, *, align: str = "top-left",
+def causal_block_mask(L: int, S: int | None = None, *, causal_align: str = "top-left",
                       block: int | tuple[int, int] = DEFAULT_BLOCK, device=None) -> BlockMask:
-    """Causal (``j <= i + offset``, offset from ``align``) as a block mask, in closed form."""
+    """Causal (``j <= i + offset``, offset from ``causal_align``) as a block mask, in closed form."""
     L, S = _lengths(L, S)
-    offset = _masks.causal_offset(L, S, align)
+    offset = _masks.causal_offset(L, S, causal_align)
     block = _block_sizes(block)
     return _result(band_kinds(L, S, block, None, offset, device), (1, 1, L, S), block, _masks.causal_mod(offset))
 
 
-def window_block_mask(L: int, S: int | None = None, *, window: int, causal: bool = False, align: str = "top-left",
+def window_block_mask(L: int, S: int | None = None, *, window: int, causal: bool = False, causal_align: str = "top-left",
                       block: int | tuple[int, int] = DEFAULT_BLOCK, device=None) -> BlockMask:
     """A sliding window as a block mask, in closed form: two-sided ``|i - j| <= window // 2``
     (:func:`~attnkit.masks.window_mod`, encoders) or, with ``causal``, Mistral's
@@ -114,7 +114,7 @@ def window_block_mask(L: int, S: int | None = None, *, window: int, causal: bool
     if causal:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int, got {window!r}")
-        offset = _masks.causal_offset(L, S, align)
+        offset = _masks.causal_offset(L, S, causal_align)
         kinds = band_kinds(L, S, block, offset - window + 1, offset, device)
         return _result(kinds, (1, 1, L, S), block, _masks.sinks_window_mod(0, window, offset=offset))
     radius = _masks._non_negative("window", window) // 2
@@ -241,12 +241,12 @@ def prefix_lm_block_mask(L: int, prefix_lengths: int | Tensor, S: int | None = N
     return _result(_banded(prefix.shape[0], len(a), len(c), device, rows), (prefix.shape[0], 1, L, S), block, mod)
 
 
-def sinks_block_mask(L: int, S: int | None = None, *, sinks: int, window: int, align: str = "top-left",
+def sinks_block_mask(L: int, S: int | None = None, *, sinks: int, window: int, causal_align: str = "top-left",
                      block: int | tuple[int, int] = DEFAULT_BLOCK, device=None) -> BlockMask:
     """StreamingLLM (:func:`~attnkit.masks.sinks_window_mod`: the first ``sinks`` keys and a causal
     window of ``window``) as a block mask, in closed form."""
     L, S = _lengths(L, S)
-    offset = _masks.causal_offset(L, S, align)
+    offset = _masks.causal_offset(L, S, causal_align)
     mod = _masks.sinks_window_mod(sinks, window, offset=offset)
     block = _block_sizes(block)
     a, b = _extents(L, block[0], device)

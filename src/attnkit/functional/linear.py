@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._deprecated import UNSET, renamed
 from .checks import check_rank
 
 __all__ = ["elu_feature_map", "favor_features", "orthogonal_projection", "linear_attention", "causal_linear_step"]
@@ -42,7 +43,7 @@ def orthogonal_projection(num_features: int, dim: int, *, generator: torch.Gener
     return (rows * norms[:, None]).float()
 
 
-def favor_features(x: Tensor, projection: Tensor, *, is_query: bool, causal: bool = False) -> Tensor:
+def favor_features(x: Tensor, projection: Tensor, *, is_query: bool, is_causal=UNSET, causal=UNSET) -> Tensor:
     """Positive random features of x (..., L, E) for softmax attention with scale 1/sqrt(E):
 
         phi(x) = exp(w^T x' - |x'|^2 / 2 - c) / sqrt(M),  x' = x / E^(1/4)
@@ -50,14 +51,15 @@ def favor_features(x: Tensor, projection: Tensor, *, is_query: bool, causal: boo
     so that E[phi(q)^T phi(k)] is proportional to exp(q.k / sqrt(E)). The stabiliser c cancels in
     the normalisation: the row maximum for queries, the maximum over all keys for keys, except in
     the causal form, where a maximum over all keys would let later tokens change earlier outputs
-    (in rounding), so keys get c = 0 there."""
+    (in rounding), so keys get c = 0 there. ``causal`` is the deprecated old name of ``is_causal``."""
+    is_causal = renamed("favor_features", "causal", "is_causal", causal, is_causal, False)
     E = x.shape[-1]
     x = x * E**-0.25
     projected = x @ projection.to(x.dtype).T  # (..., L, M)
     energy = projected - (x * x).sum(-1, keepdim=True) / 2
     if is_query:
         energy = energy - energy.amax(-1, keepdim=True).detach()
-    elif not causal:
+    elif not is_causal:
         energy = energy - energy.amax(dim=(-2, -1), keepdim=True).detach()
     return torch.exp(energy) / math.sqrt(projection.shape[0])
 
@@ -67,17 +69,20 @@ def linear_attention(
     phi_k: Tensor,
     v: Tensor,
     *,
-    causal: bool = False,
+    is_causal=UNSET,
     key_mask: Tensor | None = None,
     chunk: int = 64,
     eps: float = 1e-6,
+    causal=UNSET,
 ) -> Tensor:
     """out (B, H, L, Ev) from features phi_q (B, H, L, M), phi_k (B, H, S, M) and v (B, H, S, Ev).
 
-    ``causal`` (L == S) uses keys j <= i only, computed in chunks: exact (quadratic) inside a chunk
-    of ``chunk`` positions, a carried state between chunks; memory O(chunk^2 + M Ev) per head.
-    ``key_mask`` (B, S), True at real keys, removes padded keys from both sums.
+    ``is_causal`` (L == S) uses keys j <= i only, computed in chunks: exact (quadratic) inside a
+    chunk of ``chunk`` positions, a carried state between chunks; memory O(chunk^2 + M Ev) per head.
+    ``key_mask`` (B, S), True at real keys, removes padded keys from both sums. ``causal`` is the
+    deprecated old name of ``is_causal``.
     """
+    is_causal = renamed("linear_attention", "causal", "is_causal", causal, is_causal, False)
     check_rank("phi_q", phi_q, 4, "(B, H, L, M)")
     check_rank("phi_k", phi_k, 4, "(B, H, S, M)")
     check_rank("v", v, 4, "(B, H, S, Ev)")
@@ -90,7 +95,7 @@ def linear_attention(
             raise ValueError(f"key_mask must have shape (B, S) = {(phi_k.shape[0], phi_k.shape[2])}, got {tuple(key_mask.shape)}")
         keep = key_mask[:, None, :, None].to(phi_k.dtype)
         phi_k, v = phi_k * keep, v * keep
-    if not causal:
+    if not is_causal:
         kv = phi_k.transpose(-2, -1) @ v  # (B, H, M, Ev)
         z = phi_k.sum(-2)  # (B, H, M)
         return (phi_q @ kv) / ((phi_q * z[..., None, :]).sum(-1, keepdim=True) + eps)

@@ -15,7 +15,7 @@ Sparse patterns beyond one mask tensor are ``mask_mod(b, h, q_idx, kv_idx) -> bo
 tiled backend skips the tiles they rule out: :func:`window_mod` (two-sided, encoders),
 :func:`longformer_mod`, :func:`bigbird_mod`, :func:`prefix_lm_mod`, :func:`document_mod` (packed
 sequences), :func:`dilated_window_mod`, :func:`sinks_window_mod` (StreamingLLM), combined with
-:func:`and_mods` / :func:`or_mods`; :func:`attnkit.masks.pattern_block_mask` builds one by name
+:func:`and_masks` / :func:`or_masks` (on mask_mods); :func:`attnkit.masks.pattern_block_mask` builds one by name
 (:mod:`attnkit.functional.block_patterns`).
 
 Shape legend: B batch, H heads, L query length, S key length.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._deprecated import UNSET, alias, renamed
 from .block_mask import BlockMask, MaskMod, ScoreMod, block_mask, length_bucket
 
 __all__ = [
@@ -62,11 +63,11 @@ __all__ = [
 ALIGNMENTS = ("top-left", "bottom-right")
 
 
-def causal_offset(L: int, S: int, align: str) -> int:
+def causal_offset(L: int, S: int, causal_align: str) -> int:
     """Key index that query 0 is aligned with: 0 for top-left, S - L for bottom-right."""
-    if align not in ALIGNMENTS:
-        raise ValueError(f"causal_align must be one of {ALIGNMENTS}, got {align!r}")
-    return S - L if align == "bottom-right" else 0
+    if causal_align not in ALIGNMENTS:
+        raise ValueError(f"causal_align must be one of {ALIGNMENTS}, got {causal_align!r}")
+    return S - L if causal_align == "bottom-right" else 0
 
 
 def _check_length(name: str, n: int) -> None:
@@ -90,28 +91,32 @@ def causal_block(
     return allowed
 
 
-def _whole_causal(L: int, S: int, align: str, window: int | None, device) -> Tensor:
+def _whole_causal(L: int, S: int, causal_align: str, window: int | None, device) -> Tensor:
     _check_length("L", L)
     _check_length("S", S)
-    return causal_block(0, L, 0, S, causal_offset(L, S, align), window, device=device)
+    return causal_block(0, L, 0, S, causal_offset(L, S, causal_align), window, device=device)
 
 
-def causal(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> Tensor:
-    """(L, S) mask where query i may attend key j iff j <= i (+ S - L for bottom-right)."""
-    return _whole_causal(L, L if S is None else S, align, None, device)
+def causal(L: int, S: int | None = None, *, causal_align=UNSET, device=None, align=UNSET) -> Tensor:
+    """(L, S) mask where query i may attend key j iff j <= i (+ S - L for ``causal_align="bottom-right"``;
+    default top-left). ``align`` is the deprecated old name of ``causal_align``."""
+    causal_align = renamed("masks.causal", "align", "causal_align", align, causal_align, "top-left")
+    return _whole_causal(L, L if S is None else S, causal_align, None, device)
 
 
 def sliding_window(
-    L: int, S: int | None = None, window: int = 256, *, align: str = "top-left", device=None
+    L: int, S: int | None = None, window: int = 256, *, causal_align=UNSET, device=None, align=UNSET
 ) -> Tensor:
-    """(L, S) causal sliding-window mask (Longformer / Mistral).
+    """(L, S) causal sliding-window mask (Mistral's sliding window).
 
     Query i may attend the ``window`` most recent keys up to its aligned position:
     ``i + offset - window < j <= i + offset``. ``window >= S`` gives the plain causal mask.
+    ``align`` is the deprecated old name of ``causal_align`` (default top-left).
     """
+    causal_align = renamed("masks.sliding_window", "align", "causal_align", align, causal_align, "top-left")
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
-    return _whole_causal(L, L if S is None else S, align, window, device)
+    return _whole_causal(L, L if S is None else S, causal_align, window, device)
 
 
 def padding(lengths: Tensor, S: int) -> Tensor:
@@ -156,7 +161,7 @@ def _combine(op, masks: tuple[Tensor, ...], name: str) -> Tensor:
     for index, m in enumerate(masks):
         if not isinstance(m, Tensor) or m.dtype != torch.bool:
             got = m.dtype if isinstance(m, Tensor) else type(m).__name__
-            raise TypeError(f"{name}: mask {index} must be a boolean tensor, got {got}")
+            raise TypeError(f"{name}: takes boolean tensors or mask_mods (all of one kind); mask {index} is {got}")
     try:
         shape = torch.broadcast_shapes(*(m.shape for m in masks))
     except RuntimeError as error:
@@ -168,13 +173,20 @@ def _combine(op, masks: tuple[Tensor, ...], name: str) -> Tensor:
     return out.contiguous()
 
 
-def and_masks(*masks: Tensor) -> Tensor:
-    """A key is allowed iff every mask allows it (e.g. causal and padding)."""
+def and_masks(*masks):
+    """A key is allowed iff every mask allows it. Boolean tensors give a tensor (e.g. causal and
+    padding, broadcast together); mask_mods give a mask_mod, as FlexAttention's ``and_masks`` does
+    (e.g. a pattern and key padding)."""
+    if masks and all(callable(m) for m in masks):
+        return _combine_mods(masks, "and_masks", torch.logical_and)
     return _combine(torch.logical_and, masks, "and_masks")
 
 
-def or_masks(*masks: Tensor) -> Tensor:
-    """A key is allowed iff some mask allows it (e.g. a window or a global token)."""
+def or_masks(*masks):
+    """A key is allowed iff some mask allows it (e.g. a window or a global token): boolean tensors
+    give a tensor, mask_mods a mask_mod (FlexAttention's ``or_masks``)."""
+    if masks and all(callable(m) for m in masks):
+        return _combine_mods(masks, "or_masks", torch.logical_or)
     return _combine(torch.logical_or, masks, "or_masks")
 
 
@@ -418,32 +430,20 @@ def _positions(mods) -> int | None:
     return min(known) if known else None
 
 
-def and_mods(*mods: MaskMod) -> MaskMod:
-    """A key is allowed iff every mask_mod allows it (e.g. a pattern and key padding)."""
-    if not mods or not all(callable(m) for m in mods):
-        raise TypeError("and_mods needs one or more mask_mod functions")
+def _combine_mods(mods, name: str, op) -> MaskMod:
+    """One mask_mod that combines ``mods`` with ``op`` (logical and / or), pair by pair."""
 
     def mod(b, h, q_idx, kv_idx):
         out = mods[0](b, h, q_idx, kv_idx)
         for m in mods[1:]:
-            out = out & m(b, h, q_idx, kv_idx)
+            out = op(out, m(b, h, q_idx, kv_idx))
         return out
 
-    return _named(mod, "and_mods(" + ", ".join(m.__name__ for m in mods) + ")", _positions(mods))
+    return _named(mod, f"{name}(" + ", ".join(getattr(m, "__name__", "mask_mod") for m in mods) + ")", _positions(mods))
 
 
-def or_mods(*mods: MaskMod) -> MaskMod:
-    """A key is allowed iff some mask_mod allows it."""
-    if not mods or not all(callable(m) for m in mods):
-        raise TypeError("or_mods needs one or more mask_mod functions")
-
-    def mod(b, h, q_idx, kv_idx):
-        out = mods[0](b, h, q_idx, kv_idx)
-        for m in mods[1:]:
-            out = out | m(b, h, q_idx, kv_idx)
-        return out
-
-    return _named(mod, "or_mods(" + ", ".join(m.__name__ for m in mods) + ")", _positions(mods))
+and_mods = alias(and_masks, "and_mods")  # deprecated: and_masks takes mask_mods (FlexAttention's name)
+or_mods = alias(or_masks, "or_mods")  # deprecated: or_masks takes mask_mods
 
 
 def _longformer_first(L: int, S: int | None = None, *, window: int = 512, num_global: int = 16) -> MaskMod:

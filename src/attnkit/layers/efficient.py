@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._deprecated import UNSET, renamed
 from ..functional import attention
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
@@ -45,17 +46,19 @@ class _Projections(nn.Module):
 
 
 class LinearAttention(_Projections):
-    """Linear attention with the elu+1 feature map; ``causal=True`` is the RNN form, and
+    """Linear attention with the elu+1 feature map; ``is_causal=True`` is the RNN form, and
     :meth:`step` decodes one token with a constant-size state."""
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True):
         super().__init__(d_model, num_heads, bias)
 
-    def forward(self, query: Tensor, key: Tensor | None = None, *, causal: bool = False,
-                key_mask: Tensor | None = None) -> Tensor:
-        """query (B, L, D), key (= value source) (B, S, D), key_mask (B, S) True at real keys -> (B, L, D)."""
+    def forward(self, query: Tensor, key: Tensor | None = None, *, is_causal=UNSET,
+                key_mask: Tensor | None = None, causal=UNSET) -> Tensor:
+        """query (B, L, D), key (= value source) (B, S, D), key_mask (B, S) True at real keys -> (B, L, D).
+        ``causal`` is the deprecated old name of ``is_causal``."""
+        is_causal = renamed("LinearAttention", "causal", "is_causal", causal, is_causal, False)
         q, k, v = self.heads(query, key)
-        out = linear_attention(elu_feature_map(q), elu_feature_map(k), v, causal=causal, key_mask=key_mask)
+        out = linear_attention(elu_feature_map(q), elu_feature_map(k), v, is_causal=is_causal, key_mask=key_mask)
         return self.out_proj(merge_heads(out))
 
     def step(self, x: Tensor, state=None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -80,12 +83,14 @@ class PerformerAttention(_Projections):
     def redraw(self, generator: torch.Generator | None = None) -> None:
         self.projection.copy_(orthogonal_projection(self.num_features, self.head_dim, generator=generator))
 
-    def forward(self, query: Tensor, key: Tensor | None = None, *, causal: bool = False,
-                key_mask: Tensor | None = None) -> Tensor:
+    def forward(self, query: Tensor, key: Tensor | None = None, *, is_causal=UNSET,
+                key_mask: Tensor | None = None, causal=UNSET) -> Tensor:
+        """As :meth:`LinearAttention.forward`; ``causal`` is the deprecated old name of ``is_causal``."""
+        is_causal = renamed("PerformerAttention", "causal", "is_causal", causal, is_causal, False)
         q, k, v = self.heads(query, key)
         phi_q = favor_features(q, self.projection, is_query=True)
-        phi_k = favor_features(k, self.projection, is_query=False, causal=causal)
-        out = linear_attention(phi_q, phi_k, v, causal=causal, key_mask=key_mask)
+        phi_k = favor_features(k, self.projection, is_query=False, is_causal=is_causal)
+        out = linear_attention(phi_q, phi_k, v, is_causal=is_causal, key_mask=key_mask)
         return self.out_proj(merge_heads(out))
 
 

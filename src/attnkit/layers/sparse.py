@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._deprecated import UNSET, renamed
 from ..functional import attention
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.checks import check_rank
@@ -63,12 +64,14 @@ class LongformerSelfAttention(nn.Module):
         self,
         x: Tensor,
         global_tokens: Tensor | None = None,
-        padding_mask: Tensor | None = None,
+        key_mask=UNSET,
         *,
         need_weights: bool = False,
+        padding_mask=UNSET,
     ) -> AttentionOutput:
         """x (B, L, D); global_tokens (B, L) boolean, True at global positions (none if None);
-        padding_mask (B, L) boolean, True at real tokens (all real if None).
+        key_mask (B, L) boolean, True at real tokens (all real if None; ``padding_mask`` is its
+        deprecated old name).
 
         Returns:
             :class:`AttentionOutput`: output (B, L, D); with ``need_weights`` the local path's
@@ -79,16 +82,17 @@ class LongformerSelfAttention(nn.Module):
         B, L, D = x.shape
         if D != self.d_model:
             raise ValueError(f"x must have last dim {self.d_model}, got shape {tuple(x.shape)}")
-        real = self._flags("padding_mask", padding_mask, B, L, x.device, default=True)
+        key_mask = renamed("LongformerSelfAttention", "padding_mask", "key_mask", padding_mask, key_mask, None)
+        real = self._flags("key_mask", key_mask, B, L, x.device, default=True)
         is_global = self._flags("global_tokens", global_tokens, B, L, x.device, default=False)
         if bool((is_global & ~real).any()):
-            raise ValueError("global_tokens marks a padding position (padding_mask is False there)")
+            raise ValueError("global_tokens marks a padding position (key_mask is False there)")
         dropout = self.dropout if self.training else 0.0
 
         q = split_heads(self.query(x), self.num_heads)  # (B, H, L, E)
         k = split_heads(self.key(x), self.num_heads)
         v = split_heads(self.value(x), self.num_heads)
-        local_mod = masks.and_mods(masks.longformer_mod(self.window, is_global), masks.real_tokens_mod(real))
+        local_mod = masks.and_masks(masks.longformer_mod(self.window, is_global), masks.real_tokens_mod(real))
         local = masks.block_mask(local_mod, B, None, L, L, block=self.block, device=x.device)
         result = attention(q, k, v, mask=local, dropout_p=dropout, backend=self.backend, need_weights=need_weights)
         out = result.output  # (B, H, L, E)
