@@ -62,3 +62,16 @@ def test_padding_mask_is_now_key_mask_in_longformer():
         old = layer(x, padding_mask=real).output
     assert torch.equal(old, layer(x, key_mask=real).output)
     assert torch.equal(old, layer(x, None, real).output)  # third positional argument, as before
+
+
+def test_moved_names_still_resolve_from_their_old_homes():
+    from attnkit.models import pretrained
+
+    with pytest.warns(FutureWarning, match="NAME_FAMILIES"):
+        assert pretrained.FAMILIES == pretrained.NAME_FAMILIES == ("bert", "gpt2", "llama")
+    pytest.importorskip("transformers")
+    import attnkit.hf
+    from attnkit.inspect import hf_models
+
+    with pytest.warns(FutureWarning, match="attnkit.inspect.hf_models.load_for_inspection"):
+        assert attnkit.hf.load_for_inspection is hf_models.load_for_inspection

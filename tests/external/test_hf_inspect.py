@@ -30,7 +30,7 @@ def _tokenizer_json(folder, *, bert: bool) -> None:
 
 @pytest.mark.requires("minilm")
 def test_minilm_through_transformers_equals_the_native_path():
-    from attnkit.hf import load_for_inspection
+    from attnkit.inspect.hf_models import load_for_inspection
     from attnkit.models.pretrained import load_minilm, minilm_folder
 
     native, tokenizer = load_minilm()
@@ -71,7 +71,7 @@ def test_inspect_cli_on_a_saved_folder(tmp_path, family, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("forced", [False, True])
 def test_inspect_cli_on_an_encoder_decoder_folder(tmp_path, forced, capsys):
-    from attnkit.hf import load_for_inspection, seq2seq_attentions
+    from attnkit.inspect.hf_models import load_for_inspection, seq2seq_attentions
 
     folder = tmp_path / "bart"
     config = transformers.BartConfig(vocab_size=len(WORDS), d_model=32, encoder_layers=2, decoder_layers=2,
@@ -110,7 +110,7 @@ def test_a_whisper_folder_is_refused_by_name(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.requires("smollm2")
 def test_smollm2_through_transformers_gives_the_native_attention(smollm2_model):
-    from attnkit.hf import load_gguf_for_inspection
+    from attnkit.inspect.hf_models import load_gguf_for_inspection
     from attnkit.models.pretrained import smollm2_gguf
 
     bridged, tokenizer, kind = load_gguf_for_inspection(smollm2_gguf())

@@ -221,7 +221,7 @@ def _inspect_into(args: argparse.Namespace) -> int:
     if args.model == "smollm2" or args.model.endswith(".gguf"):  # a decoder, through transformers' GGUF reader
         if references or args.aer:
             raise UsageError("--reference and --aer need a translation checkpoint, not a language model")
-        from ..hf import load_gguf_for_inspection
+        from ..inspect.hf_models import load_gguf_for_inspection
         from ..models.pretrained import smollm2_gguf
 
         gguf_path = smollm2_gguf() if args.model == "smollm2" else Path(args.model)
@@ -241,7 +241,7 @@ def _inspect_into(args: argparse.Namespace) -> int:
     if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
         if args.aer:
             raise UsageError("--aer needs a translation checkpoint trained on grc-en, not a Hugging Face folder")
-        from ..hf import load_for_inspection, seq2seq_attentions
+        from ..inspect.hf_models import load_for_inspection, seq2seq_attentions
 
         model, tokenizer, kind = load_for_inspection(folder)
         if args.coref:

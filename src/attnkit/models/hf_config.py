@@ -1,0 +1,192 @@
+"""Hugging Face ``config.json`` -> attnkit config (BERT, GPT-2, Llama, Mistral, Qwen2): every key is
+implemented, known not to change a base model's numbers in evaluation, or refused by name with
+:class:`UnsupportedConfigError`. Never a silent difference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ..errors import InputError
+from .config import DecoderConfig, EncoderConfig
+
+__all__ = ["MODEL_TYPES", "HF_ACTIVATIONS", "UnsupportedConfigError", "config_from_hf"]
+
+MODEL_TYPES = ("bert", "gpt2", "llama", "mistral", "qwen2")
+"""Hugging Face ``model_type`` values :func:`config_from_hf` reads."""
+
+# Hugging Face activation names -> attnkit's (see ACTIVATION_NAMES).
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+
+# Config keys that do not change the numbers of a base model in evaluation: bookkeeping, token ids,
+# initialisation, dropout (0 in evaluation), caching, output switches.
+_HARMLESS_ANY = frozenset({
+    "transformers_version", "architectures", "output_hidden_states", "output_attentions", "return_dict", "dtype",
+    "torch_dtype", "chunk_size_feed_forward", "id2label", "label2id", "problem_type", "_name_or_path", "model_type",
+    "is_encoder_decoder", "use_cache", "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
+    "sep_token_id", "decoder_start_token_id", "gradient_checkpointing", "_attn_implementation_autoset",
+    "finetuning_task", "prefix", "task_specific_params", "tokenizer_class", "num_labels", "classifier_dropout",
+    "max_length", "min_length", "do_sample", "num_beams", "temperature", "top_k", "top_p", "repetition_penalty",
+})
+_HARMLESS = {
+    "bert": _HARMLESS_ANY | {"hidden_dropout_prob", "attention_probs_dropout_prob", "tie_word_embeddings"},
+    "gpt2": _HARMLESS_ANY | {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj",
+                             "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "n_ctx",
+                             # upcasting to float32 before the softmax: attnkit computes scores in float32 anyway
+                             "reorder_and_upcast_attn"},
+    # max_position_embeddings: RoPE has no table; pretraining_tp: not used by transformers 5's Llama.
+    "llama": _HARMLESS_ANY | {"attention_dropout", "pretraining_tp", "max_position_embeddings"},
+}
+_HARMLESS["mistral"] = _HARMLESS["qwen2"] = _HARMLESS["llama"]
+_IMPLEMENTED = {
+    "bert": {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act", "position_embedding_type",
+             "is_decoder", "add_cross_attention"},
+    "gpt2": {"vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "layer_norm_epsilon",
+             "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention",
+             "tie_word_embeddings"},
+    "llama": {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "hidden_act", "rms_norm_eps", "tie_word_embeddings", "rope_parameters",
+              "rope_scaling", "rope_theta", "attention_bias", "mlp_bias", "head_dim"},
+}
+_IMPLEMENTED["mistral"] = _IMPLEMENTED["llama"] | {"sliding_window"}
+_IMPLEMENTED["qwen2"] = _IMPLEMENTED["llama"] - {"attention_bias", "mlp_bias"} | {
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
+# Sub-keys of rope_parameters per rope_type.
+_ROPE_KEYS = {"default": {"rope_type", "type", "rope_theta"},
+              "linear": {"rope_type", "type", "rope_theta", "factor"},
+              "llama3": {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}}
+
+
+class UnsupportedConfigError(InputError):
+    """A Hugging Face config asks for something attnkit does not implement (never silently ignored)."""
+
+
+def _refuse(kind: str, key: str, value, supported: str) -> UnsupportedConfigError:
+    return UnsupportedConfigError(f"{kind} config: {key}={value!r} is not supported; supported: {supported}")
+
+
+def _check_keys(hf: Mapping, kind: str, ignore: Iterable[str]) -> None:
+    known = _IMPLEMENTED[kind] | _HARMLESS[kind] | set(ignore)
+    unknown = sorted(set(hf) - known)
+    if unknown:
+        raise UnsupportedConfigError(
+            f"{kind} config: unknown keys {unknown}; attnkit implements {sorted(_IMPLEMENTED[kind])} and ignores "
+            f"only keys known not to change the numbers. If these are harmless for your checkpoint, pass "
+            f"config_from_hf(..., ignore={unknown!r})"
+        )
+
+
+def _require(hf: Mapping, kind: str, key: str, expected, supported: str) -> None:
+    if hf.get(key) not in (expected, None):
+        raise _refuse(kind, key, hf[key], supported)
+
+
+def _activation(hf: Mapping, kind: str, key: str, default: str) -> str:
+    value = hf.get(key, default)
+    if value not in HF_ACTIVATIONS:
+        raise _refuse(kind, key, value, ", ".join(sorted(HF_ACTIVATIONS)))
+    return HF_ACTIVATIONS[value]
+
+
+def _rope(hf: Mapping, kind: str) -> dict:
+    """DecoderConfig RoPE fields from rope_parameters (transformers 5) or rope_theta / rope_scaling (4.x)."""
+    legacy = hf.get("rope_scaling") or {}
+    params = {**legacy, **(hf.get("rope_parameters") or {})}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    if rope_type not in _ROPE_KEYS:
+        raise _refuse(kind, f"{key}['rope_type']", rope_type, ", ".join(_ROPE_KEYS))
+    for name in sorted(set(params) - _ROPE_KEYS[rope_type]):
+        raise _refuse(kind, f"{key}[{name!r}]", params[name],
+                      f"for rope_type {rope_type!r} only {sorted(_ROPE_KEYS[rope_type] - {'type'})}")
+    fields = {"rope_base": float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+    if rope_type != "default":
+        fields |= {"rope_scaling": rope_type, "rope_factor": float(params.get("factor", 1.0))}
+    if rope_type == "llama3":
+        fields |= {"rope_low_freq_factor": float(params["low_freq_factor"]),
+                   "rope_high_freq_factor": float(params["high_freq_factor"]),
+                   "rope_original_max_len": int(params["original_max_position_embeddings"])}
+    return fields
+
+
+def _windows(hf: Mapping, kind: str) -> dict:
+    """window / window_layers: Mistral's sliding_window on every layer; Qwen2's per layer_types."""
+    if kind == "mistral":
+        return {"window": hf.get("sliding_window")}
+    if kind != "qwen2":
+        return {}
+    layer_types = hf.get("layer_types")
+    if layer_types is None:  # transformers 4.x: sliding from layer max_window_layers on, when enabled
+        if not hf.get("use_sliding_window") or not hf.get("sliding_window"):
+            return {}
+        layer_types = ["sliding_attention" if i >= hf.get("max_window_layers", 0) else "full_attention"
+                       for i in range(hf["num_hidden_layers"])]
+    bad = sorted({t for t in layer_types} - {"full_attention", "sliding_attention"})
+    if bad or len(layer_types) != hf["num_hidden_layers"]:
+        raise _refuse(kind, "layer_types", layer_types,
+                      "one of 'full_attention' / 'sliding_attention' per layer")
+    sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    if not sliding or hf.get("sliding_window") is None:  # transformers: a "sliding" layer without a window is full
+        return {}
+    return {"window": hf["sliding_window"], "window_layers": None if len(sliding) == len(layer_types) else sliding}
+
+
+def config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()) -> EncoderConfig | DecoderConfig:
+    """attnkit config from a Hugging Face ``config.json`` (model_type bert, gpt2, llama, mistral, qwen2).
+
+    Every key is classified: implemented, known not to change the numbers of the base model in
+    evaluation (ids, dropout, initialisation, output switches), or refused. A value attnkit does not
+    implement, or a key it does not know, raises :class:`UnsupportedConfigError` naming the key, its
+    value and what is supported; ``ignore`` names unknown keys the caller vouches for. The model built
+    from the result gives transformers' logits (fp32, 1e-4) or this function refuses.
+    """
+    if not isinstance(hf, Mapping):
+        raise UnsupportedConfigError(f"a Hugging Face config must be a JSON object, got {type(hf).__name__}")
+    kind = hf.get("model_type")
+    if kind not in MODEL_TYPES:
+        raise UnsupportedConfigError(f"model_type must be one of {MODEL_TYPES}, got {kind!r}")
+    _check_keys(hf, kind, ignore)
+    try:
+        return _config_from_hf(hf, kind)
+    except KeyError as error:
+        raise UnsupportedConfigError(f"{kind} config: required key {error.args[0]!r} is missing") from None
+    except (TypeError, ValueError) as error:
+        if isinstance(error, UnsupportedConfigError):
+            raise
+        raise UnsupportedConfigError(f"{kind} config: {error}") from None
+
+
+def _config_from_hf(hf: Mapping, kind: str) -> EncoderConfig | DecoderConfig:
+    if kind == "bert":
+        _require(hf, kind, "position_embedding_type", "absolute", "'absolute'")
+        _require(hf, kind, "is_decoder", False, "False (an encoder)")
+        _require(hf, kind, "add_cross_attention", False, "False")
+        return EncoderConfig(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                             num_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
+                             max_len=hf["max_position_embeddings"], type_vocab_size=hf.get("type_vocab_size", 2),
+                             norm_eps=hf.get("layer_norm_eps", 1e-12), dropout=0.0,
+                             activation=_activation(hf, kind, "hidden_act", "gelu"))
+    if kind == "gpt2":
+        _require(hf, kind, "add_cross_attention", False, "False")
+        return DecoderConfig(vocab_size=hf["vocab_size"], d_model=hf["n_embd"], num_layers=hf["n_layer"],
+                             num_heads=hf["n_head"], d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+                             max_len=hf["n_positions"], norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                             activation=_activation(hf, kind, "activation_function", "gelu_new"),
+                             scale_attention=bool(hf.get("scale_attn_weights", True)),
+                             scale_by_layer=bool(hf.get("scale_attn_by_inverse_layer_idx", False)),
+                             tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    qkv_bias = True if kind == "qwen2" else bool(hf.get("attention_bias", False))
+    return DecoderConfig(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                         num_heads=heads, num_kv_heads=hf.get("num_key_value_heads"), d_ff=hf["intermediate_size"],
+                         max_len=hf.get("max_position_embeddings") or 4096, positional="rope", norm="rmsnorm",
+                         norm_eps=hf.get("rms_norm_eps", 1e-6), mlp="swiglu", bias=False, qkv_bias=qkv_bias,
+                         out_bias=kind != "qwen2" and bool(hf.get("attention_bias", False)),
+                         mlp_bias=kind != "qwen2" and bool(hf.get("mlp_bias", False)),
+                         activation=_activation(hf, kind, "hidden_act", "silu"),
+                         attention_head_dim=None if head_dim * heads == hf["hidden_size"] else head_dim,
+                         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), **_rope(hf, kind),
+                         **_windows(hf, kind))
