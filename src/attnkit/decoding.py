@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._progress import progress_bar
 from .data.batching import collate
 from .data.tokenizer import BOS, EOS, PAD, Tokenizer
 
@@ -124,11 +125,9 @@ def translate(
 ) -> list[Translation]:
     """Translate ``texts`` in batches of similar length; results come back in input order.
     ``progress`` shows a tqdm bar (sentences)."""
-    from tqdm.auto import tqdm
-
     was_training = model.training
     model.eval()
-    bar = tqdm(total=len(texts), desc="translating", unit="sent", leave=False, dynamic_ncols=True, disable=not progress)
+    bar = progress_bar(total=len(texts), progress=progress, desc="translating", unit="sent")
     try:
         encoded = source_tokenizer.encode_batch(list(texts))
         for text, ids in zip(texts, encoded):

@@ -21,6 +21,7 @@ import torch
 
 from .errors import InputError
 from ._files import atomic_path, write_json
+from ._markdown import markdown_table
 from .data import Pair, Tokenizer, aligned_corpus, bible_corpus, read_pairs
 from .decoding import Translation, translate
 from .models import Seq2Seq, Seq2SeqConfig
@@ -142,17 +143,15 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
              f"{settings['test_pairs']} test verses (held-out books). Beam {settings['beam_size']}, sacreBLEU. "
              f"Each model trains for the same share of {budget}, {settings['threads']} threads; "
              f"the whole job took {settings['wall_seconds'] / 60:.1f} minutes.", "",
-             "| model | attention | parameters | epochs | train time | test BLEU | chrF | BLEU, longest sources |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name in names:
-        r = results[name]
-        lines.append(f"| {name} | {r['attention']} | {r['parameters']:,} | {r['epochs']} | {r['train_seconds']:.0f} s | "
-                     f"{r['bleu']:.2f} | {r['chrf']:.2f} | {r['by_length'][-1]['bleu']:.2f} |")
-    lines += ["", "## BLEU by source length (words)", "", "| bucket | sentences | " + " | ".join(names) + " |",
-              "|---|---|" + "---|" * len(names)]
-    for i, bucket in enumerate(buckets):
-        row = results[names[0]]["by_length"][i]
-        lines.append(f"| {bucket} | {row['sentences']} | " + " | ".join(f"{results[n]['by_length'][i]['bleu']:.2f}" for n in names) + " |")
+             ]
+    lines += markdown_table(
+        ["model", "attention", "parameters", "epochs", "train time", "test BLEU", "chrF", "BLEU, longest sources"],
+        ([name, r["attention"], f"{r['parameters']:,}", r["epochs"], f"{r['train_seconds']:.0f} s", f"{r['bleu']:.2f}",
+          f"{r['chrf']:.2f}", f"{r['by_length'][-1]['bleu']:.2f}"] for name, r in ((n, results[n]) for n in names)))
+    lines += ["", "## BLEU by source length (words)", ""]
+    lines += markdown_table(["bucket", "sentences", *names], (
+        [bucket, results[names[0]]["by_length"][i]["sentences"],
+         *(f"{results[n]['by_length'][i]['bleu']:.2f}" for n in names)] for i, bucket in enumerate(buckets)))
     lines += ["", _length_trend(results, buckets), "", "![BLEU by source length](bleu_by_length.png)", "",
               "![BLEU against training minutes](bleu_vs_minutes.png)", "", "![loss curves](loss_curves.png)", "",
               "## Five test verses", ""]

@@ -91,7 +91,7 @@ def test_flow_through_two_layers_by_hand():
 
 
 def test_user_text_in_report_markdown_is_plain_text():
-    from attnkit.inspect.report import _md
+    from attnkit._markdown import escape as _md
 
     text = "![x](http://evil.example/a.png)\r# heading <script>|cell\u2028more"
     escaped = _md(text)

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._progress import progress_bar
 from .harness import machine_info, peak_extra_mb, run_worker, time_round_robin
 
 __all__ = ["IMPLEMENTATIONS", "MASKS", "DEFAULT_MASKS", "MODES", "DTYPES", "AttentionBench", "run", "naive_attention"]
@@ -327,13 +328,11 @@ def run(
     ``on_point(report_so_far)`` is called after each point (the CLI writes the JSON there, so
     that an interrupted run keeps every finished point). ``progress`` shows a tqdm bar of the points.
     """
-    from tqdm.auto import tqdm
-
     history = _History()
     rows: list[dict] = []
     report = {"benchmark": "attention", "config": asdict(config), "machine": machine_info(config.device), "results": rows}
     points = list(config.points())
-    for mode, dtype, mask, n in tqdm(points, desc="attnkit bench", unit="point", disable=not progress):
+    for mode, dtype, mask, n in progress_bar(points, progress=progress, desc="attnkit bench", unit="point", leave=True):
         base = {"mode": mode, "dtype": dtype, "mask": mask, "n": n}
         spec = {
             **base,

@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .._progress import progress_bar
+from .._markdown import markdown_table
+
 __all__ = ["ContextParallelBench", "run_context_parallel", "format_context_parallel"]
 
 
@@ -128,29 +131,23 @@ def run_context_parallel(config: ContextParallelBench, *, progress: bool = True,
 
     report = {"config": asdict(config), "machine": machine_info(), "results": []}
     todo = [(w, layout) for w in config.worlds for layout in (config.layouts if w > 1 else config.layouts[:1])]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), desc="context parallel", unit="run")
-    for world, layout in todo:
-        report["results"].append(_run_one(config, world, layout))
-        if on_row is not None:
-            on_row(report)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    with progress_bar(total=len(todo), progress=progress, desc="context parallel", unit="run", leave=True) as shown:
+        for world, layout in todo:
+            report["results"].append(_run_one(config, world, layout))
+            if on_row is not None:
+                on_row(report)
+            shown.update(1)
     return report
 
 
 def format_context_parallel(rows: list[dict]) -> str:
     """A markdown table of :func:`run_context_parallel` rows."""
-    lines = ["| W | layout | shard | time (max rank) | peak MB per process | sent / formula | useful-pair balance | time balance |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    def cells(r: dict) -> list:
         sent = max(r["rank_sent_bytes"])
         ratio = f"{sent / r['formula_sent_bytes']:.3f}" if r["formula_sent_bytes"] else "- (no ring)"
-        lines.append(f"| {r['world']} | {r['layout']} | {r['shard']:,} | {r['seconds']:.2f} s | {r['peak_mb']:.0f} | "
-                     f"{sent / 2**20:.1f} MB / {ratio} | {r['pair_balance']:.2f} | {r['time_balance']:.2f} |")
-    return "\n".join(lines)
+        return [r["world"], r["layout"], f"{r['shard']:,}", f"{r['seconds']:.2f} s", f"{r['peak_mb']:.0f}",
+                f"{sent / 2**20:.1f} MB / {ratio}", f"{r['pair_balance']:.2f}", f"{r['time_balance']:.2f}"]
+
+    header = ["W", "layout", "shard", "time (max rank)", "peak MB per process", "sent / formula", "useful-pair balance",
+              "time balance"]
+    return "\n".join(markdown_table(header, (cells(r) for r in rows)))

@@ -12,7 +12,6 @@ from .arguments import (
     check_device,
     MAX_BEAM,
     check_texts,
-    check_writable,
     float_in,
     input_file,
     int_in,
@@ -49,7 +48,7 @@ def add_tour_parser(commands) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from .. import bench
-    from .._files import read_json, write_json
+    from .._files import read_json
 
     if args.render:
         report = read_json(args.render, "benchmark results")

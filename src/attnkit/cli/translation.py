@@ -349,8 +349,8 @@ def _align(args: argparse.Namespace) -> int:
         model = IBMModel1().fit(words, iterations=args.ibm_iterations, progress=not args.quiet)
         links = [model.align(s, t) for s, t in words]
         done = len(model.log_likelihoods)
-        print(f"IBM Model 1: {done} EM iterations" + (f", converged (log-likelihood per word gained < 1e-4)"
-                                                      if model.converged else f" (the --ibm-iterations limit)"))
+        print(f"IBM Model 1: {done} EM iterations" + (", converged (log-likelihood per word gained < 1e-4)"
+                                                      if model.converged else " (the --ibm-iterations limit)"))
     write_links(args.out, links)
     print(f"{sum(len(x) for x in links):,} links for {len(links):,} {args.split} pairs of {args.data} "
           f"({args.aligner}) in {args.out}")

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .._progress import progress_bar
 from ..errors import InputError
 from ..data.batching import collate
 from ..data.corpus import Pair
@@ -388,7 +389,6 @@ class IBMModel1:
         """EM on (source words, target words) pairs; t starts uniform. At most ``iterations``
         iterations: EM stops once the log-likelihood per target word improves by less than
         ``tolerance`` (``converged`` then says after how many). ``progress`` shows a tqdm bar."""
-        from tqdm.auto import tqdm
 
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -405,7 +405,7 @@ class IBMModel1:
         self.log_likelihoods = []
         self.converged: int | None = None
         words_total = max(1, sum(len(target) for _, target in pairs))
-        for _ in tqdm(range(iterations), desc="IBM Model 1 EM", unit="iteration", leave=False, disable=not progress):
+        for _ in progress_bar(range(iterations), progress=progress, desc="IBM Model 1 EM", unit="iteration"):
             counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
             log_likelihood = 0.0
             for source, target in pairs:

@@ -17,24 +17,16 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from .._files import atomic_path, write_json
-from ..data import Pair, aligned_corpus
+from .._files import write_json
+from .._markdown import escape as _md
+from .._markdown import markdown_table, write_markdown
+from .._progress import progress_bar
+from ..data import Pair
 from ..data.batching import collate
+from .aer import score_alignments
 from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
-from .alignment import (
-    IBMModel1,
-    alignment_error_rate,
-    cross_attention_pieces,
-    diagonal_alignment,
-    eflomal_align,
-    links_from_weights,
-    select_weights,
-    symmetrize,
-    word_weights,
-)
 from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
 from .rollout import attention_flow, attention_rollout
 
@@ -46,25 +38,8 @@ logger = logging.getLogger(__name__)
 MAX_FLOW_TOKENS = 40  # attention flow solves L^2 max-flow problems: only for short texts
 
 
-def _bar(items: Sequence, progress: bool, **options):
-    """A tqdm bar over ``items`` when ``progress``: the progress convention of every attnkit tool."""
-    from tqdm.auto import tqdm
-
-    return tqdm(items, leave=False, dynamic_ncols=True, disable=not progress, **options)
-
-
-def _write_markdown(path: Path, lines: list[str]) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\`*_[]()#!|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"})
-
-
-def _md(text: str) -> str:
-    """User text in report.md: plain text. Markdown and HTML characters are escaped (no link, image or
-    heading can be injected) and line breaks of every kind (\\r, \\n, U+2028 ...) become spaces."""
-    return " ".join(text.splitlines()).translate(_MARKDOWN)
+def _median_iqr(stats: dict) -> str:
+    return f"{stats['median']:.2f} [{stats['q25']:.2f}, {stats['q75']:.2f}]"
 
 
 def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> tuple[list[str], list[dict]]:
@@ -79,12 +54,12 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
              f"Per example ({what}), rank correlation between attention scores and attribution magnitudes "
              "(Jain & Wallace 2019), and between the attributions themselves (integrated gradients, gradient x "
              "input, sampled Shapley values; Captum). 1 = same ranking, 0 = unrelated.", "",
-             "| scores | against | examples | Spearman median [IQR] | Spearman mean | Kendall median [IQR] | Kendall mean |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        s, k = r["spearman"], r["kendall"]
-        lines.append(f"| {r['attention']} | {r['attribution']} | {s['n']} | {s['median']:.2f} [{s['q25']:.2f}, {s['q75']:.2f}] | "
-                     f"{s['mean']:.2f} | {k['median']:.2f} [{k['q25']:.2f}, {k['q75']:.2f}] | {k['mean']:.2f} |")
+             ]
+    lines += markdown_table(
+        ["scores", "against", "examples", "Spearman median [IQR]", "Spearman mean", "Kendall median [IQR]",
+         "Kendall mean"],
+        ([r["attention"], r["attribution"], r["spearman"]["n"], _median_iqr(r["spearman"]), f"{r['spearman']['mean']:.2f}",
+          _median_iqr(r["kendall"]), f"{r['kendall']['mean']:.2f}"] for r in rows))
     lines += ["", "![agreement](agreement.png)", ""]
     return lines, rows
 
@@ -123,24 +98,23 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     # itself is constant, a degenerate objective whose gradients are noise).
     partners = ([texts[(k + 1) % len(texts)] for k in range(len(texts))] if len(texts) > 1 else
                 [next(s for s in SENTENCES if s.strip() != texts[0].strip())])
-    examples = encoder_agreement(model, tokenizer, _bar(texts, progress, desc="attribution", unit="text"), partners, steps=steps)
+    examples = encoder_agreement(model, tokenizer, progress_bar(texts, progress=progress, desc="attribution", unit="text"), partners, steps=steps)
 
     lines = ["# attnkit inspect: encoder", "", f"{len(texts)} texts, {roles.tokens} tokens, "
              f"{roles.shape[0]} layers x {roles.shape[1]} heads. Interactive view: [viewer.html](viewer.html).", "",
              "## Head roles (Clark et al. 2019)", "",
              "Mean share of each query token's attention on the previous / next token, itself, [CLS], [SEP] and "
              "punctuation, and the mean entropy. Heads above 50%:", "",
-             "| role | heads (layer, head: share) |", "|---|---|"]
-    for role in ROLES:
-        found = roles.heads(role)
-        lines.append(f"| {role} | " + (", ".join(f"L{l} H{h}: {s:.2f}" for l, h, s in found) if found else
-                                        f"none (largest {roles.shares[role].max():.2f})") + " |")
+             ]
+    found = {role: roles.heads(role) for role in ROLES}
+    lines += markdown_table(["role", "heads (layer, head: share)"], (
+        [role, ", ".join(f"L{l} H{h}: {s:.2f}" for l, h, s in found[role]) if found[role] else
+         f"none (largest {roles.shares[role].max():.2f})"] for role in ROLES))
     dominant = roles.dominant()
-    lines += ["", "Dominant role and entropy (nats) per head:", "",
-              "| layer | " + " | ".join(f"H{h}" for h in range(roles.shape[1])) + " |",
-              "|---|" + "---|" * roles.shape[1]]
-    for l in range(roles.shape[0]):
-        lines.append(f"| {l} | " + " | ".join(f"{dominant[l, h]} {roles.entropy[l, h]:.2f}" for h in range(roles.shape[1])) + " |")
+    lines += ["", "Dominant role and entropy (nats) per head:", ""]
+    lines += markdown_table(["layer", *(f"H{h}" for h in range(roles.shape[1]))], (
+        [l, *(f"{dominant[l, h]} {roles.entropy[l, h]:.2f}" for h in range(roles.shape[1]))]
+        for l in range(roles.shape[0])))
     lines += ["", "![head roles](roles.png)", "", "## All heads on text 1", "", f"> {_md(texts[0])}", "",
               "![overview](overview.png)", "", "![rollout](rollout.png)", ""]
     if with_flow:
@@ -152,7 +126,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     section, rows = _agreement_section(
         examples, out, f"output: cosine similarity of the mean-pooled embedding to {target}")
     lines += section
-    _write_markdown(out / "report.md", lines)
+    write_markdown(out / "report.md", lines)
     write_json(out / "results.json", {
         "texts": texts, "roles": roles.table(), "agreement": rows, "seconds": time.perf_counter() - started,
         "examples": [{"text": e.name, "tokens": e.tokens,
@@ -237,13 +211,13 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
     write_viewer(out / "viewer.html", views, title="attnkit inspect: translation", top_k=top_k)
     rows = []
     if isinstance(model, Seq2Seq):
-        examples = seq2seq_agreement(model, source, target, _bar(pairs, progress, desc="attribution", unit="text"), steps=steps)
+        examples = seq2seq_agreement(model, source, target, progress_bar(pairs, progress=progress, desc="attribution", unit="text"), steps=steps)
         what = "output: log-probability of each " + ("reference" if references is not None else "output") + " token"
         section, rows = _agreement_section(examples, out, what)
         lines += section
     else:
         lines += ["Attribution agreement is computed for RNN seq2seq checkpoints only.", ""]
-    _write_markdown(out / "report.md", lines)
+    write_markdown(out / "report.md", lines)
     write_json(out / "results.json", {"texts": list(texts), "outputs": [t.text for t in translations],
                                       "forced": forced, "agreement": rows})
     return out / "report.md"
@@ -272,203 +246,57 @@ def inspect_encoder_decoder(runs: Sequence[dict], texts: Sequence[str], out: str
         lines += [f"**{k}.** {_md(text)}", "", f"- {'reference (forced)' if references is not None else 'output'}: "
                   f"{_md(run['output_text'])}", "", f"![alignment {k}](alignment-{k}.png)", ""]
     write_viewer(out / "viewer.html", views, title="attnkit inspect: encoder-decoder", top_k=top_k)
-    _write_markdown(out / "report.md", lines)
+    write_markdown(out / "report.md", lines)
     write_json(out / "results.json", {"texts": list(texts), "outputs": [r["output_text"] for r in runs],
                                       "forced": references is not None})
     return out / "report.md"
-
-
-def _readings(pieces: np.ndarray) -> list[tuple[int, int | None, bool]]:
-    """Every (layer, head or None for the heads' average, shift) reading of a cross-attention stack."""
-    layers, heads = pieces.shape[:2]
-    choices = (None, *range(heads)) if heads > 1 else (None,)
-    return [(layer, head, shift) for layer in range(layers) for head in choices for shift in (False, True)]
-
-
-def _reading_name(reading: tuple[int, int | None, bool], layers: int) -> str:
-    layer, head, shift = reading
-    where = f"layer {layer + 1}/{layers}, " if layers > 1 else ""
-    return f"{'shift-att' if shift else 'attention'}, {where}{'head average' if head is None else f'head {head}'}"
-
-
-def _links(weights: np.ndarray, rule: str):
-    if rule == "argmax":
-        return links_from_weights(weights)
-    return links_from_weights(weights, method="threshold", threshold=float(rule.split(">= ")[1]))
-
-
-def _attention_methods(label: str, checkpoint, test, dev, thresholds, progress) -> dict:
-    """Every attention reading of one checkpoint scored on dev; on test: the last layer's head
-    average (plain and shift-att) with every rule, the dev-best reading, and per-layer rows."""
-    model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
-    gold, dev_gold = [p.alignment for p in test], [p.alignment for p in dev]
-    test_pieces = cross_attention_pieces(model, source, target, test)
-    dev_pieces = cross_attention_pieces(model, source, target, dev)
-    layers, heads = test_pieces[0].shape[:2]
-    rules = ["argmax", *(f"weight >= {t}" for t in thresholds)]
-
-    def words(pairs, pieces, reading):
-        layer, head, shift = reading
-        return [word_weights(select_weights(p, layer=layer, head=head, shift=shift), source.word_ids(pair.source),
-                             target.word_ids(pair.target)) for pair, p in zip(pairs, pieces)]
-
-    grid = {}  # (reading, rule) -> dev AER
-    for reading in _bar(_readings(test_pieces[0]), progress, desc=f"{label}: readings on dev", unit="reading"):
-        dev_words = words(dev, dev_pieces, reading)
-        for rule in rules:
-            grid[reading, rule] = alignment_error_rate([_links(w, rule) for w in dev_words], dev_gold).aer
-    (best_reading, best_rule), best_dev = min(grid.items(), key=lambda item: item[1])
-    methods, dev_aer, test_words = {}, {}, {}
-    for reading in dict.fromkeys([(layers - 1, None, False), (layers - 1, None, True), best_reading]):
-        test_words[reading] = words(test, test_pieces, reading)
-        for rule in rules:
-            name = f"{label}: {_reading_name(reading, layers)}, {rule}"
-            if (reading, rule) == (best_reading, best_rule):
-                name += " (best on dev)"
-            methods[name] = [_links(w, rule) for w in test_words[reading]]
-            dev_aer[name] = grid[reading, rule]
-    per_layer = []
-    for layer in range(layers):
-        for shift in (False, True):
-            reading = (layer, None, shift)
-            layer_words = test_words.get(reading) or words(test, test_pieces, reading)
-            per_layer.append({"model": label, "layer": layer + 1, "shift": shift, **{
-                rule: {"dev": grid[reading, rule],
-                       "test": alignment_error_rate([_links(w, rule) for w in layer_words], gold).aer}
-                for rule in ("argmax", f"weight >= {thresholds[0]}")}})
-    best = {"model": label, "checkpoint": str(checkpoint.folder), "layer": best_reading[0] + 1,
-            "head": best_reading[1], "shift": best_reading[2], "rule": best_rule, "dev_aer": best_dev,
-            "readings_tried": len(grid), "layers": layers, "heads": heads,
-            "method": next(name for name in methods if name.endswith("(best on dev)"))}
-    return {"methods": methods, "dev_aer": dev_aer, "per_layer": per_layer, "best": best,
-            "example_words": test_words[best_reading]}
-
-
-def _attribution_methods(label: str, checkpoint, test, dev, thresholds, steps: int, progress) -> dict:
-    """Alignments from integrated gradients (instead of attention): the rule chosen on dev."""
-    from .alignment import attribution_word_weights
-
-    model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
-    rules = ["argmax", *(f"weight >= {t}" for t in thresholds)]
-    dev_words = attribution_word_weights(model, source, target, _bar(dev, progress, desc=f"{label}: IG on dev"),
-                                         steps=steps)
-    dev_aer = {rule: alignment_error_rate([_links(w, rule) for w in dev_words], [p.alignment for p in dev]).aer
-               for rule in rules}
-    best_rule = min(dev_aer, key=dev_aer.get)
-    test_words = attribution_word_weights(model, source, target, _bar(test, progress, desc=f"{label}: IG on test"),
-                                          steps=steps)
-    methods, named_dev = {}, {}
-    for rule in dict.fromkeys(["argmax", best_rule]):
-        name = f"{label}: integrated gradients ({steps} steps), {rule}" + (" (best on dev)" if rule == best_rule else "")
-        methods[name] = [_links(w, rule) for w in test_words]
-        named_dev[name] = dev_aer[rule]
-    return {"methods": methods, "dev_aer": named_dev}
 
 
 def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
                        thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True,
                        attribution_steps: int = 0, progress: bool = False,
                        log: Callable[[str], None] | None = None) -> dict:
-    """AER on the held-out verses of the bundled Greek -> English corpus, in one table: each
-    checkpoint's attention read every way (each decoder layer, each head and the heads' average,
-    the row that predicts a word or, shift-att, the row that reads it; argmax or a weight
-    threshold), next to eflomal (both directions, intersection, grow-diag-final-and), IBM Model 1
-    and the diagonal; with ``attribution_steps`` > 0 also alignments of the first checkpoint from
-    integrated gradients (:func:`~attnkit.inspect.alignment.attribution_word_weights`; costly, so
-    for one model), their rule chosen on dev.
-
-    ``checkpoints``: one checkpoint, or a dict label -> checkpoint. For each, the reading with the
-    lowest AER on the dev verses (the "valid" split) is reported on test; nothing is chosen on
-    test. The statistical aligners learn from the text of every verse (train, dev and test)
-    without gold links, as aligners are used. Writes ``alignment.md``, ``alignment.json`` and an
-    example PNG (the first checkpoint's best reading).
-    """
-    log = log or logger.info
+    """:func:`attnkit.inspect.aer.score_alignments` (its arguments and result), written to ``out``:
+    ``alignment.md``, ``alignment.json`` and an example PNG (the first checkpoint's best reading)."""
     from ..viz import plot_heatmap
 
-    if not isinstance(checkpoints, dict):
-        checkpoints = {"attention": checkpoints}
-    if not checkpoints:
-        raise ValueError("checkpoints is empty: give at least one checkpoint")
     out = Path(out)
-    test, dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
-    gold = [p.alignment for p in test]
-    seconds, methods, dev_aer, per_layer, best = {}, {}, {}, [], []
-    example_words = None
-    for label, checkpoint in checkpoints.items():
-        tick = time.perf_counter()
-        found = _attention_methods(label, checkpoint, test, dev, thresholds, progress)
-        methods |= found["methods"]
-        dev_aer |= found["dev_aer"]
-        per_layer += found["per_layer"]
-        best.append(found["best"])
-        example_words = example_words or found["example_words"]
-        seconds[label] = time.perf_counter() - tick
-        log(f"{label}: {found['best']['readings_tried']} attention readings in {seconds[label]:.1f} s")
-        if attribution_steps and label == next(iter(checkpoints)):
-            tick = time.perf_counter()
-            attributed = _attribution_methods(label, checkpoint, test, dev, thresholds, attribution_steps, progress)
-            methods |= attributed["methods"]
-            dev_aer |= attributed["dev_aer"]
-            seconds[f"{label}: integrated gradients"] = time.perf_counter() - tick
-            log(f"{label}: integrated-gradient alignments in {seconds[f'{label}: integrated gradients']:.1f} s")
-    log(f"IBM Model 1 ({ibm_iterations} EM iterations) ...")
-    words_of = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
-    corpus = [words_of(p) for p in train + dev + test]
-    ibm = IBMModel1().fit(corpus, iterations=ibm_iterations, progress=progress)
-    methods["IBM Model 1"] = [ibm.align(*words_of(p)) for p in test]
-    if eflomal:
-        tick = time.perf_counter()
-        log(f"eflomal on {len(corpus):,} verses ...")
-        forward, reverse = eflomal_align(corpus)
-        tail = slice(len(corpus) - len(test), len(corpus))
-        forward, reverse = forward[tail], reverse[tail]
-        methods["eflomal, Greek -> English"] = forward
-        methods["eflomal, English -> Greek"] = reverse
-        for how in ("intersection", "grow-diag-final-and"):
-            methods[f"eflomal, {how}"] = [symmetrize(f, r, how) for f, r in zip(forward, reverse)]
-        seconds["eflomal"] = time.perf_counter() - tick
-    methods["diagonal"] = [diagonal_alignment(len(p.source.split()), len(p.target.split())) for p in test]
-    scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}
-    example = max(range(len(test)), key=lambda k: -abs(len(test[k].source.split()) - 14))  # a verse of ~14 words
-    pair = test[example]
-    gold_matrix = np.zeros_like(example_words[example])
-    for i, j in pair.alignment:
-        gold_matrix[j, i] = 1.0
-    for name, matrix in (("attention", example_words[example]), ("gold", gold_matrix)):
+    result, (pair, attention_matrix, gold_matrix) = score_alignments(
+        checkpoints, limit=limit, ibm_iterations=ibm_iterations, thresholds=thresholds, eflomal=eflomal,
+        attribution_steps=attribution_steps, progress=progress, log=log)
+    for name, matrix in (("attention", attention_matrix), ("gold", gold_matrix)):
         plot_heatmap(matrix, out / f"alignment-{name}.png", x_labels=pair.source.split(), y_labels=pair.target.split(),
                      title=f"{name}: {pair.reference}", x_title="Greek (SBLGNT)", y_title="English (BSB)", cmap="Greys")
-    result = {"verses": len(test), "dev_verses": len(dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
-              "dev_aer": dev_aer, "best_on_dev": best, "per_layer": per_layer,
-              "ibm_iterations": ibm_iterations, "ibm_log_likelihoods": ibm.log_likelihoods,
-              "checkpoints": {label: str(c.folder) for label, c in checkpoints.items()}, "example": pair.reference,
-              "seconds": seconds}
+    scores, dev_aer, best, per_layer = result["scores"], result["dev_aer"], result["best_on_dev"], result["per_layer"]
+    test_count, dev_count, corpus_count = result["verses"], result["dev_verses"], result["corpus_verses"]
     tried = sum(b["readings_tried"] for b in best)
     lines = ["# Alignment quality: attention vs eflomal, IBM Model 1 and the diagonal", "",
-             f"{len(test)} held-out verses (Mark, Philippians, 1 John) of the bundled SBLGNT -> BSB corpus, "
+             f"{test_count} held-out verses (Mark, Philippians, 1 John) of the bundled SBLGNT -> BSB corpus, "
              f"{result['gold_links']:,} hand-made links (all treated as sure, so AER = 1 - F1). "
              "Every method links English words to Greek words; attention comes from each checkpoint forced "
              "to produce the reference English, pooled from subword pieces to words. "
              f"{tried} attention readings (layer, head or head average, shift-att or not, rule) were scored on "
-             f"the {len(dev)} dev verses; each model's best is marked. eflomal and IBM Model 1 learn from the text of "
-             f"all {len(corpus):,} verses, without gold links.", "",
-             "| method | precision | recall | AER (test) | AER (dev) | links |", "|---|---|---|---|---|---|"]
-    for name, s in sorted(scores.items(), key=lambda item: item[1]["aer"]):
-        dev_cell = f"{dev_aer[name]:.3f}" if name in dev_aer else "-"
-        lines.append(f"| {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['aer']:.3f} | {dev_cell} | {s['predicted']:,} |")
-    lines += ["", "Head average per decoder layer (AER):", "",
-              f"| model | layer | row | dev, argmax | test, argmax | dev, weight >= {thresholds[0]} | "
-              f"test, weight >= {thresholds[0]} |", "|---|---|---|---|---|---|---|"]
-    for row in per_layer:
-        a, t = row["argmax"], row[f"weight >= {thresholds[0]}"]
-        lines.append(f"| {row['model']} | {row['layer']} | {'reads the word (shift-att)' if row['shift'] else 'predicts the word'} | "
-                     f"{a['dev']:.3f} | {a['test']:.3f} | {t['dev']:.3f} | {t['test']:.3f} |")
+             f"the {dev_count} dev verses; each model's best is marked. eflomal and IBM Model 1 learn from the text of "
+             f"all {corpus_count:,} verses, without gold links.", "",
+             ]
+    lines += markdown_table(["method", "precision", "recall", "AER (test)", "AER (dev)", "links"], (
+        [name, f"{s['precision']:.3f}", f"{s['recall']:.3f}", f"{s['aer']:.3f}",
+         f"{dev_aer[name]:.3f}" if name in dev_aer else "-", f"{s['predicted']:,}"]
+        for name, s in sorted(scores.items(), key=lambda item: item[1]["aer"])))
+    rule = f"weight >= {thresholds[0]}"
+    lines += ["", "Head average per decoder layer (AER):", ""]
+    lines += markdown_table(["model", "layer", "row", "dev, argmax", "test, argmax", f"dev, {rule}", f"test, {rule}"], (
+        [row["model"], row["layer"], "reads the word (shift-att)" if row["shift"] else "predicts the word",
+         f"{row['argmax']['dev']:.3f}", f"{row['argmax']['test']:.3f}", f"{row[rule]['dev']:.3f}",
+         f"{row[rule]['test']:.3f}"] for row in per_layer))
     lines += ["", f"Example, {pair.reference}: attention of {best[0]['model']}'s best reading on dev (left) and gold "
               "links (right).", "", "![attention](alignment-attention.png) ![gold](alignment-gold.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
-    _write_markdown(out / "alignment.md", lines)
+    write_markdown(out / "alignment.md", lines)
     write_json(out / "alignment.json", result)
     return result
+
+
 
 
 def evaluate_coreference(model, tokenizer, out: str | Path, *, progress: bool = False) -> dict:
@@ -481,7 +309,7 @@ def evaluate_coreference(model, tokenizer, out: str | Path, *, progress: bool = 
 
     out = Path(out)
     items = winograd_pairs()
-    margins = coreference_picks(model, tokenizer, list(_bar(items, progress, desc="coreference", unit="sentence")))
+    margins = coreference_picks(model, tokenizer, list(progress_bar(items, progress=progress, desc="coreference", unit="sentence")))
     result = coreference_scores(margins, items)
     layers, heads = margins.shape[1:]
     accuracy = (margins > 0).mean(0)
@@ -495,21 +323,20 @@ def evaluate_coreference(model, tokenizer, out: str | Path, *, progress: bool = 
              "that on the other candidate's. A head blind to the changed word picks the same candidate in both "
              "sentences of a pair: exactly 50%.", "",
              f"Mean over all {layers * heads} heads: {result['mean_head_accuracy']:.1%}.", "",
-             "| head | correct | accuracy | 95% interval | p (vs 50%) |", "|---|---|---|---|---|"]
+             ]
     ranked = sorted(result["per_head"], key=lambda s: -s["accuracy"])
-    for s in ranked[:10]:
-        lines.append(f"| L{s['layer']} H{s['head']} | {s['correct']}/{s['total']} | {s['accuracy']:.1%} | "
-                     f"{s['low']:.1%}-{s['high']:.1%} | {s['p_value']:.3f} |")
+    lines += markdown_table(["head", "correct", "accuracy", "95% interval", "p (vs 50%)"], (
+        [f"L{s['layer']} H{s['head']}", f"{s['correct']}/{s['total']}", f"{s['accuracy']:.1%}",
+         f"{s['low']:.1%}-{s['high']:.1%}", f"{s['p_value']:.3f}"] for s in ranked[:10]))
     lines += ["", f"Best head in sample: L{best['layer']} H{best['head']}, {best['accuracy']:.1%} (chosen and scored "
-              "on the same sentences, so optimistic).", "", "Chosen on one half of the pairs, scored on the other:", "",
-              "| chosen on | head | accuracy where chosen | held-out accuracy | 95% interval | p (vs 50%) |",
-              "|---|---|---|---|---|---|"]
-    for h in result["held_out"]:
-        lines.append(f"| {h['chosen_on']} | L{h['layer']} H{h['head']} | {h['chosen_accuracy']:.1%} | "
-                     f"{h['correct']}/{h['total']} = {h['accuracy']:.1%} | {h['low']:.1%}-{h['high']:.1%} | "
-                     f"{h['p_value']:.3f} |")
+              "on the same sentences, so optimistic).", "", "Chosen on one half of the pairs, scored on the other:", ""]
+    lines += markdown_table(
+        ["chosen on", "head", "accuracy where chosen", "held-out accuracy", "95% interval", "p (vs 50%)"],
+        ([h["chosen_on"], f"L{h['layer']} H{h['head']}", f"{h['chosen_accuracy']:.1%}",
+          f"{h['correct']}/{h['total']} = {h['accuracy']:.1%}", f"{h['low']:.1%}-{h['high']:.1%}", f"{h['p_value']:.3f}"]
+         for h in result["held_out"]))
     lines += ["", "![accuracy per head](coref.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
-    _write_markdown(out / "coref.md", lines)
+    write_markdown(out / "coref.md", lines)
     write_json(out / "coref.json", result)
     return result

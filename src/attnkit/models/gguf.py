@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._progress import progress_bar
 from ..errors import InputError
 from .config import DecoderConfig
 from .decoder import DecoderLM
@@ -57,9 +58,7 @@ def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, pr
         raise InputError(f"{path}: only the llama architecture is supported, got {arch!r}")
     heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
     state: dict[str, Tensor] = {}
-    from tqdm.auto import tqdm
-
-    for tensor in tqdm(reader.tensors, desc="dequantising", unit="tensor", leave=False, disable=not progress):
+    for tensor in progress_bar(reader.tensors, progress=progress, desc="dequantising", unit="tensor"):
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         weight = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: GGUF data is a read-only map
         name = tensor.name

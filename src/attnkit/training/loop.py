@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._progress import progress_bar
 from .._files import write_json
 from ..errors import InputError
 from ..data.batching import BatchSampler, collate
@@ -363,10 +364,8 @@ class _Trainer:
         batches = self.sampler.epoch(epoch, rank=self.rank, world_size=self.world_size)
         bar = None
         if self.progress and self.main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(batches), initial=state.batch, desc=f"epoch {epoch + 1}/{config.epochs}",
-                       unit="batch", leave=False, dynamic_ncols=True)
+            bar = progress_bar(total=len(batches), initial=state.batch, desc=f"epoch {epoch + 1}/{config.epochs}",
+                               unit="batch", progress=True)
         clock = time.perf_counter() - state.seconds  # state.seconds = perf_counter() - clock
         for index in range(state.batch, len(batches)):
             if all_sum(float(interrupt.requested)) > 0:

@@ -1,0 +1,16 @@
+"""The progress convention of every attnkit tool: library functions take ``progress: bool`` and
+show one tqdm bar (``leave=False``, fitted to the terminal) when it is True; ``--quiet`` turns the
+command-line bars off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["progress_bar"]
+
+
+def progress_bar(items: Iterable | None = None, *, progress: bool, **options):
+    """A tqdm bar over ``items`` (or, with ``total=``, one updated by hand), shown when ``progress``."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, leave=options.pop("leave", False), dynamic_ncols=True, disable=not progress, **options)
