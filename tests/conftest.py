@@ -10,7 +10,6 @@ import torch
 from attnkit.functional.backends import tiled
 
 
-
 def pytest_collection_modifyitems(config, items):
     """Markers by place: tests/external/ are "external", tests/gpu/ "gpu", the Chromium tests
     "browser" (and they require Chromium)."""

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 import attnkit
 from attnkit.distributed import LAYOUTS, context_parallel_attention, shard, shard_positions, unshard
+
 from helpers import free_port, spawn_workers
 
 pytestmark = [pytest.mark.slow]  # spawns gloo processes

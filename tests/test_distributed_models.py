@@ -17,6 +17,7 @@ from attnkit.distributed import ContextParallel, all_reduce_gradients, lm_shards
 from attnkit.models.config import DecoderConfig, EncoderConfig
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderModel
+
 from helpers import free_port, spawn_workers
 
 pytestmark = [pytest.mark.slow]  # spawns gloo processes and trains

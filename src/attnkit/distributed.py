@@ -167,14 +167,14 @@ def _collective_device(group, device: torch.device) -> torch.device:
     return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
-def _check_agreement(group, world: int, rank: int, signature: dict, device: torch.device = torch.device("cpu")) -> None:
+def _check_agreement(group, world: int, rank: int, signature: dict, device: torch.device | None = None) -> None:
     """Every rank's shapes and options, gathered in one small all_gather (|signature| int64 per
     rank) before any other transfer: a mismatch raises :class:`RankMismatch` on every rank, naming
     each option that differs and its value per rank, instead of wrong numbers, a gloo abort or a
     hang. Done on every call: a rank cannot know whether another changed its options without
     asking, and a cache that let one rank skip the gather while another gathers would hang."""
     codes = torch.tensor([_code(value) for value in signature.values()], dtype=torch.int64,
-                         device=_collective_device(group, device))
+                         device=_collective_device(group, device or torch.device("cpu")))
     gathered = [torch.empty_like(codes) for _ in range(world)]
     try:
         dist.all_gather(gathered, codes, group=group)

@@ -11,7 +11,6 @@ learned alignments.
 from __future__ import annotations
 
 import logging
-
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError
 from ._files import atomic_path, write_json
 from ._markdown import markdown_table
 from .data import Pair, Tokenizer, aligned_corpus, bible_corpus, read_pairs
 from .decoding import Translation, translate
+from .errors import InputError
 from .models import Seq2Seq, Seq2SeqConfig
 from .training import TrainingConfig, bleu_by_length, corpus_scores, load_checkpoint, train
 

@@ -12,11 +12,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import attnkit.hf  # noqa: E402
-from attnkit.hf import VERIFIED_FAMILIES, UnverifiedFamily  # noqa: E402
-from hf_families import check, model_class, tiny_config  # noqa: E402
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
 
+import attnkit.hf  # noqa: E402
+from attnkit.hf import VERIFIED_FAMILIES, UnverifiedFamily  # noqa: E402
+
+from hf_families import check, model_class, tiny_config  # noqa: E402
 
 
 def _config(family: str):

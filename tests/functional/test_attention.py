@@ -14,6 +14,7 @@ from attnkit import masks, reference
 from attnkit.functional.attention import choose_backend
 from attnkit.functional.backends._common import Problem
 from attnkit.functional.checks import Dims
+
 from helpers import DTYPES, assert_close, numpy, randn
 
 BACKENDS = ["reference", "sdpa", "tiled", "auto"]

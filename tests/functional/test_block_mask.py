@@ -14,6 +14,7 @@ import attnkit
 from attnkit import masks, reference
 from attnkit.functional.backends import tiled
 from attnkit.functional.block_mask import EMPTY, FULL, PARTIAL
+
 from helpers import DTYPES, assert_close, numpy, randn
 
 BACKENDS = ["reference", "sdpa", "tiled", "auto"]

@@ -25,6 +25,7 @@ from attnkit.functional.backends import flex
 from attnkit.functional.backends._common import Problem
 from attnkit.functional.block_mask import length_bucket
 from attnkit.functional.checks import Dims
+
 from helpers import DTYPES, assert_close, numpy, randn
 from test_attention import CASES, MASKINGS, make_call, oracle
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnkit import masked_softmax, reference, scores
+
 from helpers import assert_close, numpy, randn
 
 

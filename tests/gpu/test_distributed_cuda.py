@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import attnkit
 from attnkit import distributed
+
 from helpers import free_port
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnkit import BahdanauAttention, reference
+
 from helpers import assert_close, numpy, randn
 
 

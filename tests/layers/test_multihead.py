@@ -8,6 +8,7 @@ from torch import nn
 
 from attnkit import KVCache, MultiHeadAttention, masks, reference
 from attnkit.layers import RotaryEmbedding
+
 from helpers import assert_close, numpy, randn
 
 

@@ -14,6 +14,7 @@ from attnkit.layers import (
     alibi_slopes,
     sinusoidal_table,
 )
+
 from helpers import assert_close, numpy, randn
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnkit import SelfAttention, reference
+
 from helpers import assert_close, numpy, randn
 
 

@@ -239,7 +239,6 @@ def test_a_checkpoint_with_broken_weights_is_refused(how, run, tmp_path, capsys)
     import shutil
 
     from safetensors.torch import load_file, save_file
-
     from test_cli_probes import _rehash
 
     copy = tmp_path / "broken"

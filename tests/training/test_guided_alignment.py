@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from attnkit.data import Pair, Tokenizer
-from attnkit.inspect.alignment import alignment_error_rate, attention_word_weights, links_from_weights, read_links, write_links
+from attnkit.inspect.alignment import (
+    alignment_error_rate,
+    attention_word_weights,
+    links_from_weights,
+    read_links,
+    write_links,
+)
 from attnkit.models import Seq2Seq, Seq2SeqConfig, TransformerConfig, TransformerEncoderDecoder
 from attnkit.training import TrainingConfig, train
 from attnkit.training.loop import piece_guides

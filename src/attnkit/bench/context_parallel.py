@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .._progress import progress_bar
 from .._markdown import markdown_table
+from .._progress import progress_bar
 
 __all__ = ["ContextParallelBench", "run_context_parallel", "format_context_parallel"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import language_models, tools, translation
 from ..errors import InputError
+from . import language_models, tools, translation
 from .arguments import UsageError
 
 __all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from .arguments import (
     UsageError,
-    user_values,
     add_device_argument,
     check_device,
     check_texts,
     float_in,
     int_in,
+    user_values,
 )
 
 __all__ = ["add_cost_parser", "add_generate_parser"]

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from .arguments import (
+    MAX_BEAM,
     UsageError,
     add_device_argument,
     check_device,
-    MAX_BEAM,
     check_texts,
     float_in,
     input_file,

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from .arguments import (
-    UsageError,
     MAX_BEAM,
+    UsageError,
     add_device_argument,
     check_device,
     check_new_file,

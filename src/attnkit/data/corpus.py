@@ -162,7 +162,7 @@ def read_texts(path: str | os.PathLike) -> tuple[list[str], list[str] | None]:
     lines = [line for line in content.splitlines() if line.strip()]
     if not lines:
         raise InputError(f"{path}: no texts in it")
-    for number, line in enumerate(lines, 1):
+    for line in lines:
         if len(line) > MAX_LINE_CHARS:
             raise InputError(f"{path}: a line of {len(line):,} characters; at most {MAX_LINE_CHARS:,}")
     tabs = ["\t" in line for line in lines]

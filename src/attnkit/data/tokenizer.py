@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..errors import InputError
 from .._files import atomic_path
+from ..errors import InputError
 
 __all__ = ["Tokenizer", "SPECIALS", "PAD", "UNK", "BOS", "EOS", "KINDS"]
 

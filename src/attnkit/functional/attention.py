@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import masks as _masks
-from .block_mask import BlockMask, ScoreMod
-from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
 from .backends import BACKENDS, flex
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
+from .block_mask import BlockMask, ScoreMod
+from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
 from .softmax import masked_softmax
 
 __all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "BACKEND_NAMES"]

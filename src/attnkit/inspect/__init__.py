@@ -13,10 +13,10 @@ gradient attribution, and how good the alignments it learns are.
 
 from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
 from .alignment import (
+    SYMMETRIZATIONS,
     AlignmentScores,
     IBMModel1,
     alignment_error_rate,
-    SYMMETRIZATIONS,
     attention_word_weights,
     cross_attention_pieces,
     diagonal_alignment,

@@ -14,19 +14,19 @@ Counts are summed over the corpus before dividing. When only one kind of gold li
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .._progress import progress_bar
-from ..errors import InputError
 from ..data.batching import collate
 from ..data.corpus import Pair
 from ..data.tokenizer import Tokenizer
+from ..errors import InputError
 
 __all__ = [
     "Links",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..functional import attention
-from ..functional.checks import check_rank
 from ..functional.attention import AttentionOutput
+from ..functional.checks import check_rank
 
 __all__ = ["SelfAttention"]
 

@@ -18,11 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from .._deprecated import UNSET, renamed
-from ..functional import attention
+from ..functional import attention, masks
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
-from ..functional import masks
 
 __all__ = ["LongformerSelfAttention"]
 

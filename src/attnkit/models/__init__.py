@@ -1,8 +1,8 @@
 """Models composed from the layers: RNN encoder-decoders and Transformers."""
 
 from .blocks import count_parameters
-from .decoder import DecoderLM, document_positions, pack_documents, packed_lm_losses
 from .config import PRESETS, DecoderConfig, EncoderConfig, Seq2SeqConfig, TransformerConfig, preset
+from .decoder import DecoderLM, document_positions, pack_documents, packed_lm_losses
 from .encoder import EncoderModel
 from .outputs import EncoderOutput, LMOutput, StepOutput, TranslationOutput
 from .seq2seq import Seq2Seq

@@ -11,8 +11,8 @@ import os
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
 from .._files import atomic_path
+from ..errors import InputError
 
 __all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "LEGACY_NAMES",
            "read_safetensors"]

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
 from .._files import read_json, write_json
 from ..data.tokenizer import Tokenizer
+from ..errors import InputError
 from ..models import build_model
 from ..models.config import config_from_dict, config_to_dict
 from ..models.weights import check_tensors, current_name, load_weights, read_safetensors, save_weights

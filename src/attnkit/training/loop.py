@@ -27,15 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._progress import progress_bar
 from .._files import write_json
-from ..errors import InputError
+from .._progress import progress_bar
 from ..data.batching import BatchSampler, collate
 from ..data.corpus import Pair
 from ..data.tokenizer import PAD, Tokenizer
+from ..errors import InputError
 from .checkpoint import load_trainer_state, save_checkpoint
-from .run import prepare_run_folder
 from .distributed import all_sum, is_main, world
+from .run import prepare_run_folder
 
 __all__ = ["TrainingConfig", "TrainingResult", "TrainerState", "TrainingDiverged", "train", "encode_pairs",
            "evaluate_loss", "RECIPES"]

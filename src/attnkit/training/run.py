@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import InputError
 from .._files import read_json, write_json
+from ..errors import InputError
 from .checkpoint import recover_checkpoint
 
 __all__ = ["MARKER", "RunFolderError", "check_run_folder", "prepare_run_folder", "RUN_FILES"]

@@ -34,7 +34,7 @@ import contextlib
 import inspect
 import warnings
 from collections import OrderedDict
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +70,7 @@ def available() -> bool:
     return True
 
 
-@lru_cache(maxsize=None)
+@cache
 def _flex():
     try:
         from torch.nn.attention import flex_attention as module
@@ -84,7 +84,7 @@ def _flex():
     return module, lse
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiled():
     module, _ = _flex()
     return torch.compile(module.flex_attention, dynamic=False)

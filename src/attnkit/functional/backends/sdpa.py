@@ -19,7 +19,7 @@ from ._common import BackendResult, Problem
 __all__ = ["forward"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _zeroes_masked_rows(device_type: str, dtype: torch.dtype, float_mask: bool) -> bool:
     """Whether this PyTorch's SDPA already returns 0 (not NaN) for a fully masked query row."""
     q = torch.ones(1, 1, 2, 8, device=device_type, dtype=dtype)
