@@ -1,5 +1,5 @@
 """What the ranks' agreement check costs context-parallel attention: the same calls with the check
-(one all_gather of 15 int64 per call, attnkit.distributed._check_agreement) and with it switched
+(one all_gather of 15 int64 per call, attnkit.functional.context_parallel._check_agreement) and with it switched
 off, in one run, W = 2 gloo processes on this machine.
 
 Inputs: B = 1, H = 8, E = 64, causal, zigzag ring, float32, n tokens in all (n / 2 per process).
@@ -30,7 +30,7 @@ def _worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, re
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     torch.set_num_threads(1)
-    import attnkit.distributed as cp
+    import attnkit.functional.context_parallel as cp
 
     checked = cp._check_agreement
     rows = []

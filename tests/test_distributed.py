@@ -27,9 +27,9 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
-    import attnkit.distributed
+    import attnkit.functional.ring
 
-    attnkit.distributed.QUERY_TILE = 5  # several query tiles per shard, some skipped whole, some cut
+    attnkit.functional.ring.QUERY_TILE = 5  # several query tiles per shard, some skipped whole, some cut
     try:
         n = 4 * world * 3  # divisible for every layout
         for method, layout in [("ring", layout) for layout in LAYOUTS] + [("ulysses", "zigzag"), ("ulysses", "striped")]:
@@ -93,10 +93,9 @@ def test_one_process_is_plain_attention(layout):
 def test_ring_blocks_in_low_precision_match_float64(monkeypatch, dtype, fused):
     """The ring's blocks go through the fused CPU kernel (or plain PyTorch): tiles allowed whole,
     cut by the window, causal triangles and padding, in float32 / bfloat16 against float64."""
-    import attnkit.distributed
-    from attnkit.functional import partial
+    from attnkit.functional import partial, ring
 
-    monkeypatch.setattr(attnkit.distributed, "QUERY_TILE", 16)
+    monkeypatch.setattr(ring, "QUERY_TILE", 16)
     monkeypatch.setattr(partial, "FUSED", fused)
     generator = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 4, 64, 32, generator=generator, dtype=torch.float64) for _ in range(3))

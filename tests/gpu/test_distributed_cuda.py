@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import attnkit
 from attnkit import distributed
+from attnkit.functional import context_parallel
 
 from helpers import free_port
 
@@ -42,7 +43,7 @@ def test_ring_step_and_merge_on_cuda_equals_attention(kwargs, dtype):
 
 def test_agreement_check_runs_over_nccl(nccl_world_of_one):
     signature = {"batch": 2, "window": None, "dtype": torch.bfloat16}
-    distributed._check_agreement(nccl_world_of_one, 1, 0, signature, torch.device("cuda"))
+    context_parallel._check_agreement(nccl_world_of_one, 1, 0, signature, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

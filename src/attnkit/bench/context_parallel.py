@@ -49,19 +49,20 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
     from datetime import timedelta
 
     from .. import distributed
+    from ..functional import ring
     from .harness import peak_extra_mb
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     sent = [0]
-    start = distributed._Ring.start
+    start = ring._Ring.start
 
     def counting(self, tensors):
         sent[0] += sum(t.numel() * t.element_size() for t in tensors)
         return start(self, tensors)
 
-    distributed._Ring.start = counting
+    ring._Ring.start = counting
     try:
         c = config
         s = c.n // world
@@ -88,7 +89,7 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
     except Exception:  # noqa: BLE001 - reported to the parent
         results.put({"rank": rank, "error": traceback.format_exc()})
     finally:
-        distributed._Ring.start = start
+        ring._Ring.start = start
         torch.distributed.destroy_process_group()
         os._exit(0)  # results went through the queue; gloo can abort in interpreter teardown (torch 2.13)
 

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..distributed import check_context_parallel
 from ..functional import attention
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
+from ..functional.context_parallel import check_context_parallel
 from ..functional.heads import merge_heads, split_heads
 from .cache import KVCache, SinkCache
 from .positional import RotaryEmbedding

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..distributed import check_context_parallel
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_rank
+from ..functional.context_parallel import check_context_parallel
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig

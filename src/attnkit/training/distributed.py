@@ -7,6 +7,8 @@ import os
 import torch
 from torch import distributed as dist
 
+from ..functional.context_parallel import world_rank
+
 __all__ = ["setup_distributed", "world", "all_sum", "broadcast_text", "is_main"]
 
 
@@ -19,10 +21,8 @@ def setup_distributed() -> bool:
 
 
 def world() -> tuple[int, int]:
-    """(rank, world_size); (0, 1) without a process group."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    """(rank, world_size) in the default group; (0, 1) without a process group."""
+    return world_rank()
 
 
 def is_main() -> bool:
