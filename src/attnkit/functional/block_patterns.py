@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import mask_mods as _mods
 from . import masks as _masks
 from .block_mask import DEFAULT_BLOCK, BlockMask, _block_sizes, block_mask, kinds_of
 
@@ -117,7 +118,7 @@ def window_block_mask(L: int, S: int | None = None, *, window: int, causal: bool
         offset = _masks.causal_offset(L, S, causal_align)
         kinds = band_kinds(L, S, block, offset - window + 1, offset, device)
         return _result(kinds, (1, 1, L, S), block, _masks.sinks_window_mod(0, window, offset=offset))
-    radius = _masks._non_negative("window", window) // 2
+    radius = _mods._non_negative("window", window) // 2
     return _result(band_kinds(L, S, block, -radius, radius, device), (1, 1, L, S), block, _masks.window_mod(window))
 
 
@@ -133,7 +134,7 @@ def longformer_block_mask(window: int, global_tokens: Tensor, *, block: int | tu
     """Longformer (:func:`~attnkit.masks.longformer_mod`: a two-sided window plus global tokens) as a
     block mask, in closed form. global_tokens: (L,) or (B, L) boolean; L = S (self-attention)."""
     mod = _masks.longformer_mod(window, global_tokens)
-    table = _masks._per_example("global_tokens", global_tokens, "bool")
+    table = _mods._per_example("global_tokens", global_tokens, "bool")
     B, L = table.shape
     block_q, block_k = _block_sizes(block)
     radius = window // 2
@@ -185,7 +186,7 @@ def document_block_mask(document_ids: Tensor, *, causal: bool = True,
     padding, anywhere); build them from lengths with :func:`document_ids`. Ids in another order
     are evaluated densely (:func:`~attnkit.masks.block_mask`), with the same result."""
     mod = _masks.document_mod(document_ids, causal=causal)
-    table = _masks._per_example("document_ids", document_ids, "int")
+    table = _mods._per_example("document_ids", document_ids, "int")
     B, L = table.shape
     block_q, block_k = _block_sizes(block)
     table = table.to(torch.int64)

@@ -27,7 +27,21 @@ import torch
 from torch import Tensor
 
 from .._deprecated import UNSET, alias, renamed
-from .block_mask import BlockMask, MaskMod, ScoreMod, block_mask, length_bucket
+from .block_mask import BlockMask, MaskMod, ScoreMod, block_mask
+from .mask_mods import (
+    PATTERNS,
+    _combine_mods,
+    bigbird_mod,
+    causal_mod,
+    dilated_window_mod,
+    document_mod,
+    longformer_mod,
+    padding_mod,
+    prefix_lm_mod,
+    real_tokens_mod,
+    sinks_window_mod,
+    window_mod,
+)
 
 __all__ = [
     "ALIGNMENTS",
@@ -228,240 +242,5 @@ def from_additive(additive_mask: Tensor) -> Tensor:
     return allowed
 
 
-# ---------------------------------------------------------------------------------------------
-# Sparse patterns as mask_mod functions. Each is evaluated on broadcast index tiles (see
-# attnkit.functional.block_mask): b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, bq, 1),
-# kv_idx (1, 1, 1, bk).
-
-
-def _named(function: MaskMod, name: str, positions: int | None = None) -> MaskMod:
-    """Name a mask_mod; ``positions``: the length of the tables it reads (``mod.positions``), beyond
-    which :func:`block_mask` refuses it rather than read the tables' padding."""
-    function.__name__ = function.__qualname__ = name
-    function.positions = positions
-    return function
-
-
-def _non_negative(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
-
-
-def _per_example(name: str, values, dtype_kind: str) -> Tensor:
-    """A (B|1, N) tensor from an (N,) or (B, N) tensor of ints or booleans."""
-    if not isinstance(values, Tensor) or values.dim() not in (1, 2):
-        shape = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-        raise ValueError(f"{name} must be a tensor of shape (L,) or (B, L), got {shape}")
-    if dtype_kind == "bool" and values.dtype != torch.bool:
-        raise TypeError(f"{name} must be a boolean tensor (True = global), got dtype {values.dtype}")
-    if dtype_kind == "int" and (values.is_floating_point() or values.dtype == torch.bool):
-        raise TypeError(f"{name} must be an integer tensor, got dtype {values.dtype}")
-    return values if values.dim() == 2 else values[None]
-
-
-def _captured(table: Tensor, fill) -> Tensor:
-    """The (B|1, N) table a mask_mod closes over, padded along positions to ``length_bucket(N)`` with
-    ``fill``. Indices never reach the padding (masks are evaluated within [0, L)); compiled
-    FlexAttention sees one shape per bucket, so a new length in the same bucket does not recompile."""
-    n = table.shape[-1]
-    return torch.nn.functional.pad(table, (0, length_bucket(n) - n), value=fill)
-
-
-def _take(table: Tensor, b: Tensor, index: Tensor, name: str) -> Tensor:
-    """table[b, index] for a (B|1, N) table, broadcasting b (B, 1, 1, 1) against index tiles; also
-    works on FlexAttention's scalar indices. A per-example table needs the block mask's B to match."""
-    if table.shape[0] == 1:
-        return table[0][index]
-    if b.dim() and b.shape[0] != table.shape[0]:
-        raise ValueError(
-            f"{name} has {table.shape[0]} rows (one per example) but the block mask was built "
-            f"with B={b.shape[0]}; pass B={table.shape[0]} to block_mask"
-        )
-    return table[b, index]
-
-
-def causal_mod(offset: int = 0) -> MaskMod:
-    """Causal: query i attends keys j <= i + offset (offset S - L aligns bottom-right)."""
-    offset = int(offset)
-    return _named(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + offset, f"causal_mod(offset={offset})")
-
-
-def padding_mod(lengths: Tensor) -> MaskMod:
-    """Key padding: example b attends its first ``lengths[b]`` keys. lengths: (B,) integers."""
-    if not isinstance(lengths, Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
-        got = (lengths.dtype, tuple(lengths.shape)) if isinstance(lengths, Tensor) else type(lengths).__name__
-        raise ValueError(f"lengths must be an integer tensor of shape (B,), got {got}")
-    table = lengths[:, None]
-
-    def mod(b, h, q_idx, kv_idx):
-        return kv_idx < _take(table, b, torch.zeros_like(q_idx), "lengths")
-
-    return _named(mod, "padding_mod")
-
-
-def real_tokens_mod(real: Tensor) -> MaskMod:
-    """Padding anywhere (left, right, inside): query i and key j must both be real tokens, so a
-    padding query attends nothing (zero output). real: (L,) or (B, L) boolean, True at real tokens."""
-    table = _captured(_per_example("real", real, "bool"), False)
-
-    def mod(b, h, q_idx, kv_idx):
-        return _take(table, b, q_idx, "real") & _take(table, b, kv_idx, "real")
-
-    return _named(mod, "real_tokens_mod", real.shape[-1])
-
-
-def window_mod(window: int) -> MaskMod:
-    """Two-sided sliding window for encoders: |i - j| <= window // 2 (``window`` is the whole
-    width, as Longformer's ``attention_window``)."""
-    radius = _non_negative("window", window) // 2
-    return _named(lambda b, h, q_idx, kv_idx: (q_idx - kv_idx).abs() <= radius, f"window_mod({window})")
-
-
-def longformer_mod(window: int, global_tokens: Tensor) -> MaskMod:
-    """Longformer (Beltagy et al. 2020): a two-sided window of ``window`` (|i - j| <= window // 2)
-    plus global tokens, which attend every key and which every query attends.
-
-    Args:
-        global_tokens: (L,) or (B, L) boolean, True at global positions (e.g. [CLS], the question).
-    """
-    local = window_mod(window)
-    table = _captured(_per_example("global_tokens", global_tokens, "bool"), False)
-
-    def mod(b, h, q_idx, kv_idx):
-        return (local(b, h, q_idx, kv_idx) | _take(table, b, q_idx, "global_tokens")
-                | _take(table, b, kv_idx, "global_tokens"))
-
-    return _named(mod, f"longformer_mod(window={window})", global_tokens.shape[-1])
-
-
-def bigbird_mod(
-    L: int, S: int | None = None, *, window: int = 3, num_global: int = 1, random_blocks: int = 3,
-    block: int = 64, seed: int = 0,
-) -> MaskMod:
-    """BigBird (Zaheer et al. 2020), in blocks of ``block`` tokens: ``num_global`` global blocks at
-    the start (attend and attended by all), a window of ``window`` blocks centred on the query's
-    block, and ``random_blocks`` key blocks per query block drawn with ``seed`` (the same for every
-    example and head, reproducible)."""
-    S = L if S is None else S
-    for name, value in (("L", L), ("S", S), ("window", window), ("num_global", num_global),
-                        ("random_blocks", random_blocks)):
-        _non_negative(name, value)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive int, got {block!r}")
-    num_q, num_k = -(-L // block), -(-S // block)
-    generator = torch.Generator().manual_seed(seed)
-    chosen = torch.zeros(num_q, num_k, dtype=torch.bool)
-    count = min(random_blocks, num_k)
-    for row in range(num_q):
-        chosen[row, torch.randperm(num_k, generator=generator)[:count]] = True
-    radius = window // 2
-
-    def mod(b, h, q_idx, kv_idx):
-        qb, kb = q_idx // block, kv_idx // block
-        table = chosen.to(q_idx.device)
-        return ((qb - kb).abs() <= radius) | (qb < num_global) | (kb < num_global) | table[qb, kb]
-
-    mod.random_table = chosen  # (query blocks, key blocks) True where a random block was drawn
-    return _named(mod, f"bigbird_mod(window={window}, num_global={num_global}, random_blocks={random_blocks}, block={block}, seed={seed})")
-
-
-def prefix_lm_mod(prefix_lengths: int | Tensor) -> MaskMod:
-    """Prefix LM (T5, UniLM): keys of the prefix are visible to every query, the rest causally.
-    ``prefix_lengths``: an int, or (B,) integers per example."""
-    if isinstance(prefix_lengths, int) and not isinstance(prefix_lengths, bool):
-        n = _non_negative("prefix_lengths", prefix_lengths)
-        return _named(lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) | (kv_idx < n), f"prefix_lm_mod({n})")
-    if not isinstance(prefix_lengths, Tensor) or prefix_lengths.dim() != 1 or prefix_lengths.is_floating_point():
-        raise ValueError(f"prefix_lengths must be an int or an integer tensor (B,), got {prefix_lengths!r}")
-    table = prefix_lengths[:, None]
-
-    def mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) | (kv_idx < _take(table, b, torch.zeros_like(q_idx), "prefix_lengths"))
-
-    return _named(mod, "prefix_lm_mod")
-
-
-def document_mod(document_ids: Tensor, *, causal: bool = True) -> MaskMod:
-    """Packed sequences: query i attends key j only within its own document
-    (``document_ids[i] == document_ids[j]``), causally by default. document_ids: (L,) or (B, L)
-    integers (negative ids mark padding, which attends and is attended by nothing)."""
-    table = _captured(_per_example("document_ids", document_ids, "int"), -1)
-
-    def mod(b, h, q_idx, kv_idx):
-        q_doc = _take(table, b, q_idx, "document_ids")
-        same = (q_doc == _take(table, b, kv_idx, "document_ids")) & (q_doc >= 0)
-        return same & (kv_idx <= q_idx) if causal else same
-
-    return _named(mod, f"document_mod(causal={causal})", document_ids.shape[-1])
-
-
-def dilated_window_mod(window: int, dilation: int, *, causal: bool = False) -> MaskMod:
-    """Dilated sliding window (Longformer): keys at distances that are multiples of ``dilation``,
-    up to ``window // 2`` steps on each side (only the past if ``causal``)."""
-    radius = _non_negative("window", window) // 2
-    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
-        raise ValueError(f"dilation must be a positive int, got {dilation!r}")
-
-    def mod(b, h, q_idx, kv_idx):
-        distance = q_idx - kv_idx
-        allowed = (distance % dilation == 0) & (distance.abs() <= radius * dilation)
-        return allowed & (distance >= 0) if causal else allowed
-
-    return _named(mod, f"dilated_window_mod(window={window}, dilation={dilation}, causal={causal})")
-
-
-def sinks_window_mod(sinks: int, window: int, *, offset: int = 0) -> MaskMod:
-    """StreamingLLM (Xiao et al. 2023): causal, each query attends the first ``sinks`` keys and
-    the ``window`` most recent ones: ``j < sinks or i + offset - window < j``, with ``j <= i + offset``."""
-    sinks = _non_negative("sinks", sinks)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
-
-    def mod(b, h, q_idx, kv_idx):
-        aligned = q_idx + offset
-        return (kv_idx <= aligned) & ((kv_idx < sinks) | (kv_idx > aligned - window))
-
-    return _named(mod, f"sinks_window_mod(sinks={sinks}, window={window})")
-
-
-def _positions(mods) -> int | None:
-    known = [m.positions for m in mods if getattr(m, "positions", None) is not None]
-    return min(known) if known else None
-
-
-def _combine_mods(mods, name: str, op) -> MaskMod:
-    """One mask_mod that combines ``mods`` with ``op`` (logical and / or), pair by pair."""
-
-    def mod(b, h, q_idx, kv_idx):
-        out = mods[0](b, h, q_idx, kv_idx)
-        for m in mods[1:]:
-            out = op(out, m(b, h, q_idx, kv_idx))
-        return out
-
-    return _named(mod, f"{name}(" + ", ".join(getattr(m, "__name__", "mask_mod") for m in mods) + ")", _positions(mods))
-
-
 and_mods = alias(and_masks, "and_mods")  # deprecated: and_masks takes mask_mods (FlexAttention's name)
 or_mods = alias(or_masks, "or_mods")  # deprecated: or_masks takes mask_mods
-
-
-def _longformer_first(L: int, S: int | None = None, *, window: int = 512, num_global: int = 16) -> MaskMod:
-    flags = torch.zeros(L, dtype=torch.bool)
-    flags[:num_global] = True
-    return longformer_mod(window, flags)
-
-
-PATTERNS = {
-    "causal": lambda L, S=None, **kw: causal_mod(**kw),
-    "window": lambda L, S=None, *, window=512: window_mod(window),
-    "longformer": _longformer_first,
-    "bigbird": lambda L, S=None, **kw: bigbird_mod(L, S, **kw),
-    "prefix-lm": lambda L, S=None, *, prefix=None: prefix_lm_mod(L // 4 if prefix is None else prefix),
-    "documents": lambda L, S=None, *, documents=8: document_mod(torch.arange(L) * documents // max(1, L)),
-    "dilated": lambda L, S=None, *, window=512, dilation=2: dilated_window_mod(window, dilation),
-    "sinks": lambda L, S=None, *, sinks=4, window=512: sinks_window_mod(sinks, window),
-}
-"""Named patterns with benchmark defaults, ``name -> factory(L, S=None, **options) -> mask_mod``:
-Longformer puts its globals at the first ``num_global`` tokens; documents splits the sequence
-into ``documents`` equal packed documents; prefix-LM takes a quarter of L as prefix."""
