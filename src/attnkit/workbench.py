@@ -25,6 +25,7 @@ from .decoding import Translation, translate
 from .errors import InputError
 from .models import Seq2Seq, Seq2SeqConfig
 from .training import TrainingConfig, bleu_by_length, corpus_scores, load_checkpoint, train
+from .training.setup import build_tokenizers
 
 __all__ = ["load_split", "build_tokenizers", "evaluate_model", "run_demo", "plot_alignment", "DEMO_MODELS"]
 
@@ -60,13 +61,6 @@ def load_split(data: str, split: str, *, direction: str = "en-fr", valid_fractio
     if split == "valid":
         return held
     return [p for i, p in enumerate(pairs) if i % every != every - 1]
-
-
-def build_tokenizers(pairs: Sequence[Pair], *, kind: str = "bpe", vocab_size: int = 4000) -> tuple[Tokenizer, Tokenizer]:
-    """Source and target tokenisers learnt on the training pairs."""
-    source = Tokenizer.train([p.source for p in pairs], kind=kind, vocab_size=vocab_size)
-    target = Tokenizer.train([p.target for p in pairs], kind=kind, vocab_size=vocab_size)
-    return source, target
 
 
 def evaluate_model(

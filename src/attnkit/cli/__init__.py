@@ -3,7 +3,8 @@
     arguments.py        argparse types and checks every sub-command shares
     translation.py      demo, train, translate, evaluate
     language_models.py  cost, generate
-    tools.py            tour, bench, inspect
+    tools.py            tour, bench
+    inspection.py       inspect (one handler per kind of model)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 
 from ..errors import InputError
-from . import language_models, tools, translation
+from . import inspection, language_models, tools, translation
 from .arguments import UsageError
 
 __all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     language_models.add_cost_parser(commands)
     language_models.add_generate_parser(commands)
     tools.add_bench_parser(commands)
-    tools.add_inspect_parser(commands)
+    inspection.add_inspect_parser(commands)
     return parser
 
 

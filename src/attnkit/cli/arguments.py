@@ -13,7 +13,8 @@ from ..errors import InputError
 
 __all__ = ["UsageError", "user_values", "MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
            "check_texts", "stdin_lines", "check_writable", "owned_folder", "check_not_input", "check_new_file",
-           "refuse_unused", "OUTPUT_MARKER", "DEVICES", "add_device_argument", "check_device"]
+           "refuse_unused", "resolve_checkpoint", "check_beam", "check_trained_on_grc_en",
+           "unknown_source_fraction", "run_options", "MAX_BEAM_TOKENS", "MAX_UNKNOWN_SOURCE", "OUTPUT_MARKER", "DEVICES", "add_device_argument", "check_device"]
 
 
 class UsageError(InputError):
@@ -230,3 +231,65 @@ def refuse_unused(args: argparse.Namespace, names: list[str], why: str) -> None:
     for option in names:
         if getattr(args, option) not in (None, False, []):
             raise UsageError(f"--{option.replace('_', '-')} {why}")
+
+
+# -- checkpoints: shared by translate, evaluate and inspect --
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A run folder means its best/ (or last/) checkpoint."""
+    for name in ("best", "last"):
+        if not (path / "checkpoint.json").exists() and (path / name / "checkpoint.json").exists():
+            return path / name
+    return path
+
+
+MAX_BEAM_TOKENS = 5_000
+"""Most beam width x source tokens a command decodes per sentence: a beam search's work grows with
+both (beam 100 allows 50 source tokens, beam 5 the longest text any command accepts)."""
+
+
+def check_beam(beam: int, checkpoint, texts=()) -> None:
+    vocabulary = checkpoint.target_tokenizer.vocab_size
+    if beam > vocabulary:
+        raise UsageError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
+    for text in texts:
+        tokens = len(checkpoint.source_tokenizer.encode(text))
+        if beam * tokens > MAX_BEAM_TOKENS:
+            raise UsageError(f"--beam {beam} on a text of {tokens} source tokens: beam x tokens = {beam * tokens:,} "
+                             f"exceeds {MAX_BEAM_TOKENS:,}; lower --beam or split the text ({text[:40]!r}...)")
+
+
+MAX_UNKNOWN_SOURCE = 0.5
+
+
+def run_options(path: Path) -> dict:
+    """The data and model options a run recorded (its attnkit-run.json), or {} for a bare checkpoint."""
+    from .._files import read_json
+    from ..training.run import MARKER
+
+    for folder in (path, path.parent):
+        if (folder / MARKER).is_file():
+            data = read_json(folder / MARKER, "run marker")
+            return data.get("options", {}) if isinstance(data, dict) else {}
+    return {}
+
+
+def unknown_source_fraction(checkpoint, pairs) -> float:
+    """The share of the source tokens of ``pairs`` (the first 50) that the model's source vocabulary
+    does not know: above MAX_UNKNOWN_SOURCE the model was trained on another language."""
+    from ..data.tokenizer import UNK
+
+    ids = [i for pair in pairs[:50] for i in checkpoint.source_tokenizer.encode(pair.source)]
+    return sum(i == UNK for i in ids) / max(1, len(ids))
+
+
+def check_trained_on_grc_en(checkpoint) -> None:
+    """--aer scores alignments on the Greek -> English verses: refuse a model whose source vocabulary
+    does not know Greek (more than half of the held-out verses' tokens unknown)."""
+    from ..data import aligned_corpus
+
+    unknown = unknown_source_fraction(checkpoint, aligned_corpus("test"))
+    if unknown > MAX_UNKNOWN_SOURCE:
+        raise UsageError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
+                         f"{unknown:.0%} of the held-out Greek tokens unknown")

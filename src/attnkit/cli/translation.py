@@ -8,8 +8,10 @@ from pathlib import Path
 
 from .arguments import (
     MAX_BEAM,
+    MAX_UNKNOWN_SOURCE,
     UsageError,
     add_device_argument,
+    check_beam,
     check_device,
     check_new_file,
     check_not_input,
@@ -22,7 +24,10 @@ from .arguments import (
     output_file,
     owned_folder,
     refuse_unused,
+    resolve_checkpoint,
+    run_options,
     stdin_lines,
+    unknown_source_fraction,
 )
 
 __all__ = ["add_demo_parser", "add_train_parser", "add_translate_parser", "add_evaluate_parser", "add_align_parser"]
@@ -65,76 +70,17 @@ def data_split(name: str, data: str, split: str, **kwargs):
         raise OSError(f"{name} {data}: {error}") from None
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A run folder means its best/ (or last/) checkpoint."""
-    for name in ("best", "last"):
-        if not (path / "checkpoint.json").exists() and (path / name / "checkpoint.json").exists():
-            return path / name
-    return path
-
-
-MAX_BEAM_TOKENS = 5_000
-"""Most beam width x source tokens a command decodes per sentence: a beam search's work grows with
-both (beam 100 allows 50 source tokens, beam 5 the longest text any command accepts)."""
-
-
-def check_beam(beam: int, checkpoint, texts=()) -> None:
-    vocabulary = checkpoint.target_tokenizer.vocab_size
-    if beam > vocabulary:
-        raise UsageError(f"--beam {beam} is wider than the target vocabulary ({vocabulary} tokens)")
-    for text in texts:
-        tokens = len(checkpoint.source_tokenizer.encode(text))
-        if beam * tokens > MAX_BEAM_TOKENS:
-            raise UsageError(f"--beam {beam} on a text of {tokens} source tokens: beam x tokens = {beam * tokens:,} "
-                             f"exceeds {MAX_BEAM_TOKENS:,}; lower --beam or split the text ({text[:40]!r}...)")
-
-
-MAX_UNKNOWN_SOURCE = 0.5
-
-
-def _run_options(path: Path) -> dict:
-    """The data and model options a run recorded (its attnkit-run.json), or {} for a bare checkpoint."""
-    from .._files import read_json
-    from ..training.run import MARKER
-
-    for folder in (path, path.parent):
-        if (folder / MARKER).is_file():
-            data = read_json(folder / MARKER, "run marker")
-            return data.get("options", {}) if isinstance(data, dict) else {}
-    return {}
-
-
-def unknown_source_fraction(checkpoint, pairs) -> float:
-    """The share of the source tokens of ``pairs`` (the first 50) that the model's source vocabulary
-    does not know: above MAX_UNKNOWN_SOURCE the model was trained on another language."""
-    from ..data.tokenizer import UNK
-
-    ids = [i for pair in pairs[:50] for i in checkpoint.source_tokenizer.encode(pair.source)]
-    return sum(i == UNK for i in ids) / max(1, len(ids))
-
-
 def check_data_fits(checkpoint, args: argparse.Namespace, pairs) -> None:
     """Refuse test data the model cannot read: where the run recorded its data and direction, they
     must match (an en->fr model on fr-en gives a BLEU without a word); and in any case at most half
     of the source tokens of the first 50 ``pairs`` may be unknown to the model's source vocabulary."""
-    recorded = _run_options(Path(args.checkpoint))
+    recorded = run_options(Path(args.checkpoint))
     if args.data == "bible" and recorded.get("data") == "bible" and recorded.get("direction") not in (None, args.direction):
         raise UsageError(f"--direction {args.direction}: the model was trained on bible {recorded['direction']}")
     unknown = unknown_source_fraction(checkpoint, pairs)
     if unknown > MAX_UNKNOWN_SOURCE:
         raise UsageError(f"--data {args.data}: {unknown:.0%} of its source tokens are unknown to this model's source "
                          "vocabulary; it was trained on another language or direction")
-
-
-def check_trained_on_grc_en(checkpoint) -> None:
-    """--aer scores alignments on the Greek -> English verses: refuse a model whose source vocabulary
-    does not know Greek (more than half of the held-out verses' tokens unknown)."""
-    from ..data import aligned_corpus
-
-    unknown = unknown_source_fraction(checkpoint, aligned_corpus("test"))
-    if unknown > MAX_UNKNOWN_SOURCE:
-        raise UsageError(f"--aer needs a model trained with --data grc-en: this one's source vocabulary leaves "
-                         f"{unknown:.0%} of the held-out Greek tokens unknown")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -171,11 +117,9 @@ def add_demo_parser(commands) -> None:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from ..data import Tokenizer
-    from ..models import Seq2SeqConfig, build_model, preset
     from ..training import TrainingConfig, check_run_folder, train
-    from ..training.distributed import broadcast_text, is_main, setup_distributed
-    from ..workbench import build_tokenizers
+    from ..training.distributed import is_main, setup_distributed
+    from ..training.setup import new_translation_model, shared_tokenizers
 
     resolve_direction(args)
     device = check_device(args.device)
@@ -229,19 +173,10 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint = load_checkpoint(args.out / "last")
         model, source, target = checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer
     else:
-        texts = None
-        if is_main():  # train the tokenisers once and share them, so every rank has the same ids
-            source, target = build_tokenizers(train_pairs, kind=args.tokenizer, vocab_size=args.vocab_size)
-            texts = source.to_json() + "\0" + target.to_json()
-        source_json, target_json = broadcast_text(texts).split("\0")
-        source, target = Tokenizer.from_json(source_json), Tokenizer.from_json(target_json)
-        vocab = {"source_vocab": source.vocab_size, "target_vocab": target.vocab_size}
-        if args.arch == "transformer":
-            config = preset(args.preset, **vocab, dropout=args.dropout)
-        else:
-            config = Seq2SeqConfig(**vocab, attention=args.attention, cell=args.cell, embedding_dim=args.embedding_dim,
-                                   hidden_size=args.hidden_size, num_layers=args.layers, dropout=args.dropout)
-        model = build_model(config)
+        source, target = shared_tokenizers(train_pairs, kind=args.tokenizer, vocab_size=args.vocab_size)
+        model = new_translation_model(source, target, arch=args.arch, dropout=args.dropout, preset_name=args.preset,
+                                      attention=args.attention, cell=args.cell, embedding_dim=args.embedding_dim,
+                                      hidden_size=args.hidden_size, layers=args.layers)
     model = model.to(device)  # batches follow the model's device
     schedule = {} if args.warmup is None else {"warmup_steps": args.warmup}
     guided = {} if alignments is None else {"alignment_weight": args.alignment_weight,
