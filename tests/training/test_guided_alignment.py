@@ -17,7 +17,7 @@ from attnkit.inspect.alignment import (
 )
 from attnkit.models import Seq2Seq, Seq2SeqConfig, TransformerConfig, TransformerEncoderDecoder
 from attnkit.training import TrainingConfig, train
-from attnkit.training.loop import piece_guides
+from attnkit.training.guided import piece_guides
 
 
 def test_piece_guides_link_every_piece_of_linked_words():
