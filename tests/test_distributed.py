@@ -148,8 +148,9 @@ def test_errors_name_the_problem():
     q = torch.randn(1, 3, 8, 4)
     with pytest.raises(ValueError, match="query heads 3 must be a multiple of key/value heads 2"):
         context_parallel_attention(q, torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4))
-    with pytest.raises(ValueError, match="window must be >= 1"):
-        context_parallel_attention(q, q, q, window=0)
+    for window in (0, 2.5, True):  # a float or a bool is not a window (check_int)
+        with pytest.raises(ValueError, match=f"window must be a positive int or None, got {window!r}"):
+            context_parallel_attention(q, q, q, window=window)
 
 
 def _dying_worker(rank: int, world: int, port: int, errors) -> None:

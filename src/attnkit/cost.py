@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InputError
+from .functional.checks import check_int
 from .models.config import DecoderConfig, EncoderConfig, TransformerConfig
 
 __all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES"]
@@ -220,8 +221,7 @@ def estimate(config, seq: int, dtype: str = "bf16", pattern: str | None = None, 
     """The cost of running ``config`` over ``seq`` tokens with values stored in ``dtype``; with a
     sparse ``pattern`` (see :data:`PATTERN_OPTIONS`) on every layer, attention FLOPs count only
     the pairs it allows, and the masks' memory is given (dense boolean vs block mask)."""
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ:
-        raise ValueError(f"seq must be an int in [1, {MAX_SEQ:,}], got {seq!r}")
+    check_int("seq", seq, 1, MAX_SEQ)
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     nbytes = DTYPE_BYTES[dtype]

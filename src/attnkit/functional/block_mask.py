@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .checks import check_int
+
 __all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -52,9 +54,7 @@ def length_bucket(n: int) -> int:
 
 
 def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return check_int(name, value, 1)
 
 
 def _broadcast_size(name: str, value) -> int:
@@ -295,8 +295,7 @@ def block_mask(
     B = _broadcast_size("B", B)
     H = _broadcast_size("H", H)
     for name, n in (("L", L), ("S", S)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+        check_int(name, n, 0)
     positions = getattr(mask_mod, "positions", None)
     if positions is not None and max(L, S) > positions:
         raise ValueError(

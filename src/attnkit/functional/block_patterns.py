@@ -28,6 +28,7 @@ from torch import Tensor
 from . import mask_mods as _mods
 from . import masks as _masks
 from .block_mask import DEFAULT_BLOCK, BlockMask, _block_sizes, block_mask, kinds_of
+from .checks import check_int
 
 __all__ = [
     "band_kinds",
@@ -113,8 +114,7 @@ def window_block_mask(L: int, S: int | None = None, *, window: int, causal: bool
     L, S = _lengths(L, S)
     block = _block_sizes(block)
     if causal:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive int, got {window!r}")
+        check_int("window", window, 1)
         offset = _masks.causal_offset(L, S, causal_align)
         kinds = band_kinds(L, S, block, offset - window + 1, offset, device)
         return _result(kinds, (1, 1, L, S), block, _masks.sinks_window_mod(0, window, offset=offset))

@@ -13,7 +13,30 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Dims", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank", "check_sinks"]
+__all__ = ["Dims", "check_int", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank", "check_sinks"]
+
+
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
+              optional: bool = False) -> int | None:
+    """``value`` if it is an int (a bool is not) within [minimum, maximum]; None too when
+    ``optional``. Otherwise ``ValueError`` naming ``name``, what was expected and ``value``: the one
+    check behind every integer option (lengths, windows, block sizes, head sizes)."""
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        if minimum is not None and maximum is not None:
+            expected = f"an int in [{minimum:,}, {maximum:,}]"
+        elif minimum == 1:
+            expected = "a positive int"
+        elif minimum == 0:
+            expected = "a non-negative int"
+        elif minimum is not None:
+            expected = f"an int >= {minimum:,}"
+        else:
+            expected = "an int"
+        raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, got {value!r}")
+    return value
 
 
 class Dims(NamedTuple):

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
+from .checks import check_int
 from .ring import PeerFailure, ring_attention
 
 __all__ = ["PeerFailure", "RankMismatch", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard",
@@ -209,12 +210,9 @@ def context_parallel_attention(
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads {q.shape[1]} must be a multiple of key/value heads {k.shape[1]}")
-    if window is not None and window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
-        raise TypeError(f"window must be an int or None, got {type(window).__name__} {window!r}")
+    check_int("window", window, 1, optional=True)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     initialised = dist.is_available() and dist.is_initialized()

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .block_mask import MaskMod, length_bucket
+from .checks import check_int
 
 __all__ = ["causal_mod", "padding_mod", "real_tokens_mod", "window_mod", "longformer_mod", "bigbird_mod",
            "prefix_lm_mod", "document_mod", "dilated_window_mod", "sinks_window_mod", "PATTERNS"]
@@ -27,9 +28,7 @@ def _named(function: MaskMod, name: str, positions: int | None = None) -> MaskMo
 
 
 def _non_negative(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
+    return check_int(name, value, 0)
 
 
 def _per_example(name: str, values, dtype_kind: str) -> Tensor:
@@ -131,8 +130,7 @@ def bigbird_mod(
     for name, value in (("L", L), ("S", S), ("window", window), ("num_global", num_global),
                         ("random_blocks", random_blocks)):
         _non_negative(name, value)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive int, got {block!r}")
+    check_int("block", block, 1)
     num_q, num_k = -(-L // block), -(-S // block)
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.zeros(num_q, num_k, dtype=torch.bool)
@@ -184,8 +182,7 @@ def dilated_window_mod(window: int, dilation: int, *, causal: bool = False) -> M
     """Dilated sliding window (Longformer): keys at distances that are multiples of ``dilation``,
     up to ``window // 2`` steps on each side (only the past if ``causal``)."""
     radius = _non_negative("window", window) // 2
-    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
-        raise ValueError(f"dilation must be a positive int, got {dilation!r}")
+    check_int("dilation", dilation, 1)
 
     def mod(b, h, q_idx, kv_idx):
         distance = q_idx - kv_idx
@@ -199,8 +196,7 @@ def sinks_window_mod(sinks: int, window: int, *, offset: int = 0) -> MaskMod:
     """StreamingLLM (Xiao et al. 2023): causal, each query attends the first ``sinks`` keys and
     the ``window`` most recent ones: ``j < sinks or i + offset - window < j``, with ``j <= i + offset``."""
     sinks = _non_negative("sinks", sinks)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
+    check_int("window", window, 1)
 
     def mod(b, h, q_idx, kv_idx):
         aligned = q_idx + offset

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .._deprecated import UNSET, alias, renamed
 from .block_mask import BlockMask, MaskMod, ScoreMod, block_mask
+from .checks import check_int
 from .mask_mods import (
     PATTERNS,
     _combine_mods,
@@ -85,8 +86,7 @@ def causal_offset(L: int, S: int, causal_align: str) -> int:
 
 
 def _check_length(name: str, n: int) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+    check_int(name, n, 0)
 
 
 def causal_block(
@@ -128,8 +128,7 @@ def sliding_window(
     ``align`` is the deprecated old name of ``causal_align`` (default top-left).
     """
     causal_align = renamed("masks.sliding_window", "align", "causal_align", align, causal_align, "top-left")
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
+    check_int("window", window, 1)
     return _whole_causal(L, L if S is None else S, causal_align, window, device)
 
 

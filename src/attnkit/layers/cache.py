@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..functional.checks import check_rank, check_same
+from ..functional.checks import check_int, check_rank, check_same
 
 __all__ = ["KVCache", "SinkCache"]
 
@@ -135,10 +135,8 @@ class SinkCache(KVCache):
     """
 
     def __init__(self, sinks: int, window: int) -> None:
-        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
-            raise ValueError(f"sinks must be a non-negative int, got {sinks!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive int, got {window!r}")
+        check_int("sinks", sinks, 0)
+        check_int("window", window, 1)
         super().__init__()
         self.sinks = sinks
         self.window = window  # read by MultiHeadAttention, not the parent's rolling logic

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .._files import read_json, write_json
+from ..functional.checks import check_int
 
 __all__ = [
     "Seq2SeqConfig",
@@ -40,8 +41,7 @@ ROPE_SCALINGS = ("linear", "llama3")
 def _check_positive(config, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
+        check_int(f"{type(config).__name__}.{name}", value, 1)
 
 
 def _check_choice(config, name: str, choices: tuple[str, ...]) -> None:

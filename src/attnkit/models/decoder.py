@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.block_patterns import document_block_mask
-from ..functional.checks import check_rank
+from ..functional.checks import check_int, check_rank
 from ..functional.context_parallel import check_context_parallel
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from .blocks import FeedForward, GatedFeedForward, make_norm
@@ -33,8 +33,7 @@ def pack_documents(documents: list[Tensor], length: int, pad_id: int = 0) -> tup
     Returns input_ids (B, length) and document_ids (B, length): the index of each token's document
     in ``documents``, -1 on padding. A document longer than ``length`` is refused, not cut.
     """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive int, got {length!r}")
+    check_int("length", length, 1)
     rows: list[list[tuple[int, Tensor]]] = []
     room: list[int] = []
     for index, doc in enumerate(documents):
