@@ -19,6 +19,7 @@ Conventions (stated so the numbers can be checked by hand):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import InputError
 from .functional.checks import check_int
@@ -116,7 +117,7 @@ def _pairs(seq: int, window: int | None, causal: bool) -> tuple[int, int]:
     return window * (window + 1) // 2 + (seq - window) * window, window
 
 
-PATTERN_OPTIONS = {
+PATTERN_OPTIONS: dict[str, dict[str, Any]] = {
     "causal": {},
     "window": {"window": 512},
     "longformer": {"window": 512, "num_global": 16},

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 DEMO_MODELS = {"bottleneck": "none", "bahdanau": "bahdanau", "luong": "luong-general"}
 
-DEMO_RECIPE = {"batch_size": 32, "lr": 2e-3}
+DEMO_RECIPE: dict[str, Any] = {"batch_size": 32, "lr": 2e-3}
 """The demo's training recipe (on top of :class:`TrainingConfig`'s defaults). In a budget of
 minutes on CPU the number of optimiser steps limits quality, not tokens seen: batches of 32 reach a
 validation perplexity of ~95 after one epoch where batches of 128 reach ~370 (docs/demo.md)."""

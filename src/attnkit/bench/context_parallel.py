@@ -17,6 +17,7 @@ import socket
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
         sent[0] += sum(t.numel() * t.element_size() for t in tensors)
         return start(self, tensors)
 
-    ring._Ring.start = counting
+    ring._Ring.start = counting  # type: ignore[method-assign]  # counts the bytes each hop sends
     try:
         c = config
         s = c.n // world
@@ -89,7 +90,7 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
     except Exception:  # noqa: BLE001 - reported to the parent
         results.put({"rank": rank, "error": traceback.format_exc()})
     finally:
-        ring._Ring.start = start
+        ring._Ring.start = start  # type: ignore[method-assign]
         torch.distributed.destroy_process_group()
         os._exit(0)  # results went through the queue; gloo can abort in interpreter teardown (torch 2.13)
 
@@ -130,7 +131,7 @@ def run_context_parallel(config: ContextParallelBench, *, progress: bool = True,
     """Every (world, layout) of ``config``; ``on_row(report)`` after each, for saving as it goes."""
     from .harness import machine_info
 
-    report = {"config": asdict(config), "machine": machine_info(), "results": []}
+    report: dict[str, Any] = {"config": asdict(config), "machine": machine_info(), "results": []}
     todo = [(w, layout) for w in config.worlds for layout in (config.layouts if w > 1 else config.layouts[:1])]
     with progress_bar(total=len(todo), progress=progress, desc="context parallel", unit="run", leave=True) as shown:
         for world, layout in todo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from .arguments import (
     MAX_BEAM,
@@ -181,7 +182,7 @@ def _train(args: argparse.Namespace) -> int:
     schedule = {} if args.warmup is None else {"warmup_steps": args.warmup}
     guided = {} if alignments is None else {"alignment_weight": args.alignment_weight,
                                             "alignment_layer": args.alignment_layer, "alignment_head": args.alignment_head}
-    training = TrainingConfig.recipe(model.config.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+    training = TrainingConfig.recipe(cast(Any, model).config.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                      clip_norm=args.clip, label_smoothing=args.label_smoothing, patience=args.patience,
                                      seed=args.seed, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
                                      max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,

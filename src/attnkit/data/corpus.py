@@ -76,7 +76,7 @@ def aligned_corpus(split: str) -> list[Pair]:
     """
     pairs = []
     for book, chapter, verse, greek, english, links in _bundled_rows(_ALIGNED, _ALIGNED_COLUMNS, split):
-        alignment = tuple(tuple(int(x) for x in link.split("-")) for link in links.split())
+        alignment = tuple((int(s), int(t)) for s, t in (link.split("-") for link in links.split()))
         pairs.append(Pair(greek, english, reference=f"{book}:{chapter}:{verse}", alignment=alignment))
     return pairs
 

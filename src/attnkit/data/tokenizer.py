@@ -43,7 +43,7 @@ class Tokenizer:
             raise ValueError(f"vocab_size must be > {len(SPECIALS)}, got {vocab_size}")
         if kind == "bpe":
             backend = Backend(models.BPE(unk_token="<unk>"))
-            trainer = trainers.BpeTrainer(
+            trainer: trainers.Trainer = trainers.BpeTrainer(
                 vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False
             )
         else:

@@ -8,12 +8,22 @@ silently broadcast: a mask or bias must already have one of the documented shape
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
 
 __all__ = ["Dims", "check_int", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank", "check_sinks"]
+
+
+@overload
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
+              optional: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
+              optional: bool) -> int | None: ...
 
 
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
@@ -122,7 +132,7 @@ def _check_broadcastable(name: str, x: Tensor, dims: Dims) -> None:
     if x.dim() == 2:
         allowed = ((1, dims.L), (dims.S,))
     elif x.dim() == 4:
-        allowed = ((1, dims.B), (1, dims.H), (1, dims.L), (dims.S,))
+        allowed = ((1, dims.B), (1, dims.H), (1, dims.L), (dims.S,))  # type: ignore[assignment]  # one tuple per dim
     else:
         raise ValueError(
             f"{name} must have shape {expected} with B={dims.B}, H={dims.H}, L={dims.L}, "

@@ -42,7 +42,8 @@ def _bias(allowed: Tensor | None, key_mask: Tensor | None, dtype: torch.dtype) -
             allowed, causal = None, True
     if allowed is None and key_mask is None:
         return None, causal
-    ok = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=(allowed if key_mask is None else key_mask).device)
+    device = allowed.device if allowed is not None else key_mask.device  # type: ignore[union-attr]  # one is set
+    ok = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
     if allowed is not None:
         ok = ok & allowed[None, None]
     if key_mask is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,7 @@ def _attribution_methods(label: str, checkpoint, test, dev, thresholds, steps: i
                                          steps=steps)
     dev_aer = {rule: alignment_error_rate([_links(w, rule) for w in dev_words], [p.alignment for p in dev]).aer
                for rule in rules}
-    best_rule = min(dev_aer, key=dev_aer.get)
+    best_rule = min(dev_aer, key=lambda rule: dev_aer[rule])
     test_words = attribution_word_weights(model, source, target, progress_bar(test, progress=progress, desc=f"{label}: IG on test"),
                                           steps=steps)
     methods, named_dev = {}, {}
@@ -121,7 +122,7 @@ def _attribution_methods(label: str, checkpoint, test, dev, thresholds, steps: i
 def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: int = 5,
                        thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True,
                        attribution_steps: int = 0, progress: bool = False,
-                       log: Callable[[str], None] | None = None) -> dict:
+                       log: Callable[[str], None] | None = None) -> tuple[dict, tuple]:
     """AER on the held-out verses of the bundled Greek -> English corpus, in one table: each
     checkpoint's attention read every way (each decoder layer, each head and the heads' average,
     the row that predicts a word or, shift-att, the row that reads it; argmax or a weight
@@ -145,9 +146,15 @@ def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: i
     if not checkpoints:
         raise ValueError("checkpoints is empty: give at least one checkpoint")
     test, dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
-    gold = [p.alignment for p in test]
-    seconds, methods, dev_aer, per_layer, best = {}, {}, {}, [], []
-    example_words = None
+    if any(p.alignment is None for p in test + dev):
+        raise ValueError("the aligned corpus has a verse without gold links")
+    gold = [p.alignment or () for p in test]
+    seconds: dict[str, float] = {}
+    methods: dict[str, list] = {}
+    dev_aer: dict[str, float] = {}
+    per_layer: list[dict] = []
+    best: list[dict] = []
+    example_words: list | None = None
     for label, checkpoint in checkpoints.items():
         tick = time.perf_counter()
         found = _attention_methods(label, checkpoint, test, dev, thresholds, progress)
@@ -185,10 +192,11 @@ def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: i
     scores = {name: alignment_error_rate(links, gold)._asdict() for name, links in methods.items()}
     example = max(range(len(test)), key=lambda k: -abs(len(test[k].source.split()) - 14))  # a verse of ~14 words
     pair = test[example]
+    assert example_words is not None  # set by the first checkpoint
     gold_matrix = np.zeros_like(example_words[example])
-    for i, j in pair.alignment:
+    for i, j in pair.alignment or ():
         gold_matrix[j, i] = 1.0
-    result = {"verses": len(test), "dev_verses": len(dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
+    result: dict[str, Any] = {"verses": len(test), "dev_verses": len(dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
               "dev_aer": dev_aer, "best_on_dev": best, "per_layer": per_layer,
               "ibm_iterations": ibm_iterations, "ibm_log_likelihoods": ibm.log_likelihoods,
               "checkpoints": {label: str(c.folder) for label, c in checkpoints.items()}, "example": pair.reference,

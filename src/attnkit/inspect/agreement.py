@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ def summarise(examples: Sequence[Agreement]) -> list[dict]:
     """Per (attention, attribution) pair: count, mean, median and quartiles of Spearman and Kendall."""
     if not examples:
         raise ValueError("no examples to summarise")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in examples[0].correlations:
         row = {"attention": key[0], "attribution": key[1]}
         for k, name in enumerate(("spearman", "kendall")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +31,9 @@ class InspectedModel(nn.Module):
     its causal attention (the "causal view"). ``embeddings.tokens`` is the model's input embedding,
     which attribution hooks."""
 
-    def __init__(self, model: nn.Module):
+    model: Any  # a transformers PreTrainedModel
+
+    def __init__(self, model: Any):
         super().__init__()
         self.model = model
         self.embeddings = _Embeddings(model.get_input_embeddings())
@@ -49,7 +52,7 @@ class InspectedModel(nn.Module):
         return EncoderOutput(out.hidden_states[-1], None, attentions)
 
 
-def seq2seq_attentions(model: nn.Module, tokenizer, text: str, reference: str | None = None,
+def seq2seq_attentions(model: Any, tokenizer, text: str, reference: str | None = None,
                        *, max_new_tokens: int = 64) -> dict:
     """Attention of a transformers encoder-decoder on one source text, with the reference (or the
     model's own greedy output) forced through it: encoder self, decoder self and cross attention,

@@ -209,7 +209,7 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
     if not views:
         raise ValueError("nothing to inspect: every output is empty")
     write_viewer(out / "viewer.html", views, title="attnkit inspect: translation", top_k=top_k)
-    rows = []
+    rows: list[dict] = []
     if isinstance(model, Seq2Seq):
         examples = seq2seq_agreement(model, source, target, progress_bar(pairs, progress=progress, desc="attribution", unit="text"), steps=steps)
         what = "output: log-probability of each " + ("reference" if references is not None else "output") + " token"

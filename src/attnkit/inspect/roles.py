@@ -121,9 +121,9 @@ def head_roles(attentions: Sequence[Sequence[torch.Tensor]], tokens: Sequence[Se
     weights in layer l, ``tokens[k]`` its L tokens (with the special tokens)."""
     if len(attentions) != len(tokens) or not tokens:
         raise ValueError(f"need as many attention lists as token lists (>= 1), got {len(attentions)} and {len(tokens)}")
-    sums = {r: 0.0 for r in ROLES}
+    sums: dict[str, torch.Tensor] = {r: torch.zeros(()) for r in ROLES}
     counts = {r: 0 for r in ROLES}
-    entropy_sum, n_tokens = 0.0, 0
+    entropy_sum, n_tokens = torch.zeros(()), 0
     for layers, words in zip(attentions, tokens):
         w = torch.stack([torch.as_tensor(a).double() for a in layers])  # (layers, H, L, L)
         L = len(words)

@@ -32,7 +32,7 @@ def residual_attention(attentions: Sequence[torch.Tensor], *, residual: float = 
         raise ValueError("attentions is empty: need one (H, L, L) tensor per layer")
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    mats = []
+    mats: list = []
     for l, a in enumerate(attentions):
         a = torch.as_tensor(a).double()
         if a.ndim == 3:
@@ -74,10 +74,10 @@ def attention_flow(attentions: Sequence[torch.Tensor], *, residual: float = 0.5,
     # Node (l, t) = l * L + t for l = 0..layers; edges go up from (l, j) to (l + 1, i).
     rows, cols, caps = [], [], []
     for l in range(layers):
-        i, j = np.nonzero(mats[l] > 0)
-        rows.append(l * L + j)
-        cols.append((l + 1) * L + i)
-        caps.append(np.maximum(1, np.rint(mats[l][i, j] * _FLOW_SCALE)).astype(np.int64))
+        targets, sources = np.nonzero(mats[l] > 0)
+        rows.append(l * L + sources)
+        cols.append((l + 1) * L + targets)
+        caps.append(np.maximum(1, np.rint(mats[l][targets, sources] * _FLOW_SCALE)).astype(np.int64))
     n = (layers + 1) * L
     graph = csr_matrix((np.concatenate(caps).astype(np.int32), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
     flow = np.zeros((len(outputs), L))

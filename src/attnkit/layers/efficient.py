@@ -72,6 +72,8 @@ class PerformerAttention(_Projections):
     """Performer: softmax attention estimated with ``num_features`` positive orthogonal random
     features (a fixed, seeded projection buffer; :meth:`redraw` draws a new one)."""
 
+    projection: Tensor
+
     def __init__(self, d_model: int, num_heads: int, num_features: int = 256, *, bias: bool = True, seed: int = 0):
         super().__init__(d_model, num_heads, bias)
         if num_features < 1:

@@ -195,8 +195,8 @@ class RotaryEmbedding(nn.Module):
         if (cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device)
                 or cached[0].dtype != dtype):
             size = max(length, 2 * (0 if cached is None else cached[0].shape[0]), 256)
-            self._cached = self.angles(torch.arange(size, device=device), dtype=dtype)
-        return self._cached
+            cached = self._cached = self.angles(torch.arange(size, device=device), dtype=dtype)
+        return cached
 
     def angles(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2), in float32 (as
@@ -255,6 +255,8 @@ def alibi_bias(slopes: Tensor, L: int, S: int, *, causal_align: str = "bottom-ri
 
 class ALiBi(nn.Module):
     """ALiBi bias generator for ``num_heads`` heads; forward(L, S) -> (1, H, L, S)."""
+
+    slopes: Tensor
 
     def __init__(self, num_heads: int, *, symmetric: bool = False):
         super().__init__()

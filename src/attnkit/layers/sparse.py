@@ -42,6 +42,13 @@ class LongformerSelfAttention(nn.Module):
     transformers' layer it returns the heads concatenated, before any output projection.
     """
 
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    query_global: nn.Linear
+    key_global: nn.Linear
+    value_global: nn.Linear
+
     def __init__(
         self, d_model: int, num_heads: int, window: int, dropout: float = 0.0, backend: str = "auto", block: int = 128
     ):

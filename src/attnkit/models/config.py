@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .._files import read_json, write_json
 from ..functional.checks import check_int
@@ -248,9 +248,9 @@ class DecoderConfig:
 
 _KINDS = {cls.kind: cls for cls in (Seq2SeqConfig, TransformerConfig, EncoderConfig, DecoderConfig)}
 
-_LLAMA = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
+_LLAMA: dict[str, Any] = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
 
-PRESETS: dict[str, object] = {
+PRESETS: dict[str, Any] = {
     # Vaswani et al. 2017, table 3 "base": shared 37K BPE vocabulary (WMT14 En-De).
     "transformer-base": TransformerConfig(source_vocab=37000, target_vocab=37000, share_embeddings=True),
     # Vaswani et al. 2017, table 3 "big".

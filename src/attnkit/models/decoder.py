@@ -87,6 +87,8 @@ class DecoderBlock(nn.Module):
     Parameters: ``self_attn``, ``mlp``, ``attn_norm``, ``mlp_norm``.
     """
 
+    window: int | None
+
     def __init__(self, config: DecoderConfig, rotary: RotaryEmbedding | None = None, layer: int = 0):
         super().__init__()
         c = config

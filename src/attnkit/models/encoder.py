@@ -94,7 +94,7 @@ class EncoderModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, None if position_ids is None else position_ids.expand(B, L))
-        attentions = [] if need_weights else None
+        attentions: list[Tensor] | None = [] if need_weights else None
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights=need_weights, context_parallel=context_parallel)
             if attentions is not None:

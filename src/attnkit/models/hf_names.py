@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -102,13 +103,15 @@ def _pairs(family: str, config) -> list[tuple[str, str]]:
     expected_config = EncoderConfig if family == "bert" else DecoderConfig
     if not isinstance(config, expected_config):
         raise ValueError(f"family {family!r} needs a {expected_config.__name__}, got {type(config).__name__}")
-    if family == "gpt2" and (config.positional != "learned" or config.mlp != "gelu" or not all(
+    if isinstance(config, DecoderConfig) and family == "gpt2" and (config.positional != "learned" or config.mlp != "gelu" or not all(
             config.has_bias(part) for part in ("qkv", "out", "mlp"))):
         raise UnsupportedConfigError("family 'gpt2' needs learned positions, a plain (non-gated) MLP and biases "
                                      "everywhere; save this model under family 'llama' or change the config")
-    if family == "llama" and (config.positional != "rope" or config.mlp != "swiglu"):
+    if isinstance(config, DecoderConfig) and family == "llama" and (config.positional != "rope" or config.mlp != "swiglu"):
         raise UnsupportedConfigError("family 'llama' needs positional='rope' and mlp='swiglu'")
-    return {"bert": _bert_pairs, "gpt2": _gpt2_pairs, "llama": _llama_pairs}[family](config)
+    builders: dict[str, Callable[[Any], list[tuple[str, str]]]] = {
+        "bert": _bert_pairs, "gpt2": _gpt2_pairs, "llama": _llama_pairs}
+    return builders[family](config)
 
 
 def _gpt2_fused(config) -> list[str]:

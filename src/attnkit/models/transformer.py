@@ -127,6 +127,7 @@ class _Embedding(nn.Module):
         super().__init__()
         c = config
         self.tokens = tokens if tokens is not None else nn.Embedding(vocab, c.d_model, padding_idx=PAD_ID)
+        self.positions: nn.Module
         if c.positional == "sinusoidal":
             self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len)
         else:

@@ -115,7 +115,7 @@ def save_checkpoint(
             from safetensors.torch import save_file
 
             tensors = {"rng.torch": torch.get_rng_state()} | _cuda_rng_states(model)
-            extra = {}
+            extra: dict = {}
             if optimizer is not None:
                 optimizer_tensors, extra = _optimizer_tensors(optimizer)
                 tensors |= optimizer_tensors

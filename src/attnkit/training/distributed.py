@@ -40,8 +40,10 @@ def all_sum(value: float) -> float:
 
 def broadcast_text(text: str | None) -> str:
     """Rank 0's string on every rank (e.g. a tokenizer trained once)."""
-    if world()[1] == 1:
-        return text
-    box = [text]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    if world()[1] > 1:
+        box = [text]
+        dist.broadcast_object_list(box, src=0)
+        text = box[0]
+    if text is None:
+        raise ValueError("broadcast_text: rank 0 has no text to send")
+    return text

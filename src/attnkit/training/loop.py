@@ -381,7 +381,7 @@ class _Trainer:
                 "not applied and nothing was saved after the last checkpoint (lower the learning rate)")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, global_tokens, global_tokens / max(time.perf_counter() - tick, 1e-9)
+        return loss, int(global_tokens), global_tokens / max(time.perf_counter() - tick, 1e-9)
 
     def _validate(self, started: float) -> None:
         """Validation loss at the end of an epoch: history, best/ checkpoint, early stopping."""

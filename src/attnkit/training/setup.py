@@ -35,10 +35,9 @@ def new_translation_model(source: Tokenizer, target: Tokenizer, *, arch: str, dr
                           hidden_size: int = 256, layers: int = 1):
     """A fresh model for these tokenisers: ``arch="transformer"`` from a preset, or an RNN seq2seq
     (``arch="seq2seq"``) with the given attention, cell and sizes."""
-    vocab = {"source_vocab": source.vocab_size, "target_vocab": target.vocab_size}
     if arch == "transformer":
-        config = preset(preset_name or "transformer-small", **vocab, dropout=dropout)
-    else:
-        config = Seq2SeqConfig(**vocab, attention=attention, cell=cell, embedding_dim=embedding_dim,
-                               hidden_size=hidden_size, num_layers=layers, dropout=dropout)
+        return build_model(preset(preset_name or "transformer-small", source_vocab=source.vocab_size,
+                                  target_vocab=target.vocab_size, dropout=dropout))
+    config = Seq2SeqConfig(source.vocab_size, target.vocab_size, attention=attention, cell=cell,
+                           embedding_dim=embedding_dim, hidden_size=hidden_size, num_layers=layers, dropout=dropout)
     return build_model(config)

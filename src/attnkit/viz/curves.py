@@ -59,7 +59,7 @@ def plot_scaling(
     if not names:
         raise ValueError("plot_scaling needs at least one panel")
     fig, axes = _subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
-    colors = {}
+    colors: dict = {}
     for ax, name in zip(axes[0], names):
         series = {label: (list(xs), list(ys)) for label, (xs, ys) in panels[name].items() if len(xs)}
         for label, (xs, ys) in series.items():
@@ -78,7 +78,7 @@ def plot_scaling(
         ax.set_xlabel(x_title)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel(y_title)
-    handles = {}
+    handles: dict = {}
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
