@@ -88,10 +88,11 @@ class BlockMask:
         if (mask_mod is None) == (dense is None):
             raise ValueError("BlockMask needs exactly one of mask_mod and dense")
         self.kinds = kinds
-        self.shape = tuple(shape)
-        self.block_size = tuple(block_size)
+        self.shape: tuple[int, int, int, int] = (shape[0], shape[1], shape[2], shape[3])
+        self.block_size: tuple[int, int] = (block_size[0], block_size[1])
         self.mask_mod = mask_mod
         self._dense = dense
+        self._flex_kinds: Tensor | None = None  # the flex backend's tile table, once built
         self._runs: dict[int, list[list[tuple[int, int, bool]]]] = {}
         self._additive: dict[tuple, Tensor] = {}
         self._cached = 0
@@ -151,6 +152,7 @@ class BlockMask:
         h = torch.arange(H, device=device, dtype=INDEX_DTYPE).view(1, H, 1, 1)
         q_idx = torch.arange(q0, q1, device=device, dtype=INDEX_DTYPE).view(1, 1, -1, 1)
         kv_idx = torch.arange(k0, k1, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, -1)
+        assert self.mask_mod is not None  # a dense BlockMask has no partial tiles to evaluate
         out = self.mask_mod(b, h, q_idx, kv_idx)
         if not isinstance(out, Tensor) or out.dtype != torch.bool:
             got = out.dtype if isinstance(out, Tensor) else type(out).__name__

@@ -9,6 +9,8 @@ here is also in :mod:`attnkit.functional.masks` and :mod:`attnkit.masks`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -23,7 +25,7 @@ def _named(function: MaskMod, name: str, positions: int | None = None) -> MaskMo
     """Name a mask_mod; ``positions``: the length of the tables it reads (``mod.positions``), beyond
     which :func:`block_mask` refuses it rather than read the tables' padding."""
     function.__name__ = function.__qualname__ = name
-    function.positions = positions
+    function.positions = positions  # type: ignore[attr-defined]  # read by block_mask()
     return function
 
 
@@ -144,7 +146,7 @@ def bigbird_mod(
         table = chosen.to(q_idx.device)
         return ((qb - kb).abs() <= radius) | (qb < num_global) | (kb < num_global) | table[qb, kb]
 
-    mod.random_table = chosen  # (query blocks, key blocks) True where a random block was drawn
+    mod.random_table = chosen  # type: ignore[attr-defined]  # (query blocks, key blocks) True where a random block was drawn
     return _named(mod, f"bigbird_mod(window={window}, num_global={num_global}, random_blocks={random_blocks}, block={block}, seed={seed})")
 
 
@@ -228,7 +230,7 @@ def _longformer_first(L: int, S: int | None = None, *, window: int = 512, num_gl
     return longformer_mod(window, flags)
 
 
-PATTERNS = {
+PATTERNS: dict[str, Callable[..., MaskMod]] = {
     "causal": lambda L, S=None, **kw: causal_mod(**kw),
     "window": lambda L, S=None, *, window=512: window_mod(window),
     "longformer": _longformer_first,

@@ -36,7 +36,7 @@ class KVCache:
         if window is not None and (static or window < 1):
             raise ValueError(f"window must be a positive int on a non-static cache, got window={window!r}, static={static}")
         self.static = static
-        self.window = window
+        self.window: int | None = window
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
         self._start = 0  # first held position in storage
@@ -67,7 +67,7 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B_new,) in that order, e.g. the surviving beams of a beam search."""
-        if self._keys is not None:
+        if self._keys is not None and self._values is not None:
             self._keys = self._keys.index_select(0, index)
             self._values = self._values.index_select(0, index)
 
@@ -83,7 +83,7 @@ class KVCache:
             raise ValueError(
                 f"keys and values must agree in (B, Hkv, S_new), got {tuple(keys.shape)} and {tuple(values.shape)}"
             )
-        if self._keys is not None:
+        if self._keys is not None and self._values is not None:
             expected_k = (self._keys.shape[0], self._keys.shape[1], self._keys.shape[3])
             expected_v = (self._values.shape[0], self._values.shape[1], self._values.shape[3])
             got_k = (keys.shape[0], keys.shape[1], keys.shape[3])
@@ -95,27 +95,29 @@ class KVCache:
                 )
             check_same("cached keys", self._keys, keys=keys)
         new = keys.shape[2]
-        if self._keys is None or self._end + new > self._keys.shape[2]:
-            self._grow(keys, values, max(self.length + new, 2 * self.length, 16))
+        if self._keys is None or self._values is None or self._end + new > self._keys.shape[2]:
+            self._keys, self._values = self._grown(keys, values, max(self.length + new, 2 * self.length, 16))
         self._keys[:, :, self._end : self._end + new] = keys
         self._values[:, :, self._end : self._end + new] = values
         self._end += new
         self.position += new
-        held_keys, held_values = self.keys, self.values
+        held_keys = self._keys[:, :, self._start : self._end]
+        held_values = self._values[:, :, self._start : self._end]
         if self.window is not None:
             self._start = max(self._start, self._end - self.window)
         return held_keys, held_values
 
-    def _grow(self, keys: Tensor, values: Tensor, capacity: int) -> None:
+    def _grown(self, keys: Tensor, values: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
         """New storage of ``capacity`` positions holding the current ones at its front."""
         B, Hkv, _, E = keys.shape
         new_keys = keys.new_empty(B, Hkv, capacity, E)
         new_values = values.new_empty(B, Hkv, capacity, values.shape[3])
-        if self._keys is not None:
-            new_keys[:, :, : self.length] = self.keys
-            new_values[:, :, : self.length] = self.values
-        self._keys, self._values = new_keys, new_values
-        self._start, self._end = 0, self.length
+        held = self.length
+        if self._keys is not None and self._values is not None:
+            new_keys[:, :, :held] = self._keys[:, :, self._start : self._end]
+            new_values[:, :, :held] = self._values[:, :, self._start : self._end]
+        self._start, self._end = 0, held
+        return new_keys, new_values
 
 
 class SinkCache(KVCache):
@@ -140,6 +142,7 @@ class SinkCache(KVCache):
         super().__init__()
         self.sinks = sinks
         self.window = window  # read by MultiHeadAttention, not the parent's rolling logic
+        self._window = window
         self._held_keys: Tensor | None = None
         self._held_values: Tensor | None = None
 
@@ -158,14 +161,14 @@ class SinkCache(KVCache):
     @property
     def limit(self) -> int:
         """The cache index at and beyond which a query's sink positions stop growing."""
-        return self.sinks + self.window - 1
+        return self.sinks + self._window - 1
 
     def reset(self) -> None:
         self._held_keys = self._held_values = None
         self.position = 0
 
     def reorder(self, index: Tensor) -> None:
-        if self._held_keys is not None:
+        if self._held_keys is not None and self._held_values is not None:
             self._held_keys = self._held_keys.index_select(0, index)
             self._held_values = self._held_values.index_select(0, index)
 
@@ -178,7 +181,7 @@ class SinkCache(KVCache):
         check_rank("keys", keys, 4, "(B, Hkv, S_new, E)")
         check_rank("values", values, 4, "(B, Hkv, S_new, Ev)")
         check_same("keys", keys, values=values)
-        if self._held_keys is not None:
+        if self._held_keys is not None and self._held_values is not None:
             if keys.shape[:2] != self._held_keys.shape[:2] or keys.shape[3] != self._held_keys.shape[3]:
                 raise ValueError(f"cache holds keys of shape {tuple(self._held_keys.shape)}, got new keys {tuple(keys.shape)}")
             keys = torch.cat([self._held_keys, keys], dim=2)
@@ -186,7 +189,7 @@ class SinkCache(KVCache):
         self.position += keys.shape[2] - self.length
         held = self.limit
         if keys.shape[2] > held:
-            recent = self.window - 1
+            recent = self._window - 1
             keep = lambda x: torch.cat([x[:, :, : self.sinks], x[:, :, x.shape[2] - recent :]], dim=2)  # noqa: E731
             self._held_keys, self._held_values = keep(keys), keep(values)
         else:

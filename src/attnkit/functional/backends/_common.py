@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import torch
 from torch import Tensor
@@ -108,6 +108,7 @@ class Problem:
         h = (torch.arange(H, device=device, dtype=INDEX_DTYPE) if heads is None else heads.to(INDEX_DTYPE)).view(1, H, 1, 1)
         q_idx = torch.arange(q0, q0 + bq, device=device, dtype=INDEX_DTYPE).view(1, 1, bq, 1)
         kv_idx = torch.arange(k0, k0 + bk, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, bk)
+        assert self.score_mod is not None  # called only for a call with a score_mod
         out = self.score_mod(scores, b, h, q_idx, kv_idx)
         if not isinstance(out, Tensor) or out.shape != scores.shape:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
@@ -118,6 +119,14 @@ class Problem:
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: float32 for half types, the input dtype otherwise."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@overload
+def group_heads(x: Tensor, dims: Dims) -> Tensor: ...
+
+
+@overload
+def group_heads(x: None, dims: Dims) -> None: ...
 
 
 def group_heads(x: Tensor | None, dims: Dims) -> Tensor | None:
@@ -189,7 +198,8 @@ def head_weights(
             allowed = user if allowed is None else user & allowed
         if block_mask is not None:
             tile = _select_heads(block_mask.tile(q0, q1, 0, dims.S), heads)
-            allowed = tile if allowed is None else tile & allowed
+            if tile is not None:
+                allowed = tile if allowed is None else tile & allowed
         if allowed is not None:
             scores = scores.masked_fill_(~allowed, float("-inf")) if in_place else scores.masked_fill(~allowed, float("-inf"))
         if lse_sel is None or not in_place:  # recomputed, so that the weights carry exact gradients
@@ -210,6 +220,8 @@ def apply_sinks(result: BackendResult, sinks: Tensor) -> BackendResult:
     Differentiable in q, k, v (through the lse) and in the sinks. A row with no allowed key keeps a
     zero output; its lse becomes the sink."""
     lse = result.lse
+    if lse is None:
+        raise ValueError("apply_sinks needs a backend result with its log-sum-exp")
     total = torch.logaddexp(lse, sinks.to(lse.dtype)[None, :, None])
     factor = torch.exp(lse - total)  # (B, H, L); 0 where lse = -inf
     output = result.output * factor[..., None].to(result.output.dtype)

@@ -9,6 +9,7 @@ logit of each head, so SDPA's softmax counts exp(sink) and the sink attends noth
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     dims = problem.dims
     if problem.score_mod is not None:
         raise ValueError("the sdpa backend cannot apply a score_mod; use backend='tiled' (or 'reference')")
-    options = dict(dropout_p=problem.dropout_p, scale=problem.scale, enable_gqa=dims.Hkv != dims.H)
+    options: dict[str, Any] = dict(dropout_p=problem.dropout_p, scale=problem.scale, enable_gqa=dims.Hkv != dims.H)
     if problem.sinks is not None:
         return _with_sinks(q, k, v, problem, options)
     top_left = problem.causal_align == "top-left" or dims.L == dims.S
@@ -78,6 +79,7 @@ def _with_sinks(q: Tensor, k: Tensor, v: Tensor, problem: Problem, options: dict
         additive = torch.zeros(1, 1, 1, dims.S, dtype=q.dtype, device=q.device)
     rows, batch = additive.shape[2], additive.shape[0]
     additive = additive.expand(batch, dims.H, rows, dims.S)
+    assert problem.sinks is not None  # called for calls with sinks only
     sink = problem.sinks.to(q.dtype).view(1, dims.H, 1, 1).expand(batch, dims.H, rows, 1)
     attn_mask = torch.cat([additive, sink], dim=-1)
     return BackendResult(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options))

@@ -153,6 +153,7 @@ class _Blocks:
         if structure is not None:
             s.add_(structure)
         if partial:
+            assert problem.block_mask is not None  # only a block mask has partial tiles
             s.add_(group_heads(problem.block_mask.additive(q0, q1, k0, k1, self.acc), problem.dims))
         return s
 
@@ -160,6 +161,7 @@ class _Blocks:
         """Dropout keep-mask scaled by 1/(1-p), identical in forward and backward for a block."""
         p = self.problem.dropout_p
         generator = torch.Generator(device=self.device)
+        assert self.seed is not None  # dropout always has a seed
         generator.manual_seed(self.seed + q0 * (self.problem.dims.S + 1) + k0)
         uniform = torch.rand(shape, generator=generator, device=self.device, dtype=self.acc)
         return (uniform >= p).to(self.acc) / (1.0 - p)
@@ -197,6 +199,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
                 p = s.exp2_()
                 row_sum.add_(p.sum(dim=-1))
             else:
+                assert row_max is not None  # set whenever the block is not bounded
                 new_max = torch.maximum(row_max, s.amax(dim=-1))
                 # Rows with nothing allowed yet keep max -inf; shift them by 0 so exp gives 0, not NaN.
                 shift = new_max.masked_fill(torch.isinf(new_max), 0.0)
@@ -210,7 +213,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
             acc_out.add_(torch.matmul(p, v_g[..., k0:k1, :], out=product_buffer))
         empty = row_sum == 0
         out[..., q0:q1, :] = (acc_out / row_sum.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
-        lse[..., q0:q1] = row_sum.log() if bounded else row_max / LOG2E + row_sum.log()
+        lse[..., q0:q1] = row_sum.log() if row_max is None else row_max / LOG2E + row_sum.log()
     return out.flatten(1, 2), lse.flatten(1, 2)
 
 
@@ -241,7 +244,7 @@ def _backward(
         lse_block = lse_g[..., q0:q1, None]
         delta_block = delta[..., q0:q1, None]
         for k0, k1, partial in key_blocks:
-            modified = [] if problem.score_mod is not None else None
+            modified: list[tuple[Tensor, Tensor]] | None = [] if problem.score_mod is not None else None
             s = blocks.scores(q_block, k_t, q0, q1, k0, k1, partial, modified=modified)
             if s is None:
                 continue
