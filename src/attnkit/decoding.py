@@ -151,7 +151,7 @@ def translate(
                     score=hyp.normalized_score,
                 )
             bar.update(len(chunk))
-        return results
+        return [r for r in results if r is not None]  # every index was filled
     finally:
         bar.close()
         model.train(was_training)
@@ -255,7 +255,7 @@ def generate(
 
     def run(ids: Tensor, *, last_only: bool = True) -> Tensor:
         kwargs = {}
-        if full_mask is not None:
+        if full_mask is not None and positions is not None:
             held = ids.shape[1] + (0 if cache is None else cache[0].length)
             kwargs = {"attention_mask": full_mask[:, -held:], "position_ids": positions[:, -ids.shape[1]:]}
         return model(ids, cache=cache, last_only=last_only, **kwargs).logits[:, -1]
@@ -263,7 +263,7 @@ def generate(
     logits = run(input_ids)
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     lengths = [max_new_tokens] * B
-    new = []
+    new: list[Tensor] = []
     try:
         for step in range(max_new_tokens):
             token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -280,7 +280,7 @@ def generate(
                     lengths[b] = step + 1
             if host[-1] or step == max_new_tokens - 1:
                 break
-            if full_mask is not None:
+            if full_mask is not None and positions is not None:
                 full_mask = torch.cat([full_mask, full_mask.new_ones(B, 1)], 1)
                 positions = torch.cat([positions, positions[:, -1:] + 1], 1)
             if use_cache:

@@ -127,7 +127,7 @@ def register(*, allow_unverified: Sequence[str] = ()) -> None:
             return chosen
 
         guarded._attnkit_guard = True  # type: ignore[attr-defined]
-        PreTrainedModel._check_and_adjust_attn_implementation = guarded
+        PreTrainedModel._check_and_adjust_attn_implementation = guarded  # type: ignore[method-assign]  # the guard
 
 
 def check_family(config, owner: str = "this model") -> None:
@@ -243,7 +243,9 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     if structure is not None and attention_mask is not None:
         if attention_mask.dim() == 2:
             start = _int_offset(kv_offset)  # an int: _recognise has read it
-            padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, start:start + kv_length]
+            prepared = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+            if start is not None and prepared is not None:
+                padding = prepared[:, start:start + kv_length]
         if padding is None or tuple(padding.shape) != (batch_size, kv_length):
             structure = None  # not a plain (B, S) padding mask: transformers builds the whole mask
     if structure is None:
@@ -347,7 +349,7 @@ def attnkit_attention_forward(
         sinks=None if sinks is None else sinks.to(query.dtype if query.dtype == torch.float64 else torch.float32),
     )
     weights = result.weights
-    if wanted is not None:
+    if wanted is not None and recording is not None and weights is not None:
         recording.store(module, weights)
         weights = weights if _weights_requested(kwargs) else None
     return result.output.transpose(1, 2).contiguous(), weights

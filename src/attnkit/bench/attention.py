@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -168,13 +169,18 @@ def _flex(kind: str, n: int, window: int, batch: int, device):
     return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
 
 
-def _forward_calls(spec: dict, q, k, v) -> dict[str, Callable[[], torch.Tensor]]:
+def _attnkit_output(q, k, v, backend: str, kwargs: dict[str, Any]) -> torch.Tensor:
     import attnkit
 
+    return attnkit.attention(q, k, v, backend=backend, **kwargs).output
+
+
+def _forward_calls(spec: dict, q, k, v) -> dict[str, Callable[[], torch.Tensor]]:
     kind, n, window, batch = spec["mask"], spec["n"], spec["window"], spec["batch"]
     need_bool = {"torch-sdpa", "naive"} & set(spec["impls"])
     bool_mask = _boolean_mask(kind, n, window, batch, q.device) if need_bool else None
     # attnkit takes the structure as arguments (nothing materialised); padding as a (B, 1, 1, S) mask.
+    kwargs: dict[str, Any]
     if kind == "band":
         kwargs = {"mask": bool_mask if bool_mask is not None else _boolean_mask(kind, n, window, batch, q.device)}
     elif kind in PATTERN_MASKS:
@@ -186,18 +192,18 @@ def _forward_calls(spec: dict, q, k, v) -> dict[str, Callable[[], torch.Tensor]]
             "window": {"window": window},
             "padding": {"mask": _boolean_mask("padding", n, window, batch, q.device)},
         }[kind]
-    calls = {}
+    calls: dict[str, Callable[[], torch.Tensor]] = {}
     for impl in spec["impls"]:
         if impl == "torch-sdpa":
             sdpa_mask = None if kind == "causal" else bool_mask
-            calls[impl] = lambda m=sdpa_mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=kind == "causal")
+            calls[impl] = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=sdpa_mask, is_causal=kind == "causal")
         elif impl == "naive":
             calls[impl] = lambda: naive_attention(q, k, v, bool_mask)
         elif impl == "torch-flex":
             flex = _flex(kind, n, window, batch, q.device)
-            calls[impl] = lambda f=flex: f(q, k, v)
+            calls[impl] = functools.partial(flex, q, k, v)
         else:
-            calls[impl] = lambda b=impl: attnkit.attention(q, k, v, backend=b, **kwargs).output
+            calls[impl] = functools.partial(_attnkit_output, q, k, v, impl, kwargs)
     return calls
 
 

@@ -62,7 +62,7 @@ def summarise(examples: Sequence[Agreement]) -> list[dict]:
         raise ValueError("no examples to summarise")
     rows: list[dict[str, Any]] = []
     for key in examples[0].correlations:
-        row = {"attention": key[0], "attribution": key[1]}
+        row: dict[str, Any] = {"attention": key[0], "attribution": key[1]}
         for k, name in enumerate(("spearman", "kendall")):
             values = np.array([e.correlations[key][k] for e in examples], dtype=np.float64)
             values = values[np.isfinite(values)]

@@ -159,6 +159,11 @@ class SinkCache(KVCache):
         return self._held_values
 
     @property
+    def recent(self) -> int:
+        """How many of the most recent keys each query attends (itself included): the window."""
+        return self._window
+
+    @property
     def limit(self) -> int:
         """The cache index at and beyond which a query's sink positions stop growing."""
         return self.sinks + self._window - 1

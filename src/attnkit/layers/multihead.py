@@ -156,7 +156,7 @@ class MultiHeadAttention(nn.Module):
         offset = 0 if cache is None or cache.static else cache.position
         if self.rotary is not None:
             q = self.rotary(q, offset=offset, positions=positions)
-        if cache is not None and cache.static and cache.length:
+        if cache is not None and cache.static and cache.keys is not None and cache.values is not None:
             k, v = cache.keys, cache.values  # cross attention: encoder keys projected once
         else:
             k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, E)
@@ -231,7 +231,7 @@ class MultiHeadAttention(nn.Module):
         j = torch.arange(S, device=device)
         sinks = min(cache.sinks, S)
         late = index > cache.limit  # rows whose sinks sit at the limit's position, not their own
-        allowed = (j[None, :] <= index[:, None]) & (j[None, :] > index[:, None] - cache.window)
+        allowed = (j[None, :] <= index[:, None]) & (j[None, :] > index[:, None] - cache.recent)
         allowed |= (j[None, :] < sinks) & (j[None, :] <= index[:, None]) & ~late[:, None]
         if self.rotary is not None:
             q_main = self.rotary(q, positions=index)
@@ -247,6 +247,7 @@ class MultiHeadAttention(nn.Module):
             sink_mask = late[:, None].expand(L, sinks)
             part = attention(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=sink_mask, scale=self.scale,
                              dropout_p=dropout, backend=backend)
+            assert main.lse is not None and part.lse is not None  # the backends used here return it
             top = torch.maximum(main.lse, part.lse)
             top = top.masked_fill(torch.isinf(top), 0.0)
             w_main, w_part = (main.lse - top).exp(), (part.lse - top).exp()  # (B, H, L); exp(-inf) = 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
 from ..functional.context_parallel import check_context_parallel
@@ -51,9 +52,9 @@ def pack_documents(documents: list[Tensor], length: int, pad_id: int = 0) -> tup
     device = documents[0].device if documents else None
     input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long, device=device)
     document_ids = torch.full((len(rows), length), -1, dtype=torch.long, device=device)
-    for r, row in enumerate(rows):
+    for r, packed in enumerate(rows):
         start = 0
-        for index, doc in row:
+        for index, doc in packed:
             input_ids[r, start : start + doc.numel()] = doc
             document_ids[r, start : start + doc.numel()] = index
             start += doc.numel()
@@ -97,6 +98,7 @@ class DecoderBlock(nn.Module):
         self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, bias=c.has_bias("qkv"),
                                             dropout=c.dropout, rotary=rotary, head_dim=c.head_dim,
                                             out_bias=c.has_bias("out"), scale=scale)
+        self.mlp: nn.Module
         if c.mlp == "gelu":
             self.mlp = FeedForward(c.d_model, c.d_ff, activation=c.mlp_activation, bias=c.has_bias("mlp"))
         else:
@@ -139,6 +141,9 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.tokens.weight
         self.dropout = nn.Dropout(c.dropout)
 
+    def _blocks(self) -> list[DecoderBlock]:
+        return [block for block in self.layers if isinstance(block, DecoderBlock)]
+
     def new_cache(self, *, sinks: int | None = None, window: int | None = None) -> list[KVCache]:
         """One KV cache per layer; rolling (the last ``window`` positions) for sliding windows.
 
@@ -149,7 +154,7 @@ class DecoderLM(nn.Module):
         if sinks is None:
             if window is not None:
                 raise ValueError("window= is for a sinks cache; pass sinks= too (0 for a window-only cache)")
-            return [KVCache(window=layer.window) for layer in self.layers]
+            return [KVCache(window=block.window) for block in self._blocks()]
         if self.config.positional != "rope" or any(layer.window is not None for layer in self.layers):
             raise ValueError("a sinks cache needs rotary positions and no sliding-window layers "
                              f"(this model: positional={self.config.positional!r}, window={self.config.window!r})")
@@ -220,7 +225,7 @@ class DecoderLM(nn.Module):
                     raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got {bottom}..{top}")
         elif self.positions is not None and offset + L > self.config.max_len:
             raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
-        mask = None
+        mask: Tensor | BlockMask | None = None
         if attention_mask is not None:
             S = L + (0 if cache is None else cache[0].length)
             if tuple(attention_mask.shape) != (B, S):
@@ -235,7 +240,7 @@ class DecoderLM(nn.Module):
         if self.positions is not None:
             x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
         x = self.dropout(x)
-        attentions = [] if need_weights else None
+        attentions: list[Tensor] | None = [] if need_weights else None
         rotary_positions = position_ids if shard_positions is None else shard_positions  # (B, L) or (L,)
         for i, layer in enumerate(self.layers):
             x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,

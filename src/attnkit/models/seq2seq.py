@@ -28,6 +28,15 @@ from .outputs import StepOutput, TranslationOutput, check_source
 __all__ = ["Seq2Seq"]
 
 
+def _weights_of(weights: Tensor | None) -> Tensor:
+    assert weights is not None, "a model with attention gives weights at every step"
+    return weights
+
+
+def _weights(step) -> Tensor:
+    return _weights_of(step.weights)
+
+
 @dataclass
 class Seq2SeqState:
     """What the decoder carries between steps; :meth:`reorder` follows beams."""
@@ -39,10 +48,11 @@ class Seq2SeqState:
     feed: Tensor | None  # (B, hidden) Luong input feeding: previous attentional vector
 
     def reorder(self, index: Tensor) -> None:
-        pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
-        self.memory, self.keys, self.mask, self.feed = (pick(x) for x in (self.memory, self.keys, self.mask, self.feed))
+        self.memory, self.mask = self.memory.index_select(0, index), self.mask.index_select(0, index)
+        self.keys = None if self.keys is None else self.keys.index_select(0, index)
+        self.feed = None if self.feed is None else self.feed.index_select(0, index)
         if isinstance(self.hidden, tuple):
-            self.hidden = tuple(h.index_select(1, index) for h in self.hidden)
+            self.hidden = (self.hidden[0].index_select(1, index), self.hidden[1].index_select(1, index))
         else:
             self.hidden = self.hidden.index_select(1, index)
 
@@ -70,6 +80,7 @@ class Seq2Seq(nn.Module):
         if c.cell == "lstm":
             self.bridge_cell = nn.Linear(memory_dim, c.hidden_size)
         self.style = c.attention.split("-")[0]  # "none" | "bahdanau" | "luong"
+        self.attention: BahdanauAttention | LuongAttention
         decoder_input = c.embedding_dim
         if self.style == "bahdanau":
             self.attention = BahdanauAttention(c.hidden_size, memory_dim, c.attention_dim)
@@ -110,6 +121,7 @@ class Seq2Seq(nn.Module):
         packed = pack_padded_sequence(embedded, source_lengths.cpu(), batch_first=True, enforce_sorted=False)
         packed_out, final = self.encoder(packed)
         memory, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=S)  # (B, S, memory_dim)
+        hidden: Tensor | tuple[Tensor, Tensor]
         if isinstance(final, tuple):  # LSTM: (h_n, c_n)
             hidden = (self._initial_state(final[0], self.bridge), self._initial_state(final[1], self.bridge_cell))
         else:
@@ -117,6 +129,7 @@ class Seq2Seq(nn.Module):
         mask = torch.arange(S, device=source.device) < source_lengths.to(source.device)[:, None]  # (B, S)
         keys = feed = None
         if self.style == "bahdanau":
+            assert isinstance(self.attention, BahdanauAttention)
             keys = self.attention.project_keys(memory)  # U_a h_j once per sentence
         elif self.style == "luong":
             keys = self.key_proj(memory) if hasattr(self, "key_proj") else memory
@@ -181,12 +194,12 @@ class Seq2Seq(nn.Module):
         if state.feed is not None:  # input feeding: each step needs the previous attentional vector
             steps = [self.step(state, target_in[:, t]) for t in range(target_in.shape[1])]
             logits = torch.stack([s.logits for s in steps], 1)
-            weights = None if self.style == "none" else torch.stack([s.weights for s in steps], 1)
+            weights = None if self.style == "none" else torch.stack([_weights(s) for s in steps], 1)
             return TranslationOutput(logits, weights)
         # Only the recurrence is sequential: the output layers run once over all (B, T) steps,
         # one large matrix product instead of T small ones (the generator is most of the FLOPs).
         recurred = [self._recur(state, target_in[:, t]) for t in range(target_in.shape[1])]
         features = torch.stack([f for f, _ in recurred], 1)  # (B, T, F)
-        weights = None if self.style == "none" else torch.stack([w for _, w in recurred], 1)
+        weights = None if self.style == "none" else torch.stack([_weights_of(w) for _, w in recurred], 1)
         attentional = torch.tanh(self.combine(features))
         return TranslationOutput(self.generator(self.dropout(attentional)), weights)
