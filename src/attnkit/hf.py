@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import importlib
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -437,16 +438,11 @@ def _all_heads(modules, module_id: int) -> list[int]:
     return list(range(int(count)))
 
 
-_MOVED_TO_INSPECT = ("InspectedModel", "seq2seq_attentions", "load_gguf_for_inspection", "load_for_inspection")
-
-
-def __getattr__(name: str):
-    if name == "FAMILIES":  # the old name, one release
+def __getattr__(name: str):  # old names, one release
+    if name == "FAMILIES":
         warnings.warn("attnkit.hf.FAMILIES is now attnkit.hf.VERIFIED_FAMILIES", DeprecationWarning, stacklevel=2)
         return VERIFIED_FAMILIES
-    if name in _MOVED_TO_INSPECT:  # moved with the inspection tools, one release
-        from .inspect import hf_models
-
+    if name in ("InspectedModel", "seq2seq_attentions", "load_gguf_for_inspection", "load_for_inspection"):
         warnings.warn(f"attnkit.hf.{name} is now attnkit.inspect.hf_models.{name}", FutureWarning, stacklevel=2)
-        return getattr(hf_models, name)
+        return getattr(importlib.import_module("attnkit.inspect.hf_models"), name)  # a shim, not a dependency
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
