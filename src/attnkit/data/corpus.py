@@ -11,9 +11,12 @@ from typing import NamedTuple
 
 from ..errors import InputError
 
-__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS", "CorefItem", "winograd_pairs"]
+__all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS", "LONG_SPLITS", "CorefItem", "winograd_pairs"]
 
 SPLITS = ("train", "valid", "test")
+LONG_SPLITS = ("valid-long", "test-long")
+"""The bundled Bible corpus's verses of 26 to 80 words (per side) from the valid and test books;
+train, valid and test hold verses of at most 25 words."""
 MAX_LINE_CHARS = 10_000
 """Longest line a pairs file may have: a sentence pair, not a document (a longer line is almost
 certainly a broken file, and tokenising megabytes as one sentence exhausts memory)."""
@@ -38,10 +41,10 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8-sig") if path.suffix == ".gz" else open(path, encoding="utf-8-sig")
 
 
-def _bundled_rows(name: str, columns: list[str], split: str):
+def _bundled_rows(name: str, columns: list[str], split: str, splits: tuple[str, ...] = SPLITS):
     """The rows of one split of a bundled corpus file, as lists of fields after ``split``."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split not in splits:
+        raise ValueError(f"split must be one of {splits}, got {split!r}")
     path = resources.files("attnkit.data") / "corpora" / name
     with resources.as_file(path) as file, _open_text(Path(file)) as lines:
         header = next(lines).rstrip("\n").split("\t")
@@ -54,14 +57,15 @@ def _bundled_rows(name: str, columns: list[str], split: str):
 
 
 def bible_corpus(split: str, *, direction: str = "en-fr") -> list[Pair]:
-    """The bundled KJV / Louis Segond verse pairs of one split ("train", "valid", "test").
+    """The bundled KJV / Louis Segond verse pairs of one split: "train", "valid", "test" (at most 25
+    words per side), or "valid-long", "test-long" (26 to 80 words, the same held-out books).
 
     ``direction`` is "en-fr" or "fr-en". Provenance and licence: ``attnkit/data/corpora/README.md``.
     """
     if direction not in ("en-fr", "fr-en"):
         raise ValueError(f"direction must be 'en-fr' or 'fr-en', got {direction!r}")
     pairs = []
-    for book, chapter, verse, english, french in _bundled_rows(_BIBLE, _BIBLE_COLUMNS, split):
+    for book, chapter, verse, english, french in _bundled_rows(_BIBLE, _BIBLE_COLUMNS, split, SPLITS + LONG_SPLITS):
         source, target = (english, french) if direction == "en-fr" else (french, english)
         pairs.append(Pair(source, target, reference=f"{book}:{chapter}:{verse}"))
     return pairs

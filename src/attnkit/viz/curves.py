@@ -22,13 +22,21 @@ def plot_lines(
     styles: Mapping[str, dict] | None = None,
     log_x: bool = False,
     log_y: bool = False,
+    errors: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
 ) -> None:
     """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers;
-    ``styles`` maps a label to matplotlib line options (color, linestyle, ...)."""
+    ``styles`` maps a label to matplotlib line options (color, linestyle, ...); ``errors`` maps a
+    label to (lows, highs) drawn as interval bars around its points."""
     fig, ax = _subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
         style = {"marker": "o" if markers else None, "markersize": 4, "linewidth": 1.5} | dict((styles or {}).get(label, {}))
-        ax.plot(list(xs), list(ys), label=label, **style)
+        if errors is not None and label in errors:
+            lows, highs = errors[label]
+            below = [y - low for y, low in zip(ys, lows)]
+            above = [high - y for y, high in zip(ys, highs)]
+            ax.errorbar(list(xs), list(ys), yerr=[below, above], label=label, capsize=3, **style)
+        else:
+            ax.plot(list(xs), list(ys), label=label, **style)
     if log_x:
         ax.set_xscale("log", base=2)
     if log_y:
