@@ -37,6 +37,23 @@ def test_train_translate_evaluate_on_a_user_file(phrase_file, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "BLEU" in out and "source  1-10 words" in out
     assert (tmp_path / "scores.json").is_file()
+    assert main(["evaluate", "--checkpoint", str(run), "--data", str(phrase_file), "--long"]) == 2
+    assert "--long: only the bundled bible corpus has a test-long split" in capsys.readouterr().err
+    # --long's part on its own (this model knows numbers, not the Bible: the scores are ~0, the shape is checked)
+    import argparse
+
+    from attnkit.cli.translation import _by_length_with_intervals
+    from attnkit.data import bible_corpus
+    from attnkit.training import load_checkpoint
+
+    checkpoint = load_checkpoint(run / "best")
+    args = argparse.Namespace(direction="en-fr", limit=15, beam=1, quiet=True)
+    pairs = bible_corpus("test")[:15]
+    extra = _by_length_with_intervals(args, checkpoint, pairs, ["x"] * 15)
+    assert extra["test_long"]["sentences"] == 15
+    assert sum(row["sentences"] for row in extra["quality_by_length"]) == 30
+    assert max(row["high"] for row in extra["quality_by_length"]) > 25
+    assert "by source length over test + test-long, 95% bootstrap intervals" in capsys.readouterr().out
 
 
 def test_train_stops_at_max_minutes(phrase_file, tmp_path, capsys):

@@ -362,16 +362,49 @@ def _evaluate(args: argparse.Namespace) -> int:
     pairs = data_split("--data", args.data, "test", direction=args.direction)
     check_data_fits(checkpoint, args, pairs)
     pairs = pairs[: args.limit]
-    scores, _ = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
-                               beam_size=args.beam, progress=not args.quiet)
+    if args.long and args.data != "bible":
+        raise UsageError("--long: only the bundled bible corpus has a test-long split (--data bible)")
+    scores, outputs = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
+                                     beam_size=args.beam, progress=not args.quiet)
     print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['sentences']} sentences, beam {args.beam})")
     for row in scores["by_length"]:
         print(f"  source {row['bucket']:>5} words: BLEU {row['bleu']:6.2f}  ({row['sentences']} sentences)")
+    if args.long:
+        scores |= _by_length_with_intervals(args, checkpoint, pairs, [o.text for o in outputs])
     if args.json is not None:
         from .._files import write_json
 
         write_json(args.json, scores)
     return 0
+
+
+def _by_length_with_intervals(args: argparse.Namespace, checkpoint, pairs, hypotheses: list[str]) -> dict:
+    """--long: the test-long verses too, then BLEU and chrF per source-length bucket over both with
+    95% bootstrap intervals, and the BLEU ratio of 41-80-word to 11-20-word sources."""
+    from ..training.metrics import bleu_ratio, quality_by_length
+    from ..workbench import evaluate_model
+
+    long_pairs = data_split("--data", "bible", "test-long", direction=args.direction)[: args.limit]
+    long_scores, long_outputs = evaluate_model(checkpoint.model, checkpoint.source_tokenizer,
+                                               checkpoint.target_tokenizer, long_pairs, beam_size=args.beam,
+                                               progress=not args.quiet)
+    everything = list(pairs) + long_pairs
+    sources, references = [p.source for p in everything], [p.target for p in everything]
+    hypotheses = hypotheses + [o.text for o in long_outputs]
+    rows = quality_by_length(sources, {"model": hypotheses}, references)
+    print(f"test-long: BLEU {long_scores['bleu']:.2f}  chrF {long_scores['chrf']:.2f}  ({len(long_pairs)} sentences); "
+          f"by source length over test + test-long, 95% bootstrap intervals:")
+    for row in rows:
+        c = row["systems"]["model"]
+        print(f"  source {row['bucket']:>5} words: BLEU {c['bleu']:6.2f} [{c['bleu_mean'] - c['bleu_ci']:.2f}, "
+              f"{c['bleu_mean'] + c['bleu_ci']:.2f}]  chrF {c['chrf']:6.2f}  ({row['sentences']} sentences)")
+    try:
+        ratio = bleu_ratio(sources, hypotheses, references)
+        print(f"  BLEU 41-80 / 11-20 words: {ratio['ratio']:.2f} [{ratio['ratio_low']:.2f}, {ratio['ratio_high']:.2f}]")
+    except ValueError as error:  # --limit may leave no long source
+        ratio = {"error": str(error)}
+    return {"test_long": {key: long_scores[key] for key in ("bleu", "chrf", "sentences")},
+            "quality_by_length": rows, "length_ratio": ratio}
 
 
 def add_evaluate_parser(commands) -> None:
@@ -382,6 +415,9 @@ def add_evaluate_parser(commands) -> None:
     evaluate.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     evaluate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
     evaluate.add_argument("--limit", type=int_in(1), help="the first N test pairs only")
+    evaluate.add_argument("--long", action="store_true",
+                          help="--data bible: also the test-long verses (26-80 words), then BLEU and chrF by source "
+                               "length over both with 95%% bootstrap intervals (sacreBLEU)")
     evaluate.add_argument("--json", type=output_file, help="also write the scores as JSON")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
     evaluate.set_defaults(run=_evaluate)
