@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 
 DEMO_MODELS = {"bottleneck": "none", "bahdanau": "bahdanau", "luong": "luong-general"}
 
+DEMO_STEPS = {"bottleneck": 2000, "bahdanau": 1300, "luong": 1300}
+"""Optimiser steps per model in the default run: a fixed amount of training, so that the numbers
+are the same on any machine and busy or not (deterministic for the seed). Calibrated to about 270 s
+of training each on the 2-core CPU machine of docs/demo.md (the bottleneck steps 1.6x faster), so
+that the whole job takes about 11 minutes there. ``--minutes N`` trains by wall clock instead."""
+
 DEMO_RECIPE: dict[str, Any] = {"batch_size": 32, "lr": 2e-3}
 """The demo's training recipe (on top of :class:`TrainingConfig`'s defaults). In a budget of
 minutes on CPU the number of optimiser steps limits quality, not tokens seen: batches of 32 reach a
@@ -137,12 +143,17 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
             path = report / "alignments" / f"{name}-{pair.reference.replace(':', '_')}.png"
             plot_alignment(translation, path, title=f"{name}: {pair.reference}")
             pictures.append((name, pair, translation, path.relative_to(report)))
-    budget = (f"a budget of {settings['minutes']:g} minutes in all ({settings['train_seconds_per_model']:.0f} s of "
-              "training per model)" if settings["minutes"] else "no time budget")
+    if settings["minutes"]:
+        mode = (f"Mode: a wall-clock budget of {settings['minutes']:g} minutes in all, "
+                f"{settings['train_seconds_per_model']:.0f} s of training per model (results depend on the machine).")
+    else:
+        mode = ("Mode: a fixed amount of training, " + ", ".join(f"{n} {s:,} optimiser steps"
+                                                                   for n, s in settings["steps"].items())
+                + " (the same numbers on any machine for the seed).")
     lines = ["# attnkit demo: does attention beat the fixed-length bottleneck?", "",
              f"Corpus: bundled KJV -> Louis Segond, {settings['train_pairs']:,} training pairs, "
              f"{settings['test_pairs']} test verses (held-out books). Beam {settings['beam_size']}, sacreBLEU. "
-             f"Each model trains for the same share of {budget}, {settings['threads']} threads; "
+             f"{mode} {settings['threads']} threads on {settings['device']}; "
              f"the whole job took {settings['wall_seconds'] / 60:.1f} minutes.", "",
              ]
     lines += markdown_table(
@@ -231,7 +242,8 @@ def run_demo(
     out: str | Path,
     *,
     models: Sequence[str] = ("bottleneck", "bahdanau"),
-    minutes: float | None = 11.0,
+    minutes: float | None = None,
+    steps: int | None = None,
     epochs: int = 1000,
     train_limit: int | None = None,
     test_limit: int | None = None,
@@ -239,13 +251,15 @@ def run_demo(
     seed: int = 0,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    device: str | torch.device | None = None,
 ) -> Path:
     """Train the named models of :data:`DEMO_MODELS` on the bundled corpus, evaluate, write the report.
 
-    ``minutes``: the wall-clock budget of the whole job; what is left after the set-up, less
+    By default each model trains for its :data:`DEMO_STEPS` optimiser steps (``steps``: the same
+    number for every model instead): the same numbers on any machine. ``minutes``: a wall-clock
+    budget for the whole job instead; what is left after the set-up, less
     :data:`EVALUATION_RESERVE_S` per model for its test translations, is shared equally between
-    the models' training (each stops after its share, or after ``epochs``). ``None``: no budget,
-    ``epochs`` each. After each epoch every model's greedy BLEU on a third of the dev verses is
+    the models' training. Either way a model stops after ``epochs``. After each epoch every model's greedy BLEU on a third of the dev verses is
     recorded for the BLEU-against-minutes plot; the checkpoint with the lowest dev loss is tested.
     Messages go to ``log`` (default: this module's logger at INFO); ``progress`` shows tqdm bars.
     """
@@ -256,6 +270,9 @@ def run_demo(
         raise ValueError(f"unknown demo models {unknown}; choose from {sorted(DEMO_MODELS)}")
     if minutes is not None and not minutes > 0:
         raise ValueError(f"minutes must be > 0 or None, got {minutes}")
+    if minutes is not None and steps is not None:
+        raise ValueError("give minutes (a wall-clock budget) or steps (a fixed amount of training), not both")
+    device = torch.device("cpu" if device is None else device)
     out = Path(out)
     torch.manual_seed(seed)
     train_pairs = bible_corpus("train")[:train_limit]
@@ -270,7 +287,9 @@ def run_demo(
         if share < 10:
             raise InputError(f"a budget of {minutes:g} minutes leaves {share:.0f} s of training per model; "
                              f"give at least {(10 + EVALUATION_RESERVE_S) * len(models) / 60 + 0.5:.1f} minutes")
-    training = TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
+    def recipe(name: str) -> TrainingConfig:
+        fixed = None if minutes is not None else (steps or DEMO_STEPS[name])
+        return TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, max_steps=fixed, **DEMO_RECIPE)
 
     def on_epoch(model) -> dict:
         hypotheses = translate(model, [p.source for p in probe], source_tokenizer, target_tokenizer, beam_size=1)
@@ -284,9 +303,10 @@ def run_demo(
         config = Seq2SeqConfig(source_tokenizer.vocab_size, target_tokenizer.vocab_size, embedding_dim=128,
                                hidden_size=256, attention=attention, dropout=0.2)
         torch.manual_seed(seed)
-        model = Seq2Seq(config)
+        model = Seq2Seq(config).to(device)  # training and translation follow the model's device
         parameters = sum(p.numel() for p in model.parameters())
-        limit = f"{share:.0f} s" if share is not None else f"{epochs} epochs"
+        training = recipe(name)
+        limit = f"{share:.0f} s" if share is not None else f"{training.max_steps} steps"
         log(f"== {name} ({attention}): {parameters:,} parameters, {limit} on {len(train_pairs):,} pairs")
         result = train(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, training,
                        out / "runs" / name, overwrite=True, progress=progress, log=log,  # the demo re-runs its own runs
@@ -301,6 +321,7 @@ def run_demo(
             + ", ".join(f"{r['bucket']}: {r['bleu']:.2f}" for r in scores["by_length"]))
         epochs_record = result.history["epochs"]
         results[name] = {"attention": attention, "parameters": parameters, "epochs": result.epochs_done,
+                         "steps": result.steps,
                          "stopped": result.stopped, "train_seconds": epochs_record[-1]["train_seconds"],
                          "best_valid_loss": result.best_valid_loss, "config": asdict(config),
                          "valid_bleu_by_epoch": [(e["train_seconds"], e["valid_bleu"]) for e in epochs_record],
@@ -317,9 +338,11 @@ def run_demo(
         except ValueError as error:  # a limited run (test_limit) may have no 41-80-word source
             length["ratios"][name] = {"error": str(error)}
     settings = {"train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "probe_pairs": len(probe),
-                "test_pairs": len(test_pairs), "test_long_pairs": len(long_pairs), "beam_size": beam_size, "vocab_size": 4000, "minutes": minutes,
-                "train_seconds_per_model": share, "training": asdict(training), "threads": torch.get_num_threads(),
-                "torch": torch.__version__}
+                "test_pairs": len(test_pairs), "test_long_pairs": len(long_pairs), "beam_size": beam_size,
+                "vocab_size": 4000, "minutes": minutes,
+                "train_seconds_per_model": share, "training": asdict(recipe(models[0])),
+                "steps": {name: results[name]["steps"] for name in models}, "device": str(device),
+                "threads": torch.get_num_threads(), "torch": torch.__version__}
     settings["wall_seconds"] = time.perf_counter() - started  # the report itself takes a few seconds more
     report = _report(out, results, histories, examples, [test_pairs[i] for i in shown], settings, length)
     log(f"report: {report.resolve()}/README.md (the job took {(time.perf_counter() - started) / 60:.1f} minutes)")

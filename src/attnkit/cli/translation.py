@@ -87,10 +87,13 @@ def check_data_fits(checkpoint, args: argparse.Namespace, pairs) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from ..workbench import run_demo
 
+    if args.minutes is not None and args.steps is not None:
+        raise UsageError("give --minutes (a wall-clock budget) or --steps (a fixed amount of training), not both")
+    device = check_device(args.device)
     with owned_folder(args.out, "demo"):
-        run_demo(args.out, models=args.models, minutes=args.minutes or None, epochs=args.epochs,
+        run_demo(args.out, models=args.models, minutes=args.minutes, steps=args.steps, epochs=args.epochs,
                  train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
-                 progress=not args.quiet)
+                 progress=not args.quiet, device=device)
     return 0
 
 
@@ -102,9 +105,13 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--out", type=output_dir, default=Path("out/demo"), help="folder for runs/ and report/")
     demo.add_argument("--models", nargs="+", default=["bottleneck", "bahdanau"], choices=sorted(DEMO_MODELS),
                       help="models to train and compare")
-    demo.add_argument("--minutes", type=float_in(0), default=11.0,
-                      help="wall-clock budget of the whole job (default 11); each model trains for an equal share "
-                           "of what the set-up and the test translations leave; 0: no budget, --epochs each")
+    demo.add_argument("--minutes", type=float_in(0, low_open=True),
+                      help="instead of the default fixed steps: a wall-clock budget for the whole job; each model "
+                           "trains for an equal share of what the set-up and the test translations leave (results "
+                           "then depend on the machine)")
+    demo.add_argument("--steps", type=int_in(1),
+                      help="optimiser steps for every model (default: each model's steps in attnkit.workbench."
+                           "DEMO_STEPS, about 11 minutes in all on 2 CPU cores)")
     demo.add_argument("--epochs", type=int_in(1, 1000), default=1000,
                       help="at most this many epochs per model (default: as many as the budget allows)")
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
@@ -112,6 +119,7 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
     demo.add_argument("--seed", type=int, default=0, help="seed of initialisation and batching")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_argument(demo, "training and translation")
     demo.set_defaults(run=_demo)
 
 
