@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: demo test lint bench clean browser
+.PHONY: demo test lint docs bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts examples
 	$(BIN)/mypy
+
+# Recorded viewers under docs/ re-rendered with today's viewer page (their data kept).
+docs: $(STAMP)
+	$(BIN)/python scripts/refresh_viewers.py
 
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest -n 2 -q
