@@ -35,11 +35,12 @@ logger = logging.getLogger(__name__)
 
 DEMO_MODELS = {"bottleneck": "none", "bahdanau": "bahdanau", "luong": "luong-general"}
 
-DEMO_STEPS = {"bottleneck": 2000, "bahdanau": 1300, "luong": 1300}
-"""Optimiser steps per model in the default run: a fixed amount of training, so that the numbers
-are the same on any machine and busy or not (deterministic for the seed). Calibrated to about 270 s
-of training each on the 2-core CPU machine of docs/demo.md (the bottleneck steps 1.6x faster), so
-that the whole job takes about 11 minutes there. ``--minutes N`` trains by wall clock instead."""
+DEMO_EPOCHS = 3
+"""Epochs per model in the default run (3 x 456 = 1,368 optimiser steps at batch 32): a fixed amount
+of training, the same for both models, so that the numbers are the same on any machine, busy or
+not (deterministic for the seed), and the checkpoint tested is the last epoch's (validation runs at
+epoch ends). 3 epochs of the Bahdanau model are about what the earlier 11-minute budget bought on
+the 2-core machine of docs/demo.md's profile. ``--minutes N`` trains by wall clock instead."""
 
 DEMO_RECIPE: dict[str, Any] = {"batch_size": 32, "lr": 2e-3}
 """The demo's training recipe (on top of :class:`TrainingConfig`'s defaults). In a budget of
@@ -147,7 +148,7 @@ def _report(out: Path, results: dict[str, dict], histories: dict[str, dict], exa
         mode = (f"Mode: a wall-clock budget of {settings['minutes']:g} minutes in all, "
                 f"{settings['train_seconds_per_model']:.0f} s of training per model (results depend on the machine).")
     else:
-        mode = ("Mode: a fixed amount of training, " + ", ".join(f"{n} {s:,} optimiser steps"
+        mode = ("Mode: a fixed amount of training, " + ", ".join(f"{n} {settings['epochs']} epochs ({s:,} optimiser steps)"
                                                                    for n, s in settings["steps"].items())
                 + " (the same numbers on any machine for the seed).")
     lines = ["# attnkit demo: does attention beat the fixed-length bottleneck?", "",
@@ -243,8 +244,7 @@ def run_demo(
     *,
     models: Sequence[str] = ("bottleneck", "bahdanau"),
     minutes: float | None = None,
-    steps: int | None = None,
-    epochs: int = 1000,
+    epochs: int | None = None,
     train_limit: int | None = None,
     test_limit: int | None = None,
     beam_size: int = 5,
@@ -255,11 +255,10 @@ def run_demo(
 ) -> Path:
     """Train the named models of :data:`DEMO_MODELS` on the bundled corpus, evaluate, write the report.
 
-    By default each model trains for its :data:`DEMO_STEPS` optimiser steps (``steps``: the same
-    number for every model instead): the same numbers on any machine. ``minutes``: a wall-clock
-    budget for the whole job instead; what is left after the set-up, less
-    :data:`EVALUATION_RESERVE_S` per model for its test translations, is shared equally between
-    the models' training. Either way a model stops after ``epochs``. After each epoch every model's greedy BLEU on a third of the dev verses is
+    By default each model trains for ``epochs`` (default :data:`DEMO_EPOCHS`): the same numbers on
+    any machine. ``minutes``: a wall-clock budget for the whole job instead; what is left after the
+    set-up, less :data:`EVALUATION_RESERVE_S` per model for its test translations, is shared
+    equally between the models' training (each stops after its share, or after ``epochs`` if given). After each epoch every model's greedy BLEU on a third of the dev verses is
     recorded for the BLEU-against-minutes plot; the checkpoint with the lowest dev loss is tested.
     Messages go to ``log`` (default: this module's logger at INFO); ``progress`` shows tqdm bars.
     """
@@ -270,8 +269,6 @@ def run_demo(
         raise ValueError(f"unknown demo models {unknown}; choose from {sorted(DEMO_MODELS)}")
     if minutes is not None and not minutes > 0:
         raise ValueError(f"minutes must be > 0 or None, got {minutes}")
-    if minutes is not None and steps is not None:
-        raise ValueError("give minutes (a wall-clock budget) or steps (a fixed amount of training), not both")
     device = torch.device("cpu" if device is None else device)
     out = Path(out)
     torch.manual_seed(seed)
@@ -287,9 +284,11 @@ def run_demo(
         if share < 10:
             raise InputError(f"a budget of {minutes:g} minutes leaves {share:.0f} s of training per model; "
                              f"give at least {(10 + EVALUATION_RESERVE_S) * len(models) / 60 + 0.5:.1f} minutes")
+    if epochs is None:
+        epochs = DEMO_EPOCHS if minutes is None else 1000  # a budget: as many epochs as it allows
+
     def recipe(name: str) -> TrainingConfig:
-        fixed = None if minutes is not None else (steps or DEMO_STEPS[name])
-        return TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, max_steps=fixed, **DEMO_RECIPE)
+        return TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
 
     def on_epoch(model) -> dict:
         hypotheses = translate(model, [p.source for p in probe], source_tokenizer, target_tokenizer, beam_size=1)
@@ -306,7 +305,7 @@ def run_demo(
         model = Seq2Seq(config).to(device)  # training and translation follow the model's device
         parameters = sum(p.numel() for p in model.parameters())
         training = recipe(name)
-        limit = f"{share:.0f} s" if share is not None else f"{training.max_steps} steps"
+        limit = f"{share:.0f} s" if share is not None else f"{training.epochs} epochs"
         log(f"== {name} ({attention}): {parameters:,} parameters, {limit} on {len(train_pairs):,} pairs")
         result = train(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, training,
                        out / "runs" / name, overwrite=True, progress=progress, log=log,  # the demo re-runs its own runs
@@ -341,7 +340,7 @@ def run_demo(
                 "test_pairs": len(test_pairs), "test_long_pairs": len(long_pairs), "beam_size": beam_size,
                 "vocab_size": 4000, "minutes": minutes,
                 "train_seconds_per_model": share, "training": asdict(recipe(models[0])),
-                "steps": {name: results[name]["steps"] for name in models}, "device": str(device),
+                "steps": {name: results[name]["steps"] for name in models}, "epochs": epochs, "device": str(device),
                 "threads": torch.get_num_threads(), "torch": torch.__version__}
     settings["wall_seconds"] = time.perf_counter() - started  # the report itself takes a few seconds more
     report = _report(out, results, histories, examples, [test_pairs[i] for i in shown], settings, length)

@@ -87,11 +87,9 @@ def check_data_fits(checkpoint, args: argparse.Namespace, pairs) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from ..workbench import run_demo
 
-    if args.minutes is not None and args.steps is not None:
-        raise UsageError("give --minutes (a wall-clock budget) or --steps (a fixed amount of training), not both")
     device = check_device(args.device)
     with owned_folder(args.out, "demo"):
-        run_demo(args.out, models=args.models, minutes=args.minutes, steps=args.steps, epochs=args.epochs,
+        run_demo(args.out, models=args.models, minutes=args.minutes, epochs=args.epochs,
                  train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
                  progress=not args.quiet, device=device)
     return 0
@@ -106,14 +104,12 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--models", nargs="+", default=["bottleneck", "bahdanau"], choices=sorted(DEMO_MODELS),
                       help="models to train and compare")
     demo.add_argument("--minutes", type=float_in(0, low_open=True),
-                      help="instead of the default fixed steps: a wall-clock budget for the whole job; each model "
+                      help="instead of the default fixed epochs: a wall-clock budget for the whole job; each model "
                            "trains for an equal share of what the set-up and the test translations leave (results "
                            "then depend on the machine)")
-    demo.add_argument("--steps", type=int_in(1),
-                      help="optimiser steps for every model (default: each model's steps in attnkit.workbench."
-                           "DEMO_STEPS, about 11 minutes in all on 2 CPU cores)")
-    demo.add_argument("--epochs", type=int_in(1, 1000), default=1000,
-                      help="at most this many epochs per model (default: as many as the budget allows)")
+    demo.add_argument("--epochs", type=int_in(1, 1000),
+                      help="epochs per model (default 3: a fixed amount of training, the same numbers on any "
+                           "machine); with --minutes, at most this many (default: as many as the budget allows)")
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
     demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
