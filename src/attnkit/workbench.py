@@ -95,6 +95,21 @@ def evaluate_model(
     }, outputs
 
 
+def quality_against_length(pairs: Sequence[Pair], hypotheses: dict[str, list[str]]) -> dict:
+    """BLEU and chrF of each system per source-length bucket with paired bootstrap intervals
+    (:func:`~attnkit.training.metrics.quality_by_length`), and each system's BLEU ratio of 41-80
+    to 11-20-word sources (:func:`~attnkit.training.metrics.bleu_ratio`; an ``error`` entry where a
+    limited set has no source of either length)."""
+    sources, references = [p.source for p in pairs], [p.target for p in pairs]
+    length: dict[str, Any] = {"buckets": quality_by_length(sources, hypotheses, references), "ratios": {}}
+    for name, hyps in hypotheses.items():
+        try:
+            length["ratios"][name] = bleu_ratio(sources, hyps, references)
+        except ValueError as error:
+            length["ratios"][name] = {"error": str(error)}
+    return length
+
+
 def plot_alignment(translation: Translation, path: str | Path, title: str = "") -> None:
     """The alignment of one translation as a heatmap: source pieces across, output pieces down."""
     from .viz import plot_heatmap
@@ -328,14 +343,8 @@ def run_demo(
         histories[name] = result.history
         examples[name] = [translations[i] for i in shown]
     everything = test_pairs + long_pairs  # quality against length runs over both held-out splits
-    sources, references = [p.source for p in everything], [p.target for p in everything]
     log(f"quality by source length over {len(everything)} verses, paired bootstrap ({BOOTSTRAP_SAMPLES} samples) ...")
-    length: dict[str, Any] = {"buckets": quality_by_length(sources, hypotheses, references), "ratios": {}}
-    for name in models:
-        try:
-            length["ratios"][name] = bleu_ratio(sources, hypotheses[name], references)
-        except ValueError as error:  # a limited run (test_limit) may have no 41-80-word source
-            length["ratios"][name] = {"error": str(error)}
+    length = quality_against_length(everything, hypotheses)
     settings = {"train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "probe_pairs": len(probe),
                 "test_pairs": len(test_pairs), "test_long_pairs": len(long_pairs), "beam_size": beam_size,
                 "vocab_size": 4000, "minutes": minutes,

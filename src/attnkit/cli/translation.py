@@ -385,28 +385,22 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _by_length_with_intervals(args: argparse.Namespace, checkpoint, pairs, hypotheses: list[str]) -> dict:
     """--long: the test-long verses too, then BLEU and chrF per source-length bucket over both with
     95% bootstrap intervals, and the BLEU ratio of 41-80-word to 11-20-word sources."""
-    from ..training.metrics import bleu_ratio, quality_by_length
-    from ..workbench import evaluate_model
+    from ..workbench import evaluate_model, quality_against_length
 
     long_pairs = data_split("--data", "bible", "test-long", direction=args.direction)[: args.limit]
     long_scores, long_outputs = evaluate_model(checkpoint.model, checkpoint.source_tokenizer,
                                                checkpoint.target_tokenizer, long_pairs, beam_size=args.beam,
                                                progress=not args.quiet)
-    everything = list(pairs) + long_pairs
-    sources, references = [p.source for p in everything], [p.target for p in everything]
-    hypotheses = hypotheses + [o.text for o in long_outputs]
-    rows = quality_by_length(sources, {"model": hypotheses}, references)
+    length = quality_against_length(list(pairs) + long_pairs, {"model": hypotheses + [o.text for o in long_outputs]})
+    rows, ratio = length["buckets"], length["ratios"]["model"]
     print(f"test-long: BLEU {long_scores['bleu']:.2f}  chrF {long_scores['chrf']:.2f}  ({len(long_pairs)} sentences); "
           f"by source length over test + test-long, 95% bootstrap intervals:")
     for row in rows:
         c = row["systems"]["model"]
         print(f"  source {row['bucket']:>5} words: BLEU {c['bleu']:6.2f} [{c['bleu_mean'] - c['bleu_ci']:.2f}, "
               f"{c['bleu_mean'] + c['bleu_ci']:.2f}]  chrF {c['chrf']:6.2f}  ({row['sentences']} sentences)")
-    try:
-        ratio = bleu_ratio(sources, hypotheses, references)
+    if "error" not in ratio:  # --limit may leave no long source
         print(f"  BLEU 41-80 / 11-20 words: {ratio['ratio']:.2f} [{ratio['ratio_low']:.2f}, {ratio['ratio_high']:.2f}]")
-    except ValueError as error:  # --limit may leave no long source
-        ratio = {"error": str(error)}
     return {"test_long": {key: long_scores[key] for key in ("bleu", "chrf", "sentences")},
             "quality_by_length": rows, "length_ratio": ratio}
 

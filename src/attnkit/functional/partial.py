@@ -66,6 +66,11 @@ def _no_key(bias: Tensor | None, like: Tensor) -> Tensor | None:
                                                                         device=like.device)
 
 
+def _top_left(q: Tensor, k: Tensor) -> Tensor:
+    """(Lq, Lk) True where key j <= query i: the kernels' ``is_causal``."""
+    return torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+
+
 def _padded(x: Tensor, size: int) -> Tensor:
     """``x`` with its last dim zero-padded to ``size`` (the CPU flash kernel wants one head size
     for q, k and v; zero features change no score and no output column)."""
@@ -80,8 +85,7 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tenso
     kernel = fused(q)
     if kernel == "cpu-flash":
         if is_causal and bias is not None:  # the CPU kernel takes one or the other
-            bias = bias.masked_fill(~torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(),
-                                    float("-inf"))
+            bias = bias.masked_fill(~_top_left(q, k), float("-inf"))
             is_causal = False
         size = max(q.shape[-1], v.shape[-1])
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -96,7 +100,7 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tenso
         if bias is not None:
             s = s + bias
         if is_causal:
-            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+            s = s.masked_fill(~_top_left(q, k), float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
         safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
         return torch.exp(s - safe[..., None]) @ v.to(s.dtype), lse
@@ -126,8 +130,7 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     kernel = fused(q)
     if kernel == "cpu-flash":
         if is_causal and bias is not None:
-            bias = bias.masked_fill(~torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(),
-                                    float("-inf"))
+            bias = bias.masked_fill(~_top_left(q, k), float("-inf"))
             is_causal = False
         size, E, Ev = max(q.shape[-1], v.shape[-1]), q.shape[-1], v.shape[-1]
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -148,7 +151,7 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     if bias is not None:
         s = s + bias
     if is_causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+        s = s.masked_fill(~_top_left(q, k), float("-inf"))
     p = torch.exp(s - lse[..., None])
     delta = (do * out.to(acc)).sum(-1, keepdim=True)
     ds = p * (do @ va.transpose(-1, -2) - delta)

@@ -19,6 +19,7 @@ from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.context_parallel import check_context_parallel
 from ..functional.heads import merge_heads, split_heads
+from ..functional.partial import merge_partial
 from .cache import KVCache, SinkCache
 from .positional import RotaryEmbedding
 
@@ -248,9 +249,6 @@ class MultiHeadAttention(nn.Module):
             part = attention(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=sink_mask, scale=self.scale,
                              dropout_p=dropout, backend=backend)
             assert main.lse is not None and part.lse is not None  # the backends used here return it
-            top = torch.maximum(main.lse, part.lse)
-            top = top.masked_fill(torch.isinf(top), 0.0)
-            w_main, w_part = (main.lse - top).exp(), (part.lse - top).exp()  # (B, H, L); exp(-inf) = 0
-            total = (w_main + w_part).clamp(min=torch.finfo(w_main.dtype).tiny)
-            output = (main.output * (w_main / total)[..., None] + part.output * (w_part / total)[..., None]).to(q.dtype)
+            merged, _ = merge_partial(main.output.to(main.lse.dtype), main.lse, part.output, part.lse)
+            output = merged.to(q.dtype)
         return AttentionOutput(output=self.out_proj(merge_heads(output)))
