@@ -97,3 +97,66 @@ def test_input_errors_name_the_argument():
         model(torch.ones(2, 3), torch.tensor([3, 1]), torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="attention must be one of"):
         Seq2SeqConfig(10, 10, attention="luong")
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_folded_bahdanau_teacher_forcing_equals_the_step_loop_with_gradients(rng, cell, layers):
+    """The hand-written recurrence (and its backward) against autograd through Seq2Seq.step, float64."""
+    model = _model("bahdanau", cell, num_layers=layers)
+    assert model.folded_teacher_forcing == (layers == 1)
+    source, lengths, target_in = _inputs(rng)
+    probe = torch.randn(3, 7, 9, generator=rng, dtype=torch.float64)  # gives the weights a gradient of their own
+    results = []
+    for stepwise in (False, True):
+        model.zero_grad()
+        out = model(source, lengths, target_in, stepwise=stepwise)
+        (out.logits.logsumexp(-1).sum() + (out.weights * probe).sum()).backward()
+        results.append((out, {name: p.grad.clone() for name, p in model.named_parameters()}))
+    (folded, grads), (stepped, reference) = results
+    torch.testing.assert_close(folded.logits, stepped.logits, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(folded.weights, stepped.weights, rtol=1e-12, atol=1e-12)
+    for name, grad in reference.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_additive_recurrence_gradcheck(rng, cell):
+    """Every input's gradient by finite differences, a query bias and a padded row included."""
+    from attnkit.models.recurrence import AdditiveRecurrence
+
+    B, T, S, H, A = 2, 3, 4, 3, 2
+    G = (4 if cell == "lstm" else 3) * H
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=rng, dtype=torch.float64).requires_grad_()
+
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    cell0 = leaf(B, H) if cell == "lstm" else None
+    inputs = (leaf(B, T, G), leaf(B, S, G), leaf(B, S, A), leaf(B, H), cell0, leaf(G + A, H), leaf(G + A), leaf(A))
+
+    def run(from_words, from_memory, keys, hidden, cell, weight, bias, v):
+        return AdditiveRecurrence.apply(from_words, from_memory, keys, mask, hidden, cell, weight, bias, v)
+
+    assert torch.autograd.gradcheck(run, inputs)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_unpacked_gru_encoder_equals_packed(rng, layers, bidirectional):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    model = _model("bahdanau", num_layers=layers, bidirectional=bidirectional)
+    source, lengths, _ = _inputs(rng)
+    embedded = model.source_embedding(source)
+    memory, final = model._read_unpacked(embedded, lengths)
+    packed, packed_final = model.encoder(pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False))
+    packed_memory, _ = pad_packed_sequence(packed, batch_first=True, total_length=source.shape[1])
+    torch.testing.assert_close(memory, packed_memory, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, packed_final, rtol=1e-12, atol=1e-12)
+    probe = torch.randn(memory.shape, generator=rng, dtype=torch.float64)
+    weights = list(model.encoder.parameters())
+    grads = torch.autograd.grad((memory * probe).sum() + final.sum(), weights)
+    reference = torch.autograd.grad((packed_memory * probe).sum() + packed_final.sum(), weights)
+    for grad, expected in zip(grads, reference):
+        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -24,8 +25,14 @@ from ..functional.checks import check_rank
 from ..layers import BahdanauAttention, LuongAttention
 from .config import PAD_ID, Seq2SeqConfig
 from .outputs import StepOutput, TranslationOutput, check_source
+from .recurrence import AdditiveRecurrence
 
 __all__ = ["Seq2Seq"]
+
+
+def _layer_weights(rnn: nn.RNNBase, layer: int = 0, suffix: str = "") -> list[Tensor]:
+    """weight_ih, weight_hh, bias_ih, bias_hh of one layer (and direction: "" or "_reverse") of an RNN."""
+    return [getattr(rnn, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
 
 
 def _weights_of(weights: Tensor | None) -> Tensor:
@@ -113,14 +120,47 @@ class Seq2Seq(nn.Module):
             final = torch.cat([final[:, 0], final[:, 1]], dim=-1)  # (layers, B, 2 hidden)
         return torch.tanh(bridge(final))
 
+    def _read_unpacked(self, embedded: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """The GRU encoder over right-padded (B, S, emb) without packing: the same numbers as
+        packing, 1.6x faster forward and backward on a CPU (a packed sequence projects its inputs
+        one step at a time; a padded one in one product). Each direction of each layer is one
+        unidirectional pass; the backward direction reads every sentence reversed within its length
+        (pads stay at the end), so no pad enters a real state; the outputs at pads are zeroed as
+        ``pad_packed_sequence`` does. Final states (layers * dirs, B, H), as ``nn.GRU`` gives them:
+        each pass's state at the sentence's last real token.
+        """
+        rnn = self.encoder
+        B, S, _ = embedded.shape
+        position = torch.arange(S, device=embedded.device)
+        real = position < lengths[:, None]  # (B, S)
+        reverse = torch.where(real, lengths[:, None] - 1 - position, position)  # its own inverse
+        last = (lengths - 1)[:, None, None].expand(B, 1, rnn.hidden_size)
+        start = embedded.new_zeros(1, B, rnn.hidden_size)
+        inputs, finals = embedded, []
+        for layer in range(rnn.num_layers):
+            outputs = []
+            for suffix in ("", "_reverse")[: 1 + rnn.bidirectional]:
+                weights = _layer_weights(rnn, layer, suffix)
+                flip = (lambda x: x.gather(1, reverse[..., None].expand_as(x))) if suffix else (lambda x: x)
+                out = flip(torch.gru(flip(inputs), start, weights, True, 1, 0.0, self.training, False, True)[0])
+                finals.append(out[:, 0] if suffix else out.gather(1, last)[:, 0])
+                outputs.append(out)
+            inputs = torch.cat(outputs, -1) * real[..., None]
+            if layer + 1 < rnn.num_layers:
+                inputs = F.dropout(inputs, rnn.dropout, self.training)
+        return inputs, torch.stack(finals)
+
     def encode(self, source: Tensor, source_lengths: Tensor) -> Seq2SeqState:
         """Read source (B, S) with lengths (B,); return the decoder's initial state."""
         check_source(source, source_lengths)
         S = source.shape[1]
         embedded = self.dropout(self.source_embedding(source))  # (B, S, emb)
-        packed = pack_padded_sequence(embedded, source_lengths.cpu(), batch_first=True, enforce_sorted=False)
-        packed_out, final = self.encoder(packed)
-        memory, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=S)  # (B, S, memory_dim)
+        if isinstance(self.encoder, nn.GRU):
+            memory, final = self._read_unpacked(embedded, source_lengths.to(source.device))
+        else:  # an LSTM's final cell at each sentence's last token is only reachable by packing
+            packed = pack_padded_sequence(embedded, source_lengths.cpu(), batch_first=True, enforce_sorted=False)
+            packed_out, final = self.encoder(packed)
+            memory, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=S)  # (B, S, memory_dim)
         hidden: Tensor | tuple[Tensor, Tensor]
         if isinstance(final, tuple):  # LSTM: (h_n, c_n)
             hidden = (self._initial_state(final[0], self.bridge), self._initial_state(final[1], self.bridge_cell))
@@ -181,6 +221,33 @@ class Seq2Seq(nn.Module):
         attentional = torch.tanh(self.combine(output))  # (B, T, hidden)
         return TranslationOutput(self.generator(self.dropout(attentional)), weights)
 
+    @property
+    def folded_teacher_forcing(self) -> bool:
+        """Whether teacher forcing can take :meth:`_decode_folded` (Bahdanau, one RNN layer)."""
+        return self.style == "bahdanau" and self.config.num_layers == 1
+
+    def _decode_folded(self, state: Seq2SeqState, target_in: Tensor) -> TranslationOutput:
+        """Bahdanau teacher forcing with only the recurrence left per step, run by
+        :class:`~attnkit.models.recurrence.AdditiveRecurrence` (the same numbers as the step loop;
+        its docstring says how the products are regrouped). Around it, large products only: the
+        RNN's input projection of all target words, W_c h_j once per sentence, and the contexts
+        (B, T, S) @ (B, S, 2H) once at the end.
+        """
+        E, attention = self.config.embedding_dim, self.attention
+        assert isinstance(attention, BahdanauAttention) and state.keys is not None
+        w_ih, w_hh, b_ih, b_hh = _layer_weights(self.decoder)
+        from_words = F.linear(self.dropout(self.target_embedding(target_in)), w_ih[:, :E], b_ih)  # (B, T, G)
+        from_memory = state.memory @ w_ih[:, E:].transpose(0, 1)  # (B, S, G)
+        query_bias = attention.query_proj.bias
+        weight = torch.cat([w_hh, attention.query_proj.weight])  # (G + A, H)
+        bias = torch.cat([b_hh, b_hh.new_zeros(attention.attn_dim) if query_bias is None else query_bias])
+        hidden, cell = (state.hidden[0][0], state.hidden[1][0]) if isinstance(state.hidden, tuple) else (state.hidden[0], None)
+        tops, alignment = AdditiveRecurrence.apply(from_words, from_memory, state.keys, state.mask, hidden, cell,
+                                                   weight, bias, attention.score_proj.weight[0])
+        features = torch.cat([tops, alignment @ state.memory], -1)  # (B, T, H + 2H)
+        attentional = torch.tanh(self.combine(features))
+        return TranslationOutput(self.generator(self.dropout(attentional)), alignment)
+
     def forward(self, source: Tensor, source_lengths: Tensor, target_in: Tensor, *, stepwise: bool = False) -> TranslationOutput:
         """Teacher-forced logits (B, T, V) and alignment (B, T, S) for target_in (B, T) = <bos> y_1 ...
 
@@ -191,6 +258,8 @@ class Seq2Seq(nn.Module):
         state = self.encode(source, source_lengths)
         if self.parallel_decoding and not stepwise:
             return self._decode_all(state, target_in)
+        if self.folded_teacher_forcing and not stepwise:
+            return self._decode_folded(state, target_in)
         if state.feed is not None:  # input feeding: each step needs the previous attentional vector
             steps = [self.step(state, target_in[:, t]) for t in range(target_in.shape[1])]
             logits = torch.stack([s.logits for s in steps], 1)

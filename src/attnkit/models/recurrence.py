@@ -1,0 +1,128 @@
+"""Bahdanau's decoder recurrence over a whole target sentence, forward and backward by hand.
+
+Teacher forcing runs the recurrence of :meth:`Seq2Seq.step` T times. Under autograd each target word
+costs ~150 small recorded operations, and on a CPU their bookkeeping, not their arithmetic, is most
+of the decoder's time (profile in docs/demo.md). :class:`AdditiveRecurrence` runs the T steps and
+their backward pass (backpropagation through time) itself: ~16 operations per step forward and ~25
+back, with the weight gradients of the recurrent products formed once, as one product over all
+(B, T) steps, as cuDNN's RNNs do. What does not depend on the recurrence is computed outside it by
+the caller, in large products (:meth:`Seq2Seq._decode_folded`):
+
+- ``from_words`` (B, T, G): W_y y_{i-1} + b_ih, the RNN input projection of the target words;
+- ``from_memory`` (B, S, G): W_c h_j, so that the projection of the context c_i = sum_j a_ij h_j is
+  sum_j a_ij (W_c h_j), one (1, S) x (S, G) product per step and no (2H -> G) product;
+- ``keys`` (B, S, A): U_a h_j, the alignment model's projected annotations.
+
+Per step i: s_{i-1} -> [W_hh s_{i-1} + b_hh; W_a s_{i-1} + b_a] in one product; e_ij = v^T tanh(
+W_a s_{i-1} + U_a h_j) over the unmasked j; a_i = softmax(e_i); the cell's input gates from_words_i +
+a_i from_memory; the GRU (PyTorch's r, z, n) or LSTM (i, f, g, o) update. Outputs: the states
+s_1..s_T (B, T, H) and the weights (B, T, S). Gradients are checked against autograd through the
+step loop in float64 (tests/models/test_seq2seq.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["AdditiveRecurrence"]
+
+
+class AdditiveRecurrence(torch.autograd.Function):
+    """``apply(from_words, from_memory, keys, mask, hidden, cell, weight, bias, v) -> (states, weights)``.
+
+    ``weight`` (G + A, H) and ``bias`` (G + A,) stack the recurrent projection W_hh over the query
+    projection W_a; ``cell`` is the LSTM's initial cell (B, H), None for a GRU (G = 3H; LSTM 4H).
+    ``mask`` (B, S) is True at real source tokens; every row needs one.
+    """
+
+    @staticmethod
+    def forward(ctx, from_words: Tensor, from_memory: Tensor, keys: Tensor, mask: Tensor, hidden: Tensor,
+                cell: Tensor | None, weight: Tensor, bias: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, G = from_words.shape
+        S, H = from_memory.shape[1], hidden.shape[-1]
+        blocked, initial_cell = ~mask, cell
+        new = from_words.new_empty
+        states, weights = new(T, B, H), new(T, B, S)  # time-major: each step writes a contiguous slice
+        inputs, tanhs = new(T, B, H), new(T, B, S, keys.shape[-1])  # s_{i-1}; tanh(W_a s_{i-1} + U_a h_j)
+        gates = new(T, B, G)  # the activated gates (GRU: r, z, n; LSTM: i, f, g, o)
+        extra = new(T, B, H)  # GRU: W_hn s_{i-1} + b_hn; LSTM: the cell c_i
+        from_words_t = from_words.transpose(0, 1)
+        for t in range(T):
+            inputs[t] = hidden
+            projected = torch.addmm(bias, hidden, weight.t())  # (B, G + A)
+            torch.tanh(keys + projected[:, None, G:], out=tanhs[t])
+            energy = (tanhs[t] @ v).masked_fill_(blocked, float("-inf"))  # (B, S)
+            torch.softmax(energy, -1, out=weights[t])
+            into = torch.baddbmm(from_words_t[t][:, None], weights[t][:, None], from_memory)[:, 0]  # (B, G)
+            if cell is not None:  # LSTM
+                g = gates[t]
+                torch.add(into, projected[:, :G], out=g)
+                g[:, : 2 * H].sigmoid_()
+                g[:, 2 * H : 3 * H].tanh_()
+                g[:, 3 * H :].sigmoid_()
+                cell = g[:, H : 2 * H] * cell + g[:, :H] * g[:, 2 * H : 3 * H]
+                extra[t] = cell
+                hidden = g[:, 3 * H :] * torch.tanh(cell)
+            else:
+                g, recurrent = gates[t], projected[:, :G]
+                torch.sigmoid(into[:, : 2 * H] + recurrent[:, : 2 * H], out=g[:, : 2 * H])
+                extra[t] = recurrent[:, 2 * H :]
+                torch.tanh(into[:, 2 * H :] + g[:, :H] * extra[t], out=g[:, 2 * H :])
+                n = g[:, 2 * H :]
+                hidden = n + g[:, H : 2 * H] * (hidden - n)
+            states[t] = hidden
+        ctx.save_for_backward(from_memory, weight, v, inputs, states, weights, tanhs, gates, extra, initial_cell)
+        ctx.lstm = initial_cell is not None
+        return states.transpose(0, 1), weights.transpose(0, 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_states: Tensor | None, d_weights: Tensor | None):
+        from_memory, weight, v, inputs, states, weights, tanhs, gates, extra, initial_cell = ctx.saved_tensors
+        T, B, H = states.shape
+        G = gates.shape[-1]
+        d_states = states.new_zeros(T, B, H) if d_states is None else d_states.transpose(0, 1)
+        d_weights = weights.new_zeros(T, B, weights.shape[-1]) if d_weights is None else d_weights.transpose(0, 1)
+        d_into, d_projected = states.new_empty(T, B, G), states.new_empty(T, B, weight.shape[0])
+        d_keys = torch.zeros_like(tanhs[0])
+        d_v = torch.zeros_like(v)
+        d_hidden = torch.zeros_like(states[0])
+        d_cell = torch.zeros_like(states[0]) if ctx.lstm else None
+        for t in reversed(range(T)):
+            d_hidden = d_hidden + d_states[t]
+            g, d_in, d_proj = gates[t], d_into[t], d_projected[t]
+            if ctx.lstm:  # s_{i-1} reaches s_i only through the gates' product: d_hidden restarts there
+                i, f, candidate, o = g[:, :H], g[:, H : 2 * H], g[:, 2 * H : 3 * H], g[:, 3 * H :]
+                tanh_cell = torch.tanh(extra[t])
+                d_cell = d_cell + d_hidden * o * (1 - tanh_cell * tanh_cell)
+                previous_cell = initial_cell if t == 0 else extra[t - 1]
+                torch.mul(d_cell * candidate, i * (1 - i), out=d_in[:, :H])
+                torch.mul(d_cell * previous_cell, f * (1 - f), out=d_in[:, H : 2 * H])
+                torch.mul(d_cell * i, 1 - candidate * candidate, out=d_in[:, 2 * H : 3 * H])
+                torch.mul(d_hidden * tanh_cell, o * (1 - o), out=d_in[:, 3 * H :])
+                d_cell = d_cell * f
+                d_proj[:, :G] = d_in
+                d_hidden = torch.zeros_like(d_hidden)
+            else:
+                r, z, n = g[:, :H], g[:, H : 2 * H], g[:, 2 * H :]
+                d_n = d_hidden * (1 - z) * (1 - n * n)  # through tanh
+                torch.mul(d_n * extra[t], r * (1 - r), out=d_in[:, :H])
+                torch.mul(d_hidden * (inputs[t] - n), z * (1 - z), out=d_in[:, H : 2 * H])
+                d_in[:, 2 * H :] = d_n
+                d_proj[:, : 2 * H] = d_in[:, : 2 * H]
+                torch.mul(d_n, r, out=d_proj[:, 2 * H : G])
+                d_hidden = d_hidden * z
+            a = weights[t]  # (B, S)
+            d_a = torch.baddbmm(d_weights[t][:, :, None], from_memory, d_in[:, :, None])[:, :, 0]  # (B, S)
+            d_energy = a * (d_a - (a * d_a).sum(-1, keepdim=True))  # softmax backward; 0 where masked
+            d_v += tanhs[t].flatten(0, 1).t() @ d_energy.flatten()
+            d_pre = d_energy[:, :, None] * v * (1 - tanhs[t] * tanhs[t])  # (B, S, A)
+            d_keys += d_pre
+            torch.sum(d_pre, 1, out=d_proj[:, G:])
+            d_hidden = torch.addmm(d_hidden, d_proj, weight)
+        d_weight = d_projected.flatten(0, 1).t() @ inputs.flatten(0, 1)  # (G + A, H): all steps in one product
+        d_bias = d_projected.sum((0, 1))
+        d_from_memory = torch.bmm(weights.permute(1, 2, 0), d_into.transpose(0, 1))  # (B, S, G)
+        return (d_into.transpose(0, 1), d_from_memory, d_keys, None, d_hidden, d_cell, d_weight, d_bias, d_v)
