@@ -57,3 +57,23 @@ def test_right_padding_is_refused():
     _, ours = _pair("llama")
     with pytest.raises(ValueError, match="pad prompts on the left"):
         generate(ours, torch.tensor([[5, 6, 0]]), attention_mask=torch.tensor([[1, 1, 0]]), max_new_tokens=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mistral"])
+def test_the_compiled_fixed_cache_step_gives_transformers_tokens_and_compiles_once(kind):
+    """compile_step: fixed-size caches, one captured graph (aot_eager: no C++ compiler needed)
+    for every decode step of a padded batch and of later calls; transformers' greedy tokens."""
+    from torch._dynamo.utils import counters
+
+    hf, ours = _pair(kind)
+    ids, mask = pad_prompts(PROMPTS)
+    torch._dynamo.reset()
+    counters.clear()
+    first = generate(ours, ids, attention_mask=mask, max_new_tokens=12, compile_step="aot_eager").tokens
+    again = generate(ours, ids, attention_mask=mask, max_new_tokens=12, compile_step="aot_eager").tokens
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[:, ids.shape[1]:]
+    assert torch.equal(first, theirs) and torch.equal(again, theirs)

@@ -208,6 +208,78 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tens
     return ids, mask
 
 
+def _growing_steps(model, input_ids: Tensor, attention_mask: Tensor | None, use_cache: bool):
+    """``advance(token (B,) | None) -> next logits (B, V)`` through a growing cache (or none: every
+    step reruns the prefix); None runs the prompt."""
+    B = input_ids.shape[0]
+    cache = model.new_cache() if use_cache else None
+    generated: list[Tensor] = []
+    state = {"mask": attention_mask,  # (B, prompt + generated) when padding is in play
+             "positions": None if attention_mask is None else (attention_mask.long().cumsum(1) - 1).clamp(min=0)}
+
+    def run(ids: Tensor) -> Tensor:
+        kwargs = {}
+        full_mask, positions = state["mask"], state["positions"]
+        if full_mask is not None and positions is not None:
+            held = ids.shape[1] + (0 if cache is None else cache[0].length)
+            kwargs = {"attention_mask": full_mask[:, -held:], "position_ids": positions[:, -ids.shape[1]:]}
+        return model(ids, cache=cache, last_only=True, **kwargs).logits[:, -1]
+
+    def advance(token: Tensor | None) -> Tensor:
+        if token is None:
+            return run(input_ids)
+        generated.append(token)
+        if state["mask"] is not None and state["positions"] is not None:
+            state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(B, 1)], 1)
+            state["positions"] = torch.cat([state["positions"], state["positions"][:, -1:] + 1], 1)
+        if cache is not None:
+            return run(token[:, None])
+        return run(torch.cat([input_ids, torch.stack(generated, 1)], 1))
+
+    return advance
+
+
+def _fixed_cache_steps(model, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int,
+                       compile_step: bool | str):
+    """``advance`` (as :func:`_growing_steps`) through fixed-size caches: after the prompt, every
+    step has the same shapes and reads nothing from the device, and runs compiled."""
+    B, L = input_ids.shape
+    capacity = L + max_new_tokens
+    cache = model.new_cache(capacity=capacity)
+    full_mask = positions = None
+    if attention_mask is not None:  # left padding: the whole (B, capacity) mask at once, and per-row positions
+        full_mask = torch.cat([attention_mask, attention_mask.new_ones(B, max_new_tokens)], 1)
+        positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+    state = {"positions": positions}
+
+    def run(ids: Tensor, mask: Tensor | None, position_ids: Tensor | None) -> Tensor:
+        return model(ids, cache=cache, attention_mask=mask, position_ids=position_ids, last_only=True).logits[:, -1]
+
+    cuda = input_ids.device.type == "cuda"
+    options: dict = {"fullgraph": True, "dynamic": False}
+    if isinstance(compile_step, str):
+        options["backend"] = compile_step
+    elif cuda:
+        options["mode"] = "reduce-overhead"  # CUDA graphs: one launch per step
+    step = torch.compile(run, **options)
+
+    def advance(token: Tensor | None) -> Tensor:
+        if token is None:
+            logits = run(input_ids, full_mask, state["positions"])  # the prompt, eager: its shape is its own
+            for layer in cache:  # the storage every compiled step writes in place
+                for tensor in layer.tensors():
+                    torch._dynamo.mark_static_address(tensor)
+            if state["positions"] is not None:
+                state["positions"] = state["positions"][:, -1:]
+            return logits
+        if state["positions"] is not None:
+            state["positions"] = state["positions"] + 1
+        logits = step(token[:, None], full_mask, state["positions"])
+        return logits.clone() if cuda and "mode" in options else logits  # a CUDA graph reuses its output
+
+    return advance
+
+
 def generate(
     model,
     input_ids: Tensor,
@@ -221,6 +293,7 @@ def generate(
     generator: torch.Generator | None = None,
     on_tokens=None,
     attention_mask: Tensor | None = None,
+    compile_step: bool | str = False,
 ) -> Generation:
     """Continue prompts input_ids (B, L) with a decoder-only LM.
 
@@ -232,6 +305,14 @@ def generate(
     (the baseline the cache is measured against). ``on_tokens(ids (B,))`` (a CPU tensor) is called
     after every step, for streaming. Rows stop at a stop token; generation ends when all have.
     On an accelerator each step reads the device once (the new tokens and which rows stopped).
+
+    ``compile_step``: decode through fixed-size caches (``model.new_cache(capacity=prompt +
+    max_new_tokens)``, :class:`~attnkit.layers.FixedKVCache`), so that every step after the prompt
+    has the same shapes and reads nothing from the device, and compile that step once with
+    ``torch.compile(fullgraph=True)``; on CUDA in mode ``"reduce-overhead"`` (CUDA graphs). True
+    uses the default backend (inductor, which needs a C++ compiler on a CPU); a string names the
+    backend (``"aot_eager"`` checks the capture without compiling). The tokens are those of the
+    plain cache (tests/test_generation.py).
     """
     if input_ids.dim() != 2 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape (B, L) with L >= 1, got {tuple(input_ids.shape)}")
@@ -248,23 +329,17 @@ def generate(
     was_training = model.training
     model.eval()
     stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=input_ids.device)
-    cache = model.new_cache() if use_cache else None
-    sequence = input_ids
-    full_mask = attention_mask  # (B, prompt + generated) when padding is in play
-    positions = None if attention_mask is None else (attention_mask.long().cumsum(1) - 1).clamp(min=0)
-
-    def run(ids: Tensor, *, last_only: bool = True) -> Tensor:
-        kwargs = {}
-        if full_mask is not None and positions is not None:
-            held = ids.shape[1] + (0 if cache is None else cache[0].length)
-            kwargs = {"attention_mask": full_mask[:, -held:], "position_ids": positions[:, -ids.shape[1]:]}
-        return model(ids, cache=cache, last_only=last_only, **kwargs).logits[:, -1]
-
-    logits = run(input_ids)
+    if compile_step is not False and not use_cache:
+        raise ValueError("compile_step needs use_cache=True (it decodes through fixed-size caches)")
+    if compile_step is not False:
+        advance = _fixed_cache_steps(model, input_ids, attention_mask, max_new_tokens, compile_step)
+    else:
+        advance = _growing_steps(model, input_ids, attention_mask, use_cache)
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     lengths = [max_new_tokens] * B
     new: list[Tensor] = []
     try:
+        logits = advance(None)  # the prompt
         for step in range(max_new_tokens):
             token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             token = torch.where(done, new[-1] if new else token, token)  # finished rows repeat their stop token
@@ -280,14 +355,7 @@ def generate(
                     lengths[b] = step + 1
             if host[-1] or step == max_new_tokens - 1:
                 break
-            if full_mask is not None and positions is not None:
-                full_mask = torch.cat([full_mask, full_mask.new_ones(B, 1)], 1)
-                positions = torch.cat([positions, positions[:, -1:] + 1], 1)
-            if use_cache:
-                logits = run(token[:, None])
-            else:
-                sequence = torch.cat([input_ids, torch.stack(new, 1)], 1)
-                logits = run(sequence)
+            logits = advance(token)
     finally:
         model.train(was_training)
     tokens = torch.stack(new, 1)

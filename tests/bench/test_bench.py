@@ -144,3 +144,23 @@ def test_context_parallel_bench_counts_bytes_and_balance(tmp_path, capsys):
     assert contiguous["pair_balance"] == sum(range(33, 65)) / sum(range(1, 33))
     assert main(["bench", "--context-parallel", "60", "--worlds", "4", "--out", str(tmp_path)]) == 2
     assert "multiple of 2 x W = 8" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_gpu_generation_benchmark_runs_on_a_cpu_with_the_same_tokens_in_every_row(tmp_path):
+    """benchmarks/gpu_generation.py's smoke mode: every row runs (compiled ones through aot_eager)
+    and gives transformers' greedy tokens, so the lent GPU's run only has to time it."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_generation.py"
+    spec = importlib.util.spec_from_file_location("gpu_generation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "generation.json"
+    assert module.main(["--device", "cpu", "--tiny", "--backend", "aot_eager", "--new-tokens", "6", "--repeats", "1",
+                        "--dtypes", "float32", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4
+    assert all(r["error"] is None and r["same_tokens_as_transformers"] for r in rows), rows

@@ -42,3 +42,20 @@ def test_batched_generation_reads_the_device_once_per_step():
                                                                    max_new_tokens=steps)))
     assert torch.equal(got["g"].tokens.cpu(), want.tokens)
     assert count <= steps + 3, f"{count} device reads for {steps} steps"
+
+
+def test_the_compiled_fixed_cache_step_gives_the_same_tokens_and_reads_once_per_step():
+    """generate(compile_step=True) on CUDA: fixed-size caches, the step compiled with CUDA graphs;
+    fp32 tokens equal the CPU's, and a step still reads the device at most once."""
+    torch.manual_seed(0)
+    model = DecoderLM(LLAMA).eval()
+    gpu = copy.deepcopy(model).cuda()
+    ids, mask = decoding.pad_prompts([[5, 6, 7, 8, 9, 10], [11, 12, 13]])
+    want = decoding.generate(model, ids, attention_mask=mask, max_new_tokens=24)
+    run = lambda: decoding.generate(gpu, ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=24,  # noqa: E731
+                                    compile_step=True)
+    assert torch.equal(run().tokens.cpu(), want.tokens)  # compiles and captures
+    got = {}
+    count = _syncs(lambda: got.setdefault("g", run()))
+    assert torch.equal(got["g"].tokens.cpu(), want.tokens)
+    assert count <= 24 + 3, f"{count} device reads for 24 steps"

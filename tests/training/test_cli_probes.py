@@ -118,6 +118,7 @@ PROBES = [
     (["train", "--data", "{long.tsv}", "--out", "{root}/new6", *TINY], ["long.tsv:1", "characters"]),
     (["generate", "--prompt", "hi", "--temperature", "nan"], ["--temperature"]),
     (["generate", "--prompt", "hi", "--top-p", "2"], ["--top-p"]),
+    (["generate", "--prompt", "hi", "--compile", "--no-cache"], ["--compile", "--no-cache"]),
     (["generate", "--prompt", "hi", "--model", "{tiny.gguf}"], ["tiny.gguf", "not a readable GGUF"]),
     (["generate", "--prompt", "hi", "--model", "{hf}"], ["model.safetensors", "not a readable safetensors"]),
     (["bench", "--render", "{bad-bench.json}"], ["not valid JSON"]),

@@ -155,6 +155,8 @@ def _generate(args: argparse.Namespace) -> int:
         from .arguments import refuse_unused
 
         refuse_unused(args, ["top_k", "top_p"], "applies to sampling (--temperature > 0), not to greedy decoding")
+    if args.compile and args.no_cache:
+        raise UsageError("--compile decodes through fixed-size caches; it cannot go with --no-cache")
     device = check_device(args.device)
     model, tokenizer = _load_lm(args.model)
     model = model.to(device)
@@ -174,7 +176,7 @@ def _generate(args: argparse.Namespace) -> int:
         ids, mask = pad_prompts(encoded)
         result = generate(model, ids.to(device), attention_mask=mask.to(device), max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_tokens=stops,
-                          use_cache=not args.no_cache, generator=generator)
+                          use_cache=not args.no_cache, generator=generator, compile_step=args.compile)
         for number, (row, length) in enumerate(zip(result.tokens.tolist(), result.lengths), 1):
             kept = [t for t in row[:length] if t not in stops]
             print(f"[{number}] {tokenizer.decode(kept)}")
@@ -183,7 +185,7 @@ def _generate(args: argparse.Namespace) -> int:
     stream = Stream(tokenizer, stops, sys.stdout)
     generate(model, torch.tensor([ids], device=device), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k, top_p=args.top_p, stop_tokens=stops, use_cache=not args.no_cache, generator=generator,
-             on_tokens=lambda token: stream.add(int(token[0])))
+             compile_step=args.compile, on_tokens=lambda token: stream.add(int(token[0])))
     stream.finish()
     print()
     return 0
@@ -203,5 +205,7 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--stop", nargs="*", default=["<|im_end|>", "<|endoftext|>"], help="stop tokens")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
+    gen.add_argument("--compile", action="store_true",
+                     help="fixed-size caches and a compiled decode step (CUDA graphs on CUDA; needs a C++ compiler on a CPU)")
     add_device_argument(gen, "the model")
     gen.set_defaults(run=_generate)

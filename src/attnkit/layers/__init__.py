@@ -1,7 +1,7 @@
 """Layers: ``nn.Module``s that own parameters and call the functional core."""
 
 from .additive import BahdanauAttention
-from .cache import KVCache, SinkCache
+from .cache import FixedKVCache, KVCache, SinkCache
 from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .multihead import MultiHeadAttention
 from .multiplicative import LuongAttention
@@ -24,6 +24,7 @@ __all__ = [
     "SelfAttention",
     "MultiHeadAttention",
     "KVCache",
+    "FixedKVCache",
     "SinkCache",
     "LinearAttention",
     "PerformerAttention",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..functional.checks import check_int, check_rank, check_same
 
-__all__ = ["KVCache", "SinkCache"]
+__all__ = ["KVCache", "SinkCache", "FixedKVCache"]
 
 
 class KVCache:
@@ -181,8 +182,6 @@ class SinkCache(KVCache):
         """Append unrotated (B, Hkv, S_new, E) keys and values; return every held one (sinks,
         the last window - 1 before this step, the new ones), then evict down to the sinks and
         the last window - 1."""
-        import torch
-
         check_rank("keys", keys, 4, "(B, Hkv, S_new, E)")
         check_rank("values", values, 4, "(B, Hkv, S_new, Ev)")
         check_same("keys", keys, values=values)
@@ -200,3 +199,78 @@ class SinkCache(KVCache):
         else:
             self._held_keys, self._held_values = keys, values
         return keys, values
+
+
+class FixedKVCache:
+    """A cache of fixed size, for decoding with the same shapes at every step (transformers'
+    ``StaticCache``): storage for ``capacity`` positions is allocated at the first write, each
+    step's keys and values are written at columns held in a device tensor, and every step attends
+    all ``capacity`` columns through a mask that hides the ones not yet written. No step reads the
+    device or changes a shape, so one decode step can be compiled once (``torch.compile``) or
+    captured in a CUDA graph (``generate(..., compile_step=True)``).
+
+    ``next``: (1,) int64 on the storage's device, the column of the next position (the count of
+    positions written). A sequence longer than ``capacity`` is an error the cache cannot see
+    without reading the device: :func:`attnkit.decoding.generate` sizes it from the prompt and
+    ``max_new_tokens``. Not to be confused with ``KVCache(static=True)``, the cross-attention cache
+    filled once.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        check_int("capacity", capacity, 1)
+        self.capacity = capacity
+        self.next: Tensor | None = None
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+
+    def columns(self, new: int, device: torch.device) -> Tensor:
+        """(new,) int64: the columns (and default positions) of the next ``new`` positions."""
+        if self.next is None:
+            self.next = torch.zeros(1, dtype=torch.long, device=device)
+        return self.next + torch.arange(new, device=device)
+
+    def write(self, keys: Tensor, values: Tensor, columns: Tensor) -> tuple[Tensor, Tensor]:
+        """Write (B, Hkv, L, E) keys and (B, Hkv, L, Ev) values at ``columns`` (L,) (from
+        :meth:`columns`), advance ``next`` by L, and return the whole storage (B, Hkv, capacity, .)."""
+        check_rank("keys", keys, 4, "(B, Hkv, L, E)")
+        check_rank("values", values, 4, "(B, Hkv, L, Ev)")
+        check_same("keys", keys, values=values)
+        if keys.shape[2] > self.capacity:
+            raise ValueError(f"{keys.shape[2]} new positions exceed this FixedKVCache's capacity={self.capacity}")
+        if self._keys is None or self._values is None:
+            B, Hkv, _, E = keys.shape
+            self._keys = keys.new_zeros(B, Hkv, self.capacity, E)
+            self._values = values.new_zeros(B, Hkv, self.capacity, values.shape[3])
+        elif keys.shape[:2] != self._keys.shape[:2] or keys.shape[3] != self._keys.shape[3] or \
+                values.shape[3] != self._values.shape[3]:
+            raise ValueError(f"cache holds keys {tuple(self._keys.shape)} and values {tuple(self._values.shape)}, "
+                             f"got new keys {tuple(keys.shape)} and values {tuple(values.shape)}")
+        self._keys.index_copy_(2, columns, keys)
+        self._values.index_copy_(2, columns, values)
+        assert self.next is not None, "columns() comes first"
+        self.next.add_(keys.shape[2])
+        return self._keys, self._values
+
+    def allowed(self, columns: Tensor, window: int | None = None) -> Tensor:
+        """(L, capacity) boolean: query at column c sees keys c - window < j <= c (j <= c without
+        a window): causal, and never a column not yet written."""
+        j = torch.arange(self.capacity, device=columns.device)
+        allowed = j <= columns[:, None]
+        if window is not None:
+            allowed = allowed & (j > columns[:, None] - window)
+        return allowed
+
+    def tensors(self) -> list[Tensor]:
+        """The storage and ``next``: the tensors a compiled step updates in place."""
+        return [t for t in (self._keys, self._values, self.next) if t is not None]
+
+    def reset(self) -> None:
+        """Forget every position; the storage is kept (and its shape with it)."""
+        if self.next is not None:
+            self.next.zero_()
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B_new,) in that order (beam search)."""
+        if self._keys is not None and self._values is not None:
+            self._keys = self._keys.index_select(0, index)
+            self._values = self._values.index_select(0, index)

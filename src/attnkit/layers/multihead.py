@@ -20,7 +20,7 @@ from ..functional.checks import check_rank
 from ..functional.context_parallel import check_context_parallel
 from ..functional.heads import merge_heads, split_heads
 from ..functional.partial import merge_partial
-from .cache import KVCache, SinkCache
+from .cache import FixedKVCache, KVCache, SinkCache
 from .positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention"]
@@ -119,7 +119,7 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         bias: Tensor | None = None,
         need_weights: bool | Sequence[int] = False,
-        cache: KVCache | None = None,
+        cache: KVCache | FixedKVCache | None = None,
         causal_align: str | None = None,
         positions: Tensor | None = None,
         context_parallel=None,
@@ -154,6 +154,8 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
         if isinstance(cache, SinkCache):
             return self._attend_with_sinks(q, key, value, cache, mask, is_causal, window, bias, need_weights, positions)
+        if isinstance(cache, FixedKVCache):
+            return self._attend_fixed(q, key, value, cache, mask, is_causal, window, bias, need_weights, positions)
         offset = 0 if cache is None or cache.static else cache.position
         if self.rotary is not None:
             q = self.rotary(q, offset=offset, positions=positions)
@@ -213,6 +215,27 @@ class MultiHeadAttention(nn.Module):
         out = cp.attention(q, k, v, positions=positions, is_causal=is_causal, window=window, scale=self.scale,
                            key_mask=key_mask)
         return AttentionOutput(output=self.out_proj(merge_heads(out)), weights=None, lse=None)
+
+    def _attend_fixed(self, q, key, value, cache: FixedKVCache, mask, is_causal, window, bias, need_weights, positions):
+        """Causal self attention through a :class:`FixedKVCache`: the same shapes at every step
+        (all ``capacity`` columns, the unwritten ones masked) and no read from the device."""
+        if not is_causal:
+            raise ValueError("a FixedKVCache is for causal self attention (decoding); pass is_causal=True")
+        if isinstance(mask, BlockMask):
+            raise ValueError("a FixedKVCache takes a boolean mask (B, 1, 1, capacity), not a BlockMask")
+        columns = cache.columns(q.shape[2], q.device)  # (L,)
+        rotary_positions = columns if positions is None else positions
+        k = split_heads(self.k_proj(key), self.num_kv_heads)
+        v = split_heads(self.v_proj(value), self.num_kv_heads)
+        if self.rotary is not None:
+            q = self.rotary(q, positions=rotary_positions)
+            k = self.rotary(k, positions=rotary_positions)
+        k, v = cache.write(k, v, columns)  # (B, Hkv, capacity, E)
+        allowed = cache.allowed(columns, window)  # (L, capacity)
+        result = attention(q, k, v, mask=allowed if mask is None else mask & allowed, bias=bias, scale=self.scale,
+                           dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
+                           need_weights=need_weights)
+        return AttentionOutput(output=self.out_proj(merge_heads(result.output)), weights=result.weights, lse=result.lse)
 
     def _attend_with_sinks(self, q, key, value, cache: SinkCache, mask, is_causal, window, bias, need_weights, positions):
         """Self attention through a :class:`SinkCache`: keys cached unrotated, rotated at their

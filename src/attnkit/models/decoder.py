@@ -13,6 +13,8 @@ Shapes: B batch, L new tokens, S all tokens attended (cached + new), D model dim
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -20,7 +22,7 @@ from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
 from ..functional.context_parallel import check_context_parallel
-from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
+from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
 from .outputs import LMOutput
@@ -144,13 +146,23 @@ class DecoderLM(nn.Module):
     def _blocks(self) -> list[DecoderBlock]:
         return [block for block in self.layers if isinstance(block, DecoderBlock)]
 
-    def new_cache(self, *, sinks: int | None = None, window: int | None = None) -> list[KVCache]:
+    def new_cache(self, *, sinks: int | None = None, window: int | None = None,
+                  capacity: int | None = None) -> list[KVCache] | list[SinkCache] | list[FixedKVCache]:
         """One KV cache per layer; rolling (the last ``window`` positions) for sliding windows.
 
         With ``sinks`` (and ``window``): StreamingLLM's constant-memory cache
         (:class:`~attnkit.layers.SinkCache`), for generating and scoring past the trained context;
         ``sinks=0`` is the window-only baseline. Needs rotary positions and no model window.
+        With ``capacity``: fixed-size caches (:class:`~attnkit.layers.FixedKVCache`) for decode
+        steps of unchanging shapes (compiled, or CUDA graphs); prompt + new tokens <= capacity.
         """
+        if capacity is not None:
+            if sinks is not None or window is not None:
+                raise ValueError("capacity= makes fixed-size caches; it takes no sinks= or window=")
+            check_int("capacity", capacity, 1)
+            if self.positions is not None and capacity > self.config.max_len:
+                raise ValueError(f"capacity={capacity} exceeds this model's learned positions (max_len={self.config.max_len})")
+            return [FixedKVCache(capacity) for _ in self._blocks()]
         if sinks is None:
             if window is not None:
                 raise ValueError("window= is for a sinks cache; pass sinks= too (0 for a window-only cache)")
@@ -167,7 +179,7 @@ class DecoderLM(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         *,
-        cache: list[KVCache] | None = None,
+        cache: Sequence[KVCache] | Sequence[FixedKVCache] | None = None,
         need_weights: bool = False,
         last_only: bool = False,
         position_ids: Tensor | None = None,
@@ -177,8 +189,8 @@ class DecoderLM(nn.Module):
         """Logits for input_ids (B, L).
 
         Args:
-            attention_mask: (B, S) True (or 1) at real tokens, S = cached (held) + new positions;
-                padded positions are never attended to.
+            attention_mask: (B, S) True (or 1) at real tokens, S = cached (held) + new positions
+                (with fixed-size caches: S = their capacity); padded positions are never attended to.
             position_ids: (B, L) the positions of the new tokens, per row (after left padding:
                 the count of real tokens before each); default: the cache's position onwards,
                 from 0 at the first column.
@@ -213,13 +225,21 @@ class DecoderLM(nn.Module):
                                  f"{document_ids.dtype} {tuple(document_ids.shape)}")
             if position_ids is None:
                 position_ids = document_positions(document_ids)
-        offset = 0 if cache is None else cache[0].position
+        first = None if cache is None else cache[0]
+        fixed = isinstance(first, FixedKVCache)
+        if isinstance(first, FixedKVCache):
+            if document_ids is not None or shard_positions is not None:
+                raise ValueError("fixed-size caches take no document_ids or context_parallel")
+            if position_ids is None:  # the cache's columns, on the device: no read
+                position_ids = first.columns(L, input_ids.device).expand(B, L)
+        offset = first.position if isinstance(first, KVCache) else 0
         if position_ids is not None:
             if tuple(position_ids.shape) != (B, L) or position_ids.dtype != torch.long:
                 raise ValueError(f"position_ids must be int64 of shape (B, L) = ({B}, {L}), got "
                                  f"{position_ids.dtype} {tuple(position_ids.shape)}")
-            if self.positions is not None and position_ids.numel():  # a table lookup: check the range
-                # (rotary positions take any value, and reading them would wait for the device)
+            if self.positions is not None and position_ids.numel() and not fixed:  # a table lookup: check the
+                # range (rotary positions take any value; reading them waits for the device, and a fixed
+                # cache's capacity <= max_len was checked by new_cache)
                 top, bottom = int(position_ids.max()), int(position_ids.min())
                 if top >= self.config.max_len or bottom < 0:
                     raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got {bottom}..{top}")
@@ -227,7 +247,7 @@ class DecoderLM(nn.Module):
             raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
         mask: Tensor | BlockMask | None = None
         if attention_mask is not None:
-            S = L + (0 if cache is None else cache[0].length)
+            S = first.capacity if isinstance(first, FixedKVCache) else L + (0 if first is None else first.length)
             if tuple(attention_mask.shape) != (B, S):
                 raise ValueError(
                     f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "

@@ -44,12 +44,13 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             return BackendResult(F.scaled_dot_product_attention(q, k, v, is_causal=problem.is_causal, **options))
     mask = problem.dense_mask(q.device)
     empty_rows = None
-    if mask is not None and not _zeroes_masked_rows(q.device.type, q.dtype, problem.bias is not None):
+    compiling = torch.compiler.is_compiling()  # no probe, no look at the data: one graph
+    if mask is not None and (compiling or not _zeroes_masked_rows(q.device.type, q.dtype, problem.bias is not None)):
         # Let SDPA attend everywhere on rows with no allowed key, then zero those rows.
         has_key = mask.any(dim=-1, keepdim=True)
-        # On the CPU, look first (most calls have no empty row); on an accelerator always fill
-        # rather than wait for the device to answer.
-        if q.device.type != "cpu" or not bool(has_key.all()):
+        # On the CPU, look first (most calls have no empty row); on an accelerator, or compiled,
+        # always fill rather than wait for the device to answer.
+        if q.device.type != "cpu" or compiling or not bool(has_key.all()):
             empty_rows = ~has_key
             mask = mask | empty_rows
     attn_mask = mask

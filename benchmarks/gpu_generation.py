@@ -1,0 +1,162 @@
+"""Batched greedy generation against transformers' ``generate`` on the same weights (issue 24's row):
+8 prompts of different lengths as one left-padded batch, ``--new-tokens`` each, no stop token.
+
+Rows, each timed in this one process (median of ``--repeats`` after a warm-up that includes any
+compile), tokens per second = 8 x new tokens / seconds:
+
+- transformers ``generate``, its default (dynamic) cache;
+- transformers ``generate`` with ``cache_implementation="static"`` and its forward compiled
+  (``mode="reduce-overhead"``: CUDA graphs), transformers' own recipe for fast decoding;
+- attnkit ``generate`` with its growing KV cache;
+- attnkit ``generate(compile_step=True)``: fixed-size caches and the decode step compiled (CUDA
+  graphs on CUDA).
+
+The model is Llama-shaped (default 1024 wide, 12 layers, 16 heads, 4 KV heads, vocabulary 32,000;
+random weights copied into attnkit with ``load_hf_state_dict``). In float32 every row's tokens must
+equal transformers' default row (checked, recorded); ``--dtype bfloat16`` records the speed only
+(bf16 rounding lets greedy paths part). Writes JSON (default benchmarks/results/gpu/generation.json,
+atomically) with the device and versions, and prints a markdown table with ratios to transformers'
+default row.
+
+    python benchmarks/gpu_generation.py                       # CUDA, fp32 then bf16
+    python benchmarks/gpu_generation.py --device cpu --tiny --backend aot_eager   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def _llama(tiny: bool):
+    import transformers
+
+    if tiny:
+        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=128, vocab_size=512)
+    else:
+        shape = dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                     intermediate_size=2816, vocab_size=32000)
+    config = transformers.LlamaConfig(max_position_embeddings=2048, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                      **shape)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _time(run, repeats: int, device: str) -> tuple[float, torch.Tensor]:
+    tokens = run()  # warm-up (and compile)
+    seconds = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        tokens = run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds), tokens.cpu()
+
+
+def rows_for(dtype: torch.dtype, args) -> list[dict]:
+    from attnkit.decoding import generate, pad_prompts
+    from attnkit.models.decoder import DecoderLM
+    from attnkit.models.pretrained import config_from_hf, load_hf_state_dict
+
+    hf = _llama(args.tiny)
+    ours = DecoderLM(config_from_hf(hf.config.to_dict())).eval()
+    load_hf_state_dict(ours, hf.state_dict(), "llama")
+    hf, ours = hf.to(args.device, dtype), ours.to(args.device, dtype)
+    generator = torch.Generator().manual_seed(1)
+    vocab = hf.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in (5, 9, 17, 24, 31, 40, 48, 64)]
+    ids, mask = pad_prompts(prompts)
+    ids, mask = ids.to(args.device), mask.to(args.device)
+    new = args.new_tokens
+
+    def theirs() -> torch.Tensor:
+        with torch.no_grad():
+            return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                               do_sample=False, pad_token_id=0)[:, ids.shape[1]:]
+
+    def theirs_static() -> torch.Tensor:
+        with torch.no_grad():
+            return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                               do_sample=False, pad_token_id=0, cache_implementation="static")[:, ids.shape[1]:]
+
+    def ours_plain() -> torch.Tensor:
+        return generate(ours, ids, attention_mask=mask, max_new_tokens=new).tokens
+
+    def ours_compiled() -> torch.Tensor:
+        return generate(ours, ids, attention_mask=mask, max_new_tokens=new,
+                        compile_step=args.backend if args.backend else True).tokens
+
+    rows = []
+    reference = None
+    plain_forward = hf.forward
+    for name, run in (("transformers generate", theirs), ("transformers generate, static cache + compile", theirs_static),
+                      ("attnkit generate", ours_plain), ("attnkit generate, compile_step", ours_compiled)):
+        if "static cache" in name:
+            options = {"fullgraph": True}
+            if args.backend:
+                options["backend"] = args.backend
+            elif args.device == "cuda":
+                options["mode"] = "reduce-overhead"
+            hf.forward = torch.compile(plain_forward, **options)
+        try:
+            seconds, tokens = _time(run, args.repeats, args.device)
+            error = None
+        except Exception as exc:  # a row that cannot run here is recorded with its reason, not hidden
+            seconds, tokens, error = float("nan"), None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        finally:
+            hf.forward = plain_forward
+        if reference is None and tokens is not None:
+            reference = tokens
+        same = None if tokens is None or reference is None else bool(torch.equal(tokens, reference))
+        rows.append({"dtype": str(dtype).removeprefix("torch."), "row": name, "seconds": seconds,
+                     "tokens_per_s": len(prompts) * new / seconds, "same_tokens_as_transformers": same, "error": error})
+        print(f"  {rows[-1]['dtype']:>8}  {name:<48} {rows[-1]['tokens_per_s']:>10,.0f} tok/s  same tokens: {same}"
+              + (f"  ({error})" if error else ""), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (a smoke run)")
+    parser.add_argument("--backend", help="torch.compile backend for the compiled rows (default: inductor)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "generation.json")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device (use --device cpu --tiny for a smoke run)")
+
+    import transformers
+
+    from attnkit._files import write_json
+    from attnkit._markdown import markdown_table
+    from attnkit.bench.harness import machine_info
+
+    rows = []
+    for dtype in args.dtypes:
+        rows += rows_for(getattr(torch, dtype), args)
+    for row in rows:
+        base = next(r for r in rows if r["dtype"] == row["dtype"] and r["row"] == "transformers generate")
+        row["ratio_to_transformers"] = row["tokens_per_s"] / base["tokens_per_s"]
+    report = {"benchmark": "gpu_generation", "config": vars(args) | {"out": str(args.out)},
+              "machine": machine_info(args.device), "transformers": transformers.__version__, "rows": rows}
+    write_json(args.out, report)
+    print("\n".join(markdown_table(["dtype", "row", "tokens/s", "vs transformers generate", "same tokens"],
+                                   [[r["dtype"], r["row"], f"{r['tokens_per_s']:,.0f}", f"{r['ratio_to_transformers']:.2f}x",
+                                     r["same_tokens_as_transformers"]] for r in rows])))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
