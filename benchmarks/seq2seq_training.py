@@ -1,6 +1,6 @@
-"""Training-step speed of the demo's RNN models: the folded Bahdanau recurrence and the unpacked
-encoder against the step loop under autograd and the packed encoder (what the demo ran until
-2026-11-23).
+"""Training-step speed of the demo's RNN models: Bahdanau's hand-written recurrence
+(models/recurrence.py) and the unpacked encoder against the step loop under autograd and the packed
+encoder (what the demo ran until 2026-11-23).
 
 The demo's set-up (bundled corpus, BPE 4,000 per side, embedding 128, hidden 256, batch 32, AdamW,
 clipping, label smoothing 0.1): each variant trains its own copy of the same initial model on the
@@ -31,6 +31,14 @@ def packed_read(model, embedded, lengths):
     return pad_packed_sequence(out, batch_first=True, total_length=embedded.shape[1])[0], final
 
 
+def before():
+    """The code of 2026-11-22 in effect: the packed encoder (the Bahdanau model also takes its step
+    loop under autograd: ``stepwise=True``)."""
+    from attnkit.models import Seq2Seq
+
+    return mock.patch.object(Seq2Seq, "_read_unpacked", packed_read)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
@@ -57,23 +65,23 @@ def main(argv=None) -> int:
     needed = (args.rounds + 1) * args.steps
     batches = [collate([data[i][0] for i in b], [data[i][1] for i in b]) for b in order[:needed]]
 
-    variants = {  # name -> (attention, stepwise decoder, packed encoder)
-        "bahdanau: step loop, packed encoder": ("bahdanau", True, True),
-        "bahdanau: folded recurrence, unpacked encoder": ("bahdanau", False, False),
-        "bottleneck: packed encoder": ("none", False, True),
-        "bottleneck: unpacked encoder": ("none", False, False),
+    variants = {  # name -> (attention, stepwise decoder, the code before)
+        "bahdanau: before (step loop, packed encoder)": ("bahdanau", True, True),
+        "bahdanau: now (AdditiveRecurrence, unpacked encoder)": ("bahdanau", False, False),
+        "bottleneck: before (packed encoder)": ("none", False, True),
+        "bottleneck: now (unpacked encoder)": ("none", False, False),
     }
     runs = {}
-    for name, (attention, stepwise, packed) in variants.items():
+    for name, (attention, stepwise, old) in variants.items():
         torch.manual_seed(0)
         model = Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, embedding_dim=128, hidden_size=256,
                                       attention=attention, dropout=0.2))
-        runs[name] = (model, torch.optim.AdamW(model.parameters(), lr=DEMO_RECIPE["lr"]), stepwise, packed)
+        runs[name] = (model, torch.optim.AdamW(model.parameters(), lr=DEMO_RECIPE["lr"]), stepwise, old)
 
     def train_steps(name: str, chunk) -> tuple[int, float]:
-        model, optimizer, stepwise, packed = runs[name]
+        model, optimizer, stepwise, old = runs[name]
         tokens, started = 0, time.perf_counter()
-        with mock.patch.object(Seq2Seq, "_read_unpacked", packed_read) if packed else nullcontext():
+        with before() if old else nullcontext():
             for batch in chunk:
                 logits = model(batch.source, batch.source_lengths, batch.target_in, stepwise=stepwise).logits
                 loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.target_out.flatten(),
@@ -94,7 +102,8 @@ def main(argv=None) -> int:
         for name in runs:
             tokens, seconds = train_steps(name, chunk)
             rates[name].append(tokens / seconds)
-    baselines = {"bahdanau": "bahdanau: step loop, packed encoder", "bottleneck": "bottleneck: packed encoder"}
+    baselines = {kind: f"{kind}: before " + variants_before for kind, variants_before in
+                 (("bahdanau", "(step loop, packed encoder)"), ("bottleneck", "(packed encoder)"))}
     rows, results = [], {}
     for name, values in rates.items():
         baseline = rates[baselines[name.split(":")[0]]]

@@ -130,6 +130,7 @@ class Seq2Seq(nn.Module):
         each pass's state at the sentence's last real token.
         """
         rnn = self.encoder
+        assert isinstance(rnn, nn.GRU), "an LSTM encoder reads a packed sequence"
         B, S, _ = embedded.shape
         position = torch.arange(S, device=embedded.device)
         real = position < lengths[:, None]  # (B, S)
