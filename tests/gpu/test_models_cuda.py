@@ -119,3 +119,34 @@ def test_sink_cache_decoding_on_cuda():
             logits = [model(ids[:, i:i + 50].to(device), cache=cache).logits for i in range(0, 200, 50)]
         outputs[name] = torch.cat(logits, dim=1).double().cpu()
     _close(outputs["gpu"], outputs["cpu"], torch.float32, "logits with a sinks cache")
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "none", "luong-general"])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_seq2seq_training_step_on_cuda(attention, cell):
+    """The RNN encoder-decoder's teacher-forced logits and every gradient on CUDA (Bahdanau through
+    AdditiveRecurrence, the unpacked GRU encoder, cuDNN's LSTM) against float64 on the CPU."""
+    from attnkit.models import Seq2Seq, Seq2SeqConfig
+
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(300, 320, embedding_dim=32, hidden_size=48, attention=attention, cell=cell,
+                                  attention_dim=24, dropout=0.0))
+    want_model, got_model = _pair(model, torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    source = torch.randint(4, 300, (6, 13), generator=generator)
+    lengths = torch.tensor([13, 5, 9, 1, 12, 7])
+    target_in = torch.randint(4, 320, (6, 11), generator=generator)
+    results = []
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # float32 products, as on the CPU
+    try:
+        for net, device in ((want_model, "cpu"), (got_model, "cuda")):
+            logits = net(source.to(device), lengths.to(device), target_in.to(device)).logits
+            logits.logsumexp(-1).sum().backward()
+            results.append((logits, {name: p.grad for name, p in net.named_parameters()}))
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
+    (want, want_grads), (got, got_grads) = results
+    _close(got, want, torch.float32, "logits")
+    for name, grad in want_grads.items():
+        _close(got_grads[name], grad, torch.float32, name)
