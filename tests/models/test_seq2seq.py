@@ -124,6 +124,17 @@ def test_teacher_forcing_by_hand_equals_the_step_loop_with_gradients(rng, attent
         torch.testing.assert_close(grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
+def test_folded_teacher_forcing_without_gradients_gives_the_same_numbers(rng):
+    """Evaluation (no_grad) keeps one step's alignment-MLP activations instead of all T."""
+    model = _model("bahdanau")
+    source, lengths, target_in = _inputs(rng)
+    with torch.no_grad():
+        evaluated = model(source, lengths, target_in)
+    trained = model(source, lengths, target_in)
+    torch.testing.assert_close(evaluated.logits, trained.logits, rtol=0, atol=0)
+    torch.testing.assert_close(evaluated.weights, trained.weights, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_additive_recurrence_gradcheck(rng, cell):
     """Every input's gradient by finite differences, a query bias and a padded row included."""

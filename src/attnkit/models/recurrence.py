@@ -80,15 +80,19 @@ class AdditiveRecurrence(torch.autograd.Function):
         blocked, initial_cell = ~mask, cell
         new = from_words.new_empty
         states, weights = new(T, B, H), new(T, B, S)  # time-major: each step writes a contiguous slice
-        inputs, tanhs = new(T, B, H), new(T, B, S, keys.shape[-1])  # s_{i-1}; tanh(W_a s_{i-1} + U_a h_j)
+        # tanh(W_a s_{i-1} + U_a h_j) of every step (B, S, A) for the backward pass; without one (no
+        # input needs a gradient: evaluation) one step's worth, reused.
+        keep = any(ctx.needs_input_grad)
+        inputs, tanhs = new(T, B, H), new(T if keep else 1, B, S, keys.shape[-1])
         gates = new(T, B, G)  # the activated gates (GRU: r, z, n; LSTM: i, f, g, o)
         extra = new(T, B, H)  # GRU: W_hn s_{i-1} + b_hn; LSTM: the cell c_i
         from_words_t = from_words.transpose(0, 1)
         for t in range(T):
             inputs[t] = hidden
             projected = torch.addmm(bias, hidden, weight.t())  # (B, G + A)
-            torch.tanh(keys + projected[:, None, G:], out=tanhs[t])
-            energy = (tanhs[t] @ v).masked_fill_(blocked, float("-inf"))  # (B, S)
+            hidden_layer = tanhs[t if keep else 0]
+            torch.tanh(keys + projected[:, None, G:], out=hidden_layer)
+            energy = (hidden_layer @ v).masked_fill_(blocked, float("-inf"))  # (B, S)
             torch.softmax(energy, -1, out=weights[t])
             into = torch.baddbmm(from_words_t[t][:, None], weights[t][:, None], from_memory)[:, 0]  # (B, G)
             if cell is not None:  # LSTM
