@@ -18,6 +18,18 @@ def test_causal_and_sliding_window_match_the_oracle(L, S, align):
         assert np.array_equal(got, reference.sliding_window_mask(L, S, window, align))
 
 
+def test_causal_positions_match_the_oracle_for_any_order_of_positions():
+    """The mask from position tensors (a fixed cache's columns, a ring shard's global positions),
+    against the oracle's bottom-right window applied to the positions' own order."""
+    rng = torch.Generator().manual_seed(0)
+    q_pos, k_pos = torch.randperm(12, generator=rng)[:5], torch.randperm(12, generator=rng)
+    for window in (None, 1, 3, 100):
+        got = masks.causal_positions(q_pos, k_pos, window).numpy()
+        dense = reference.causal_mask(12, 12, "top-left") if window is None else \
+            reference.sliding_window_mask(12, 12, window, "top-left")
+        assert np.array_equal(got, dense[q_pos.numpy()][:, k_pos.numpy()])
+
+
 def test_bottom_right_lets_the_last_query_see_every_key():
     mask = masks.causal(3, 8, causal_align="bottom-right")
     assert mask[-1].all() and mask[0].sum() == 6

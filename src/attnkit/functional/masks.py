@@ -48,6 +48,7 @@ __all__ = [
     "ALIGNMENTS",
     "causal_offset",
     "causal_block",
+    "causal_positions",
     "causal",
     "sliding_window",
     "padding",
@@ -95,13 +96,21 @@ def causal_block(
     """(q1-q0, k1-k0) block of the causal (or causal sliding-window) mask with the given offset.
 
     Query i may attend key j iff ``j <= i + offset`` and, with a window, ``j > i + offset - window``.
-    The comparison broadcasts a column against a row, never building an (L, S) integer matrix.
     """
-    aligned = torch.arange(q0 + offset, q1 + offset, device=device)[:, None]  # (bq, 1)
-    keys = torch.arange(k0, k1, device=device)[None, :]  # (1, bk)
-    allowed = keys <= aligned
+    return causal_positions(torch.arange(q0 + offset, q1 + offset, device=device),
+                            torch.arange(k0, k1, device=device), window)
+
+
+def causal_positions(query_positions: Tensor, key_positions: Tensor, window: int | None = None) -> Tensor:
+    """(L, S) causal (or causal sliding-window) mask from the positions of the queries (L,) and of
+    the keys (S,): a query at position p may attend a key at position k iff ``k <= p`` and, with a
+    window, ``k > p - window``. The positions may be device tensors (a compiled decode step's cache
+    columns, a ring shard's global positions); the comparison broadcasts a column against a row,
+    never building an (L, S) integer matrix."""
+    p, k = query_positions[:, None], key_positions[None, :]
+    allowed = k <= p
     if window is not None:
-        allowed &= keys > aligned - window
+        allowed &= k > p - window
     return allowed
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
+from .masks import causal_positions
 from .partial import merge_partial, partial_attention, partial_attention_backward
 
 __all__ = ["PeerFailure", "QUERY_TILE", "ring_attention"]
@@ -22,11 +23,7 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) 
     """(Lq, Lk) boolean mask from global positions, or None when everything is allowed."""
     if not is_causal and window is None:
         return None
-    diff = q_pos[:, None] - k_pos[None, :]
-    allowed = diff >= 0
-    if window is not None:
-        allowed &= diff < window
-    return allowed
+    return causal_positions(q_pos, k_pos, window)
 
 
 def _bias(allowed: Tensor | None, key_mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, bool]:

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ..functional.checks import check_int, check_rank, check_same
+from ..functional.masks import causal_positions
 
 __all__ = ["KVCache", "SinkCache", "FixedKVCache"]
 
@@ -254,11 +255,7 @@ class FixedKVCache:
     def allowed(self, columns: Tensor, window: int | None = None) -> Tensor:
         """(L, capacity) boolean: query at column c sees keys c - window < j <= c (j <= c without
         a window): causal, and never a column not yet written."""
-        j = torch.arange(self.capacity, device=columns.device)
-        allowed = j <= columns[:, None]
-        if window is not None:
-            allowed = allowed & (j > columns[:, None] - window)
-        return allowed
+        return causal_positions(columns, torch.arange(self.capacity, device=columns.device), window)
 
     def tensors(self) -> list[Tensor]:
         """The storage and ``next``: the tensors a compiled step updates in place."""

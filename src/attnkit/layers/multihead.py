@@ -19,6 +19,7 @@ from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.context_parallel import check_context_parallel
 from ..functional.heads import merge_heads, split_heads
+from ..functional.masks import causal_positions
 from ..functional.partial import merge_partial
 from .cache import FixedKVCache, KVCache, SinkCache
 from .positional import RotaryEmbedding
@@ -255,8 +256,8 @@ class MultiHeadAttention(nn.Module):
         j = torch.arange(S, device=device)
         sinks = min(cache.sinks, S)
         late = index > cache.limit  # rows whose sinks sit at the limit's position, not their own
-        allowed = (j[None, :] <= index[:, None]) & (j[None, :] > index[:, None] - cache.recent)
-        allowed |= (j[None, :] < sinks) & (j[None, :] <= index[:, None]) & ~late[:, None]
+        allowed = causal_positions(index, j, cache.recent)
+        allowed |= (j[None, :] < sinks) & causal_positions(index, j) & ~late[:, None]
         if self.rotary is not None:
             q_main = self.rotary(q, positions=index)
             keys = self.rotary(keys, positions=j)
