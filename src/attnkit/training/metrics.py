@@ -21,6 +21,12 @@ class Scores:
     signature: str  # sacreBLEU's BLEU signature, for reproducibility
 
 
+def _of_length(sources: Sequence[str], low: int, high: int) -> list[int]:
+    """Indices of the sentences whose source has low..high words (whitespace-separated): the one
+    definition of source length behind every bucket here."""
+    return [i for i, source in enumerate(sources) if low <= len(source.split()) <= high]
+
+
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
     """sacreBLEU corpus BLEU (13a tokenisation) and chrF of hypotheses against one reference each."""
     from sacrebleu.metrics import BLEU, CHRF
@@ -44,7 +50,7 @@ def bleu_by_length(
     """Corpus BLEU of the sentences whose source has low..high words, per bucket (empty buckets skipped)."""
     rows = []
     for low, high in buckets:
-        picked = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
+        picked = _of_length(sources, low, high)
         if picked:
             scores = corpus_scores([hypotheses[i] for i in picked], [references[i] for i in picked])
             rows.append({"bucket": f"{low}-{high}", "low": low, "high": high, "sentences": len(picked),
@@ -79,7 +85,7 @@ def quality_by_length(sources: Sequence[str], systems: Mapping[str, Sequence[str
                              f"{len(sources)}, {len(references)}, {len(systems[name])}")
     rows = []
     for low, high in buckets:
-        picked = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
+        picked = _of_length(sources, low, high)
         if not picked:
             continue
         refs = [[references[i] for i in picked]]
@@ -117,7 +123,7 @@ def bleu_ratio(sources: Sequence[str], hypotheses: Sequence[str], references: Se
     bleu = BLEU()
     groups = []
     for low, high in (long, short):
-        picked = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
+        picked = _of_length(sources, low, high)
         if not picked:
             raise ValueError(f"no sentence with a source of {low}-{high} words")
         stats = bleu._extract_corpus_statistics([hypotheses[i] for i in picked], [[references[i] for i in picked]])
