@@ -301,9 +301,7 @@ def run_demo(
                              f"give at least {(10 + EVALUATION_RESERVE_S) * len(models) / 60 + 0.5:.1f} minutes")
     if epochs is None:
         epochs = DEMO_EPOCHS if minutes is None else 1000  # a budget: as many epochs as it allows
-
-    def recipe(name: str) -> TrainingConfig:
-        return TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
+    training = TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
 
     def on_epoch(model) -> dict:
         hypotheses = translate(model, [p.source for p in probe], source_tokenizer, target_tokenizer, beam_size=1)
@@ -319,7 +317,6 @@ def run_demo(
         torch.manual_seed(seed)
         model = Seq2Seq(config).to(device)  # training and translation follow the model's device
         parameters = sum(p.numel() for p in model.parameters())
-        training = recipe(name)
         limit = f"{share:.0f} s" if share is not None else f"{training.epochs} epochs"
         log(f"== {name} ({attention}): {parameters:,} parameters, {limit} on {len(train_pairs):,} pairs")
         result = train(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, training,
@@ -348,7 +345,7 @@ def run_demo(
     settings = {"train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "probe_pairs": len(probe),
                 "test_pairs": len(test_pairs), "test_long_pairs": len(long_pairs), "beam_size": beam_size,
                 "vocab_size": 4000, "minutes": minutes,
-                "train_seconds_per_model": share, "training": asdict(recipe(models[0])),
+                "train_seconds_per_model": share, "training": asdict(training),
                 "steps": {name: results[name]["steps"] for name in models}, "epochs": epochs, "device": str(device),
                 "threads": torch.get_num_threads(), "torch": torch.__version__}
     settings["wall_seconds"] = time.perf_counter() - started  # the report itself takes a few seconds more
