@@ -329,6 +329,9 @@ def generate(
     was_training = model.training
     model.eval()
     stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=input_ids.device)
+    if not isinstance(compile_step, (bool, str)):
+        raise TypeError(f"compile_step must be True, False or a torch.compile backend name, got "
+                        f"{type(compile_step).__name__} {compile_step!r}")
     if compile_step is not False and not use_cache:
         raise ValueError("compile_step needs use_cache=True (it decodes through fixed-size caches)")
     if compile_step is not False:

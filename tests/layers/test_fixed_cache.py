@@ -73,6 +73,8 @@ def test_fixed_cache_refusals():
         model.layers[0].self_attn(torch.zeros(1, 1, 32, dtype=torch.float64), cache=FixedKVCache(4))
     with pytest.raises(ValueError, match="use_cache=True"):
         generate(model, torch.zeros(1, 2, dtype=torch.long), use_cache=False, compile_step="aot_eager")
+    with pytest.raises(TypeError, match="compile_step must be True, False or a torch.compile backend name, got int 1"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), compile_step=1)
 
 
 def test_reset_and_reorder():
