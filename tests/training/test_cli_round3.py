@@ -348,11 +348,12 @@ def test_ctrl_c_while_torch_imports_is_a_clean_exit(monkeypatch, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_device_cuda_is_refused_with_the_reason_without_a_gpu(capsys, tmp_path):
-    """``--device cuda`` (generate, bench, train) on a machine without CUDA: one line, exit 2, before any
+    """``--device cuda`` (generate, bench, train, inspect) on a machine without CUDA: one line, exit 2, before any
     model is loaded or folder made."""
     _refused(["generate", "--prompt", "hi", "--device", "cuda"], capsys, "--device cuda", "no usable CUDA GPU")
     _refused(["bench", "--device", "cuda", "--sizes", "256", "--out", tmp_path / "b"], capsys, "--device cuda")
     _refused(["train", "--device", "cuda", *TINY, "--out", tmp_path / "t"], capsys, "--device cuda")
-    assert not (tmp_path / "b").exists() and not (tmp_path / "t").exists()
+    _refused(["inspect", "--model", "minilm", "--device", "cuda", "--out", tmp_path / "i"], capsys, "--device cuda")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "t").exists() and not (tmp_path / "i").exists()
     code, _, err, _ = _run(["generate", "--prompt", "hi", "--device", "tpu"], capsys)  # argparse: usage + error
     assert code == 2 and "argument --device: invalid choice: 'tpu'" in err

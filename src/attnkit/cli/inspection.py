@@ -10,7 +10,9 @@ from pathlib import Path
 from .arguments import (
     MAX_BEAM,
     UsageError,
+    add_device_argument,
     check_beam,
+    check_device,
     check_texts,
     check_trained_on_grc_en,
     input_file,
@@ -24,6 +26,7 @@ __all__ = ["add_inspect_parser"]
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    args.device = check_device(args.device)  # each handler moves its model there; the analysis runs on the CPU
     with owned_folder(args.out, "inspect"):
         return _inspect_into(args)
 
@@ -65,6 +68,8 @@ def _inspect_into(args: argparse.Namespace) -> int:
 def _encoder_report(args: argparse.Namespace, model, tokenizer, texts, kind: str | None = None) -> int:
     """The encoder report (also a decoder's causal view) or, with --coref, the coreference scores."""
     from ..inspect import report
+
+    model = model.to(args.device)
 
     if args.coref:
         return _coref(model, tokenizer, args, not args.quiet, kind or "encoder")
@@ -116,6 +121,7 @@ def _inspect_hf_folder(args: argparse.Namespace, folder: Path, texts, references
     forced = references or [None] * len(texts)
     if len(forced) != len(texts):
         raise UsageError(f"--reference must match the texts in number: {len(forced)} and {len(texts)}")
+    model = model.to(args.device)
     runs = [seq2seq_attentions(model, tokenizer, t, r) for t, r in zip(texts, forced)]
     path = report.inspect_encoder_decoder(runs, texts, args.out, source=str(folder), references=references,
                                           top_k=args.top_k)
@@ -134,6 +140,7 @@ def _inspect_checkpoint(args: argparse.Namespace, folder: Path, texts, reference
     if not texts and not args.aer:
         raise UsageError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
     checkpoint = load_checkpoint(resolve_checkpoint(folder))
+    checkpoint.model.to(args.device)  # in place: the checkpoint's model is the one inspected
     check_beam(args.beam, checkpoint)
     if args.aer:
         check_trained_on_grc_en(checkpoint)
@@ -146,6 +153,7 @@ def _inspect_checkpoint(args: argparse.Namespace, folder: Path, texts, reference
         checkpoints = {folder.name or "attention": checkpoint}
         for other in args.also or ():
             extra = load_checkpoint(resolve_checkpoint(other))
+            extra.model.to(args.device)
             check_trained_on_grc_en(extra)
             if other.name in checkpoints:
                 raise UsageError(f"--also {other}: two runs named {other.name!r}; rename one folder")
@@ -213,5 +221,6 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
     inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
                          help="EM iterations of the IBM Model 1 baseline")
+    add_device_argument(inspect, "the model")
     inspect.add_argument("--quiet", action="store_true", help="no progress bars")
     inspect.set_defaults(run=_inspect)

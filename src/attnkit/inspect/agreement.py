@@ -77,7 +77,7 @@ def _similarity(model, ids, types, target):
     """forward(m): cosine similarity of m copies of the sentence's mean-pooled embedding to ``target``."""
 
     def forward(m: int) -> torch.Tensor:
-        batch, mask = ids.expand(m, -1), torch.ones(m, ids.shape[1], dtype=torch.long)
+        batch, mask = ids.expand(m, -1), torch.ones(m, ids.shape[1], dtype=torch.long, device=ids.device)
         pooled = mean_pool(model(batch, mask, types.expand(m, -1)).hidden_states, mask)
         return F.cosine_similarity(pooled, target[None], dim=-1)
 
@@ -107,14 +107,15 @@ def encoder_agreement(model, tokenizer, sentences: Sequence[str], partners: Sequ
         raise ValueError(f"a sentence is its own partner ({same[0][:60]!r}): its cosine is 1 whatever the input, a "
                          "degenerate objective whose attributions are noise; give a different partner")
     model.eval()
+    device = next(model.parameters()).device
     specials = {"[CLS]", "[SEP]", "[PAD]"}
     out = []
     for sentence, partner in zip(sentences, partners):
         e = tokenizer.encode(sentence)
         p = tokenizer.encode(partner)
-        ids, types = torch.tensor([e.ids]), torch.tensor([e.type_ids])
+        ids, types = torch.tensor([e.ids], device=device), torch.tensor([e.type_ids], device=device)
         with torch.no_grad():
-            pids = torch.tensor([p.ids])
+            pids = torch.tensor([p.ids], device=device)
             target = mean_pool(model(pids, torch.ones_like(pids)).hidden_states, torch.ones_like(pids))[0]
         (attentions,), _ = encoder_attentions(model, tokenizer, [sentence])
 
@@ -146,9 +147,9 @@ def seq2seq_agreement(model, source_tokenizer, target_tokenizer, pairs, *, steps
     for pair in pairs:
         source = source_tokenizer.encode(pair.source)
         target = target_tokenizer.encode(pair.target)
-        batch = collate([source], [target])
+        batch = collate([source], [target]).to(next(model.parameters()).device)
         with torch.no_grad():
-            weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0]  # (T, S)
+            weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0].cpu()  # (T, S)
         tokens = source_tokenizer.tokens(pair.source)
         for t in range(min(len(target), max_steps_per_pair or len(target))):
             forward = _log_probability(model, batch, t, target[t])

@@ -172,13 +172,14 @@ def cross_attention_pieces(model, source_tokenizer: Tokenizer, target_tokenizer:
         raise ValueError("this model has no attention (attention='none'); alignments need one")
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     out = []
     try:
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start : start + batch_size]
             sources = [source_tokenizer.encode(p.source) for p in chunk]
             targets = [target_tokenizer.encode(p.target) for p in chunk]
-            batch = collate(sources, targets)
+            batch = collate(sources, targets).to(device)
             if isinstance(model, Seq2Seq):
                 weights = model(batch.source, batch.source_lengths, batch.target_in).weights
                 if weights is None:
@@ -192,7 +193,7 @@ def cross_attention_pieces(model, source_tokenizer: Tokenizer, target_tokenizer:
                     raise ValueError(f"{type(model).__name__} has no cross-attention module (…layers.N.cross_attn)")
                 stacked = torch.stack([records[n][0] for n in names], dim=1)  # (B, layers, H, T + 1, S)
             for k in range(len(chunk)):
-                out.append(stacked[k, :, :, : len(targets[k]) + 1, : len(sources[k])].double().numpy())
+                out.append(stacked[k, :, :, : len(targets[k]) + 1, : len(sources[k])].cpu().double().numpy())
     finally:
         model.train(was_training)
     return out
@@ -255,11 +256,12 @@ def attribution_word_weights(model, source_tokenizer: Tokenizer, target_tokenize
     embedding = _source_token_embedding(model)
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     out = []
     try:
         for pair in pairs:
             source, target = source_tokenizer.encode(pair.source), target_tokenizer.encode(pair.target)
-            batch = collate([source], [target])
+            batch = collate([source], [target]).to(device)
             T = len(target)
             scores = integrated_gradients(_target_log_probabilities(model, batch, T), embedding, steps=steps, outputs=T)
             magnitude = scores.abs().numpy()  # (T, source pieces)

@@ -89,7 +89,7 @@ def _on_embeddings(forward: Callable[[int], Tensor], embedding: nn.Module,
 
 def integrated_gradients(forward: Callable[[int], Tensor], embedding: nn.Module, *, steps: int = 32,
                          baseline: Tensor | None = None, outputs: int | None = None) -> Tensor:
-    """Per-token integrated gradients, (L,) float64, by Captum's ``IntegratedGradients``.
+    """Per-token integrated gradients, (L,) float64 on the CPU, by Captum's ``IntegratedGradients``.
 
     ``forward(m)`` runs the model on a batch of m copies of the one input and returns the (m,)
     scalar outputs; ``embedding`` is the ``nn.Embedding`` whose (m, L, D) output is interpolated
@@ -111,34 +111,34 @@ def integrated_gradients(forward: Callable[[int], Tensor], embedding: nn.Module,
     with torch.enable_grad():
         attribution = ig.attribute(x, baselines=base, n_steps=steps, method="riemann_middle",
                                    internal_batch_size=steps * n)
-    attribution = attribution.detach().double().sum(-1)  # (n, L)
+    attribution = attribution.detach().cpu().double().sum(-1)  # (n, L)
     return attribution[0] if outputs is None else attribution
 
 
 def gradient_x_input(forward: Callable[[int], Tensor], embedding: nn.Module) -> Tensor:
-    """Per-token gradient x input, (L,) float64: sum over the embedding dimension of x * dF/dx
+    """Per-token gradient x input, (L,) float64 on the CPU: sum over the embedding dimension of x * dF/dx
     (Captum's ``InputXGradient``)."""
     f, x = _on_embeddings(forward, embedding)
     with torch.enable_grad():
         attribution = _captum().InputXGradient(f).attribute(x.clone().requires_grad_(True))
-    return attribution[0].detach().double().sum(-1)
+    return attribution[0].detach().cpu().double().sum(-1)
 
 
 def shapley_values(forward: Callable[[int], Tensor], embedding: nn.Module, *, samples: int = 25,
                    seed: int = 0) -> Tensor:
-    """Per-token Shapley values, (L,) float64, estimated from ``samples`` random token orders
+    """Per-token Shapley values, (L,) float64 on the CPU, estimated from ``samples`` random token orders
     (Captum's ``ShapleyValueSampling``; a token is "absent" when its embedding is zero). Costs
     samples x L forward passes, batched L at a time; reproducible for a given ``seed``."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     f, x = _on_embeddings(forward, embedding)
     L = x.shape[1]
-    features = torch.arange(L).view(1, L, 1).expand_as(x).contiguous()
+    features = torch.arange(L, device=x.device).view(1, L, 1).expand_as(x).contiguous()
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed)
         attribution = _captum().ShapleyValueSampling(f).attribute(
             x, baselines=0.0, feature_mask=features, n_samples=samples, perturbations_per_eval=L)
-    return attribution[0, :, 0].detach().double()
+    return attribution[0, :, 0].detach().cpu().double()
 
 
 def rank(values) -> np.ndarray:

@@ -61,12 +61,13 @@ def coreference_picks(model, tokenizer, items: Sequence[CorefItem]) -> np.ndarra
     that on the other candidate's (averaged over the pronoun's pieces). Positive = a correct pick.
     ``model`` is an attnkit :class:`~attnkit.models.EncoderModel`, ``tokenizer`` a ``tokenizers`` one."""
     model.eval()
+    device = next(model.parameters()).device
     margins = []
     for item in items:
         encoding = tokenizer.encode(item.sentence)
-        ids = torch.tensor([encoding.ids])
-        out = model(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids]), need_weights=True)
-        weights = torch.stack([a[0] for a in out.attentions]).double()  # (layers, H, L, L)
+        ids = torch.tensor([encoding.ids], device=device)
+        out = model(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids], device=device), need_weights=True)
+        weights = torch.stack([a[0] for a in out.attentions]).cpu().double()  # (layers, H, L, L)
         offsets = encoding.offsets
         pronoun = _pieces_of(item.pronoun, item.sentence, offsets)
         rows = weights[:, :, pronoun].mean(2)  # (layers, H, L)

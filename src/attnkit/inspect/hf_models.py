@@ -58,7 +58,7 @@ def seq2seq_attentions(model: Any, tokenizer, text: str, reference: str | None =
     model's own greedy output) forced through it: encoder self, decoder self and cross attention,
     each (layers, H, L, S), and the tokens of each side. Runs with ``attn_implementation="attnkit"``."""
     source = tokenizer.encode(text)
-    ids = torch.tensor([source.ids])
+    ids = torch.tensor([source.ids], device=model.device)
     start = model.config.decoder_start_token_id
     if start is None:
         raise UnsupportedFeature(f"{type(model).__name__}: the config has no decoder_start_token_id")
@@ -71,10 +71,10 @@ def seq2seq_attentions(model: Any, tokenizer, text: str, reference: str | None =
             target = tokenizer.encode(reference).ids
         if not target:
             raise ValueError(f"nothing to force for {text[:60]!r}: an empty output")
-        decoder_inputs = torch.tensor([[start, *target[:-1]]])
+        decoder_inputs = torch.tensor([[start, *target[:-1]]], device=model.device)
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), decoder_input_ids=decoder_inputs,
                     output_attentions=True, use_cache=False)
-    stack = lambda attentions: torch.stack([a[0] for a in attentions]).float()  # noqa: E731
+    stack = lambda attentions: torch.stack([a[0] for a in attentions]).float().cpu()  # noqa: E731
     return {
         "keys": list(source.tokens),
         "inputs": [tokenizer.id_to_token(t) or str(t) for t in decoder_inputs[0].tolist()],

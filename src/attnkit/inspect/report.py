@@ -143,14 +143,14 @@ def _translation_views(model, source, target, text: str, forced: str, number: in
     from ..viz import AttentionView
     from .record import record_attention
 
-    batch = collate([source.encode(text)], [target.encode(forced)])
+    batch = collate([source.encode(text)], [target.encode(forced)]).to(next(model.parameters()).device)
     keys = source.tokens(text)
     pieces = target.tokens(forced)
     outputs, inputs = [*pieces, "</s>"], ["<s>", *pieces]
     model.eval()
     with torch.no_grad():
         if isinstance(model, Seq2Seq):
-            weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0]  # (T, S)
+            weights = model(batch.source, batch.source_lengths, batch.target_in).weights[0].cpu()  # (T, S)
             return [AttentionView(f"text {number}: cross attention (rows: the token predicted)", outputs, weights[None, None],
                                   keys=keys)], weights, keys, outputs
         with record_attention(model) as records:
@@ -158,7 +158,7 @@ def _translation_views(model, source, target, text: str, forced: str, number: in
 
     def stack(prefix: str, suffix: str) -> torch.Tensor:  # (layers, H, L, S) of the one sentence
         names = sorted((n for n in records if n.startswith(prefix) and n.endswith(suffix)), key=lambda n: int(n.split(".")[2]))
-        return torch.stack([records[n][0][0] for n in names])
+        return torch.stack([records[n][0][0] for n in names]).cpu()
 
     cross = stack("decoder.layers.", "cross_attn")
     views = [AttentionView(f"text {number}: encoder self-attention", keys, stack("encoder.layers.", "self_attn")),

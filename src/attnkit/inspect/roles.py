@@ -152,13 +152,15 @@ def head_roles(attentions: Sequence[Sequence[torch.Tensor]], tokens: Sequence[Se
 @torch.no_grad()
 def encoder_attentions(model, tokenizer, sentences: Sequence[str]) -> tuple[list[list[torch.Tensor]], list[list[str]]]:
     """Run a BERT-style :class:`~attnkit.models.EncoderModel` with a ``tokenizers`` tokenizer on each
-    sentence alone (no padding): per sentence, the list of (H, L, L) weights per layer and the tokens."""
+    sentence alone (no padding): per sentence, the list of (H, L, L) weights per layer (float32, on
+    the CPU whatever the model's device) and the tokens."""
     attentions, tokens = [], []
     model.eval()
+    device = next(model.parameters()).device
     for sentence in sentences:
         encoding = tokenizer.encode(sentence)
-        ids = torch.tensor([encoding.ids])
-        out = model(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids]), need_weights=True)
-        attentions.append([a[0].float() for a in out.attentions])
+        ids = torch.tensor([encoding.ids], device=device)
+        out = model(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids], device=device), need_weights=True)
+        attentions.append([a[0].float().cpu() for a in out.attentions])
         tokens.append(list(encoding.tokens))
     return attentions, tokens
