@@ -156,6 +156,18 @@ def test_additive_recurrence_gradcheck(rng, cell):
     assert torch.autograd.gradcheck(run, inputs)
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-7), (torch.float64, 1e-15)])
+def test_the_recurrences_cpu_tanh_is_tanh(dtype, tolerance):
+    """2 sigmoid(2x) - 1, the recurrence's tanh on the CPU, against float64 tanh over its whole range."""
+    from attnkit.models.recurrence import _tanh
+
+    x = torch.linspace(-20, 20, 400_001, dtype=dtype)
+    want = torch.tanh(x.double())
+    out = torch.empty_like(x)
+    assert _tanh(x.clone(), out=out) is out
+    assert (out.double() - want).abs().max() <= tolerance
+
+
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_unpacked_gru_encoder_equals_packed(rng, layers, bidirectional):

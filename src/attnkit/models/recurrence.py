@@ -64,6 +64,16 @@ def _gru_update_backward(d_hidden: Tensor, gates: Tensor, extra: Tensor, previou
     return d_hidden * z
 
 
+def _tanh(x: Tensor, *, out: Tensor) -> Tensor:
+    """tanh(x) into ``out``, overwriting ``x``. On the CPU as 2 sigmoid(2x) - 1: on the 2-core machine
+    of docs/demo.md ``torch.tanh`` of a (32, 31, 128) tensor took 290 us and this 163 us (the
+    recurrence's forward 33.7 -> 28.3 ms per batch); absolute error at most 1.8e-7 in float32
+    (``torch.tanh``: 3e-8), 4e-16 in float64. Elsewhere (one kernel against four) ``torch.tanh``."""
+    if x.device.type != "cpu":
+        return torch.tanh(x, out=out)
+    return torch.sigmoid(x.mul_(2), out=out).mul_(2).sub_(1)
+
+
 class AdditiveRecurrence(torch.autograd.Function):
     """``apply(from_words, from_memory, keys, mask, hidden, cell, weight, bias, v) -> (states, weights)``.
 
@@ -91,7 +101,7 @@ class AdditiveRecurrence(torch.autograd.Function):
             inputs[t] = hidden
             projected = torch.addmm(bias, hidden, weight.t())  # (B, G + A)
             hidden_layer = tanhs[t if keep else 0]
-            torch.tanh(keys + projected[:, None, G:], out=hidden_layer)
+            _tanh(keys + projected[:, None, G:], out=hidden_layer)
             energy = (hidden_layer @ v).masked_fill_(blocked, float("-inf"))  # (B, S)
             torch.softmax(energy, -1, out=weights[t])
             into = torch.baddbmm(from_words_t[t][:, None], weights[t][:, None], from_memory)[:, 0]  # (B, G)
@@ -124,6 +134,10 @@ class AdditiveRecurrence(torch.autograd.Function):
         d_v = torch.zeros_like(v)
         d_hidden = torch.zeros_like(states[0])
         d_cell = torch.zeros_like(states[0]) if ctx.lstm else None
+        # (B, G, S): each step's d(a) is then a (1, G) x (G, S) product; on (B, S, G) x (G, 1) the CPU's
+        # batched matrix-vector kernel is 5x slower (629 against 117 us at B 32, S 31, G 768; the
+        # recurrence's backward 46.7 -> 29.7 ms per batch).
+        memory_t = from_memory.transpose(1, 2).contiguous()
         for t in reversed(range(T)):
             d_hidden = d_hidden + d_states[t]
             g, d_in, d_proj = gates[t], d_into[t], d_projected[t]
@@ -142,7 +156,7 @@ class AdditiveRecurrence(torch.autograd.Function):
             else:
                 d_hidden = _gru_update_backward(d_hidden, g, extra[t], inputs[t], d_in, d_proj[:, :G])
             a = weights[t]  # (B, S)
-            d_a = torch.baddbmm(d_weights[t][:, :, None], from_memory, d_in[:, :, None])[:, :, 0]  # (B, S)
+            d_a = torch.baddbmm(d_weights[t][:, None], d_in[:, None], memory_t)[:, 0]  # (B, S)
             d_energy = a * (d_a - (a * d_a).sum(-1, keepdim=True))  # softmax backward; 0 where masked
             d_v += tanhs[t].flatten(0, 1).t() @ d_energy.flatten()
             d_pre = tanh_backward(d_energy[:, :, None] * v, tanhs[t])  # (B, S, A)
