@@ -64,3 +64,30 @@ def test_beam_one_is_greedy_and_batching_changes_nothing(rng, model):
         alone = beam_search(model, source[b : b + 1, : lengths[b]], lengths[b : b + 1], beam_size=4, max_length=8)[0]
         assert alone.tokens == wide[b].tokens
         assert alone.score == pytest.approx(wide[b].score, abs=1e-6)
+
+
+@pytest.mark.parametrize("model", list(_models()), ids=["seq2seq", "transformer"])
+def test_a_reorder_within_each_source_leaves_the_same_state_as_a_full_one(rng, model):
+    """Beam search moves rows only among the copies of one source after the first step: the source's
+    encoding is not copied then, and the state equals what a full reorder gives."""
+    B, K = 3, 4
+    source = torch.randint(4, 12, (B, 6), generator=rng)
+    lengths = torch.tensor([6, 2, 4])
+    states = [model.encode(source, lengths) for _ in range(2)]
+    rows = None
+    for _ in range(3):
+        for state in states:
+            if rows is None:
+                state.reorder(torch.arange(B).repeat_interleave(K))
+            else:
+                state.reorder(rows, within_source=state is states[0])
+            model.step(state, torch.randint(4, 7, (B * K,), generator=torch.Generator().manual_seed(0)))
+        rows = (torch.randint(0, K, (B, K), generator=rng) + torch.arange(B)[:, None] * K).view(-1)
+
+    def tensors(state):
+        if hasattr(state, "hidden"):  # Seq2SeqState
+            return [state.memory, state.mask, state.keys, state.hidden]
+        return [state.memory, state.memory_mask] + [t for pair in state.caches for c in pair for t in (c.keys, c.values)]
+
+    for a, b in zip(tensors(states[0]), tensors(states[1]), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

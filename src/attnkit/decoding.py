@@ -76,7 +76,7 @@ def beam_search(
         scores, flat = candidates.topk(K, dim=-1)  # (B, K)
         origin, token = flat // V, flat % V
         rows = (origin + torch.arange(B, device=source.device)[:, None] * K).view(-1)  # (B K,)
-        state.reorder(rows)
+        state.reorder(rows, within_source=True)  # beams stay with their source
         was_finished = finished.gather(1, origin)
         lengths = lengths.gather(1, origin) + (~was_finished).long()
         finished = was_finished | (token == EOS)

@@ -54,9 +54,13 @@ class Seq2SeqState:
     hidden: Tensor | tuple[Tensor, Tensor]  # (layers, B, hidden) (and the LSTM cell)
     feed: Tensor | None  # (B, hidden) Luong input feeding: previous attentional vector
 
-    def reorder(self, index: Tensor) -> None:
-        self.memory, self.mask = self.memory.index_select(0, index), self.mask.index_select(0, index)
-        self.keys = None if self.keys is None else self.keys.index_select(0, index)
+    def reorder(self, index: Tensor, *, within_source: bool = False) -> None:
+        """Rows ``index`` of the state. ``within_source``: every row moves among the copies of one
+        source (beam search after the first step), so the source's memory, mask and keys, the same
+        in all its copies, stay where they are; only the per-hypothesis state moves."""
+        if not within_source:
+            self.memory, self.mask = self.memory.index_select(0, index), self.mask.index_select(0, index)
+            self.keys = None if self.keys is None else self.keys.index_select(0, index)
         self.feed = None if self.feed is None else self.feed.index_select(0, index)
         if isinstance(self.hidden, tuple):
             self.hidden = (self.hidden[0].index_select(1, index), self.hidden[1].index_select(1, index))

@@ -204,12 +204,17 @@ class TransformerState:
     caches: list[tuple[KVCache, KVCache]]  # (self attention, cross attention) per decoder layer
     offset: int = 0  # target positions decoded so far
 
-    def reorder(self, index: Tensor) -> None:
-        self.memory = self.memory.index_select(0, index)
-        self.memory_mask = self.memory_mask.index_select(0, index)
+    def reorder(self, index: Tensor, *, within_source: bool = False) -> None:
+        """Rows ``index`` of the state. ``within_source``: every row moves among the copies of one
+        source (beam search after the first step), so the memory, its mask and the cross-attention
+        caches, the same in all its copies, stay where they are; only the self-attention caches move."""
+        if not within_source:
+            self.memory = self.memory.index_select(0, index)
+            self.memory_mask = self.memory_mask.index_select(0, index)
         for self_cache, cross_cache in self.caches:
             self_cache.reorder(index)
-            cross_cache.reorder(index)
+            if not within_source:
+                cross_cache.reorder(index)
 
 
 class TransformerEncoderDecoder(nn.Module):
