@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from attnkit.models import Seq2Seq, Seq2SeqConfig
     from attnkit.training.loop import encode_pairs
     from attnkit.training.setup import build_tokenizers
-    from attnkit.workbench import DEMO_RECIPE
+    from attnkit.workbench import DEMO_MODEL, DEMO_RECIPE
 
     pairs = bible_corpus("train")
     source, target = build_tokenizers(pairs, vocab_size=4000)
@@ -74,8 +74,7 @@ def main(argv=None) -> int:
     runs = {}
     for name, (attention, stepwise, old) in variants.items():
         torch.manual_seed(0)
-        model = Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, embedding_dim=128, hidden_size=256,
-                                      attention=attention, dropout=0.2))
+        model = Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, attention=attention, **DEMO_MODEL))
         runs[name] = (model, torch.optim.AdamW(model.parameters(), lr=DEMO_RECIPE["lr"]), stepwise, old)
 
     def train_steps(name: str, chunk) -> tuple[int, float]:
