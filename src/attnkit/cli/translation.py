@@ -97,7 +97,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def add_demo_parser(commands) -> None:
     """The ``demo`` sub-command's arguments."""
-    from ..workbench import DEMO_MODELS
+    from ..workbench import DEMO_EPOCHS, DEMO_MODELS
 
     demo = commands.add_parser("demo", help="the main job: bottleneck vs attention on the bundled corpus, with a report")
     demo.add_argument("--out", type=output_dir, default=Path("out/demo"), help="folder for runs/ and report/")
@@ -108,8 +108,8 @@ def add_demo_parser(commands) -> None:
                            "trains for an equal share of what the set-up and the test translations leave (results "
                            "then depend on the machine)")
     demo.add_argument("--epochs", type=int_in(1, 1000),
-                      help="epochs per model (default 3: a fixed amount of training, the same numbers on any "
-                           "machine); with --minutes, at most this many (default: as many as the budget allows)")
+                      help=f"epochs per model (default {DEMO_EPOCHS}: a fixed amount of training, the same numbers "
+                           "on any machine); with --minutes, at most this many (default: as many as the budget allows)")
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
     demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
