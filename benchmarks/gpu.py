@@ -99,8 +99,8 @@ def _chosen(q, k, v, kwargs) -> str:
     return chosen[0]
 
 
-def attention_rows(sizes, repeats: int, progress) -> list[dict]:
-    rows = []
+def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None) -> list[dict]:
+    rows = [] if rows is None else rows
     for n in sizes:
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, H, n, E, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -120,6 +120,7 @@ def attention_rows(sizes, repeats: int, progress) -> list[dict]:
                     row[f"{label}_{mode}_ms"] = _time(run, repeats)
                 row[f"ratio_{mode}"] = row[f"torch_{mode}_ms"] / row[f"attnkit_{mode}_ms"]
             rows.append(row)
+            save()  # a run cut short keeps its finished rows
             progress.update()
     return rows
 
@@ -204,10 +205,15 @@ def main(argv=None) -> int:
         report["transformers"] = transformers.__version__
     except ImportError:
         pass
-    with tqdm(total=4 * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress:
-        report["attention"] = attention_rows(args.sizes, args.repeats, progress)
-        report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
+    # torch's compiled flex_attention and attnkit's share one code object, and each (length, scale,
+    # pattern) is a graph of its own: past dynamo's default of 8 the baseline would silently run eager.
+    torch._dynamo.config.recompile_limit = 512
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    report["attention"], report["block_masks"] = [], []
+    with tqdm(total=4 * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress:
+        attention_rows(args.sizes, args.repeats, progress, save=lambda: write_json(args.out, report),
+                       rows=report["attention"])
+        report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
     write_json(args.out, report)
     print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")
     print(markdown(report))

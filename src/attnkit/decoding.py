@@ -340,6 +340,7 @@ def generate(
         advance = _growing_steps(model, input_ids, attention_mask, use_cache)
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     lengths = [max_new_tokens] * B
+    finished = [False] * B  # the host's copy of ``done``, from the one read per step
     new: list[Tensor] = []
     try:
         logits = advance(None)  # the prompt
@@ -356,10 +357,11 @@ def generate(
             for b in range(B):
                 if host[B + b]:
                     lengths[b] = step + 1
+                    finished[b] = True
             if host[-1] or step == max_new_tokens - 1:
                 break
             logits = advance(token)
     finally:
         model.train(was_training)
     tokens = torch.stack(new, 1)
-    return Generation(tokens, lengths, done.tolist())
+    return Generation(tokens, lengths, finished)

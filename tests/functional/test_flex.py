@@ -276,3 +276,28 @@ def test_compiled_cpu_forward_with_every_part_at_a_padded_length(rng):
         got = attnkit.attention(q, k, v, backend="flex", mask=padding, is_causal=True).output
     want = attnkit.attention(q.double(), k.double(), v.double(), backend="reference", mask=padding, is_causal=True).output
     torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_pattern_too_big_for_shared_memory_compiles_again_with_small_tiles(monkeypatch, rng):
+    """Triton's "out of resource: shared memory" (an H100, a bias in bf16) makes the compiled call
+    retry once with SMALL_TILES, remembered for the pattern; any other compile error propagates."""
+    calls = []
+
+    def fake(q, k, v, **options):
+        calls.append(options.get("kernel_options"))
+        if "kernel_options" not in options:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_"
+                               "attention_0 Required: 311296 Hardware limit:232448")
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(flex, "_compiled", lambda: fake)
+    monkeypatch.setattr(flex, "_needs_small_tiles", set())
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=rng) for _ in range(3))
+    options = dict(score_mod=None, block_mask=None, scale=None, enable_gqa=False)
+    flex._run_compiled(q, k, v, options)
+    assert calls == [None, flex.SMALL_TILES]
+    flex._run_compiled(q, k, v, options)  # remembered: straight to the small tiles
+    assert calls == [None, flex.SMALL_TILES, flex.SMALL_TILES]
+    monkeypatch.setattr(flex, "_compiled", lambda: lambda *a, **o: (_ for _ in ()).throw(RuntimeError("another")))
+    with pytest.raises(RuntimeError, match="another"):
+        flex._run_compiled(q, k, v, {**options, "score_mod": lambda s, b, h, i, j: s})

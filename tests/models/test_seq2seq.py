@@ -187,3 +187,25 @@ def test_unpacked_gru_encoder_equals_packed(rng, layers, bidirectional):
     reference = torch.autograd.grad((packed_memory * probe).sum() + packed_final.sum(), weights)
     for grad, expected in zip(grads, reference):
         torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_weights_that_share_one_buffer_are_saved_each_under_its_name(tmp_path):
+    """cuDNN flattens an RNN's weights into one buffer on CUDA: the biases (and the reverse
+    direction's matrices) are then views of one storage with equal shapes. Each is a parameter of
+    its own and must be saved (a checkpoint trained on a GPU once lost six of them)."""
+    from attnkit.models.weights import load_weights, save_weights
+
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(40, 50, embedding_dim=8, hidden_size=12, attention="bahdanau", dropout=0.0))
+    for rnn in (model.encoder, model.decoder):  # what flatten_parameters() does on CUDA
+        params = list(rnn._flat_weights)
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        offset = 0
+        for p in params:
+            p.data = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+    save_weights(model, tmp_path / "model.safetensors")
+    fresh = Seq2Seq(model.config)
+    load_weights(fresh, tmp_path / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name

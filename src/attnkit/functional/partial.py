@@ -28,6 +28,8 @@ __all__ = ["FUSED", "fused", "partial_attention", "partial_attention_backward", 
 FUSED = True  # False: always the plain-PyTorch arithmetic (tests compare the two)
 _ALIGN = 16  # the CUDA memory-efficient kernel wants the bias's rows 16-element aligned
 _LSE_PAD = 32  # ... and keeps its log-sum-exp padded to a multiple of 32 queries
+CUDA_BACKWARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes whose gradients come from the CUDA kernel's backward op; others take plain PyTorch."""
 
 
 def _accumulator(dtype: torch.dtype) -> torch.dtype:
@@ -69,6 +71,12 @@ def _no_key(bias: Tensor | None, like: Tensor) -> Tensor | None:
 def _top_left(q: Tensor, k: Tensor) -> Tensor:
     """(Lq, Lk) True where key j <= query i: the kernels' ``is_causal``."""
     return torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+
+
+def _heads_inner(x: Tensor) -> Tensor:
+    """(B, H, L, E) laid out in memory as (B, L, H, E), the layout of the forward kernel's own output
+    (what ``scaled_dot_product_attention``'s backward hands the backward kernel)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _padded(x: Tensor, size: int) -> Tensor:
@@ -138,12 +146,12 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
             _padded(out.to(q.dtype), size), lse.to(_accumulator(q.dtype)).contiguous(), 0.0, is_causal,
             attn_mask=bias, scale=scale)
         return dq[..., :E], dk[..., :E], dv[..., :Ev]
-    if kernel == "cuda-efficient":
+    if kernel == "cuda-efficient" and q.dtype in CUDA_BACKWARD_DTYPES:
         padded = F.pad(lse.float(), (0, (-q.shape[2]) % _LSE_PAD)).contiguous()
         unused = torch.zeros((), dtype=torch.int64)  # dropout seed / offset: no dropout
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            d_out.to(q.dtype).contiguous(), q, k, v, _cuda_bias(bias, q, k), out.to(q.dtype), padded, unused, unused,
-            0.0, [True, True, True, False], is_causal, scale=scale)
+            _heads_inner(d_out.to(q.dtype)), q, k, v, _cuda_bias(bias, q, k), _heads_inner(out.to(q.dtype)), padded,
+            unused, unused, 0.0, [True, True, True, False], is_causal, scale=scale)
         return dq, dk, dv
     acc = _accumulator(q.dtype)
     qa, ka, va, do = q.to(acc), k.to(acc), v.to(acc), d_out.to(acc)

@@ -14,6 +14,7 @@ Shapes: B batch, S source length, T target length, V target vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,16 @@ from .outputs import StepOutput, TranslationOutput, check_source
 from .recurrence import AdditiveRecurrence
 
 __all__ = ["Seq2Seq"]
+
+
+def _rnn_kernels(model: nn.Module, like: Tensor):
+    """The context the model's RNN calls run in. cuDNN's RNN has no backward outside training mode
+    ("cudnn RNN backward can only be called in training mode"), so an evaluated model asked for
+    gradients on CUDA (attribution, gradient checks) runs PyTorch's own RNN kernels: the same
+    arithmetic. Training and gradient-free inference keep cuDNN."""
+    if like.is_cuda and not model.training and torch.is_grad_enabled():
+        return torch.backends.cudnn.flags(enabled=False)
+    return contextlib.nullcontext()
 
 
 def _layer_weights(rnn: nn.RNNBase, layer: int = 0, suffix: str = "") -> list[Tensor]:
@@ -157,6 +168,10 @@ class Seq2Seq(nn.Module):
 
     def encode(self, source: Tensor, source_lengths: Tensor) -> Seq2SeqState:
         """Read source (B, S) with lengths (B,); return the decoder's initial state."""
+        with _rnn_kernels(self, source):
+            return self._encode(source, source_lengths)
+
+    def _encode(self, source: Tensor, source_lengths: Tensor) -> Seq2SeqState:
         check_source(source, source_lengths)
         S = source.shape[1]
         embedded = self.dropout(self.source_embedding(source))  # (B, S, emb)
@@ -189,7 +204,8 @@ class Seq2Seq(nn.Module):
 
     def step(self, state: Seq2SeqState, tokens: Tensor) -> StepOutput:
         """One decoder step from the previous tokens (B,); updates ``state`` in place."""
-        features, weights = self._recur(state, tokens)
+        with _rnn_kernels(self, tokens):
+            features, weights = self._recur(state, tokens)
         attentional = torch.tanh(self.combine(features))  # (B, hidden)
         if state.feed is not None:
             state.feed = attentional
@@ -263,6 +279,10 @@ class Seq2Seq(nn.Module):
         give the same numbers; the tests check it).
         """
         check_rank("target_in", target_in, 2, "(B, T)")
+        with _rnn_kernels(self, source):
+            return self._teacher_forced(source, source_lengths, target_in, stepwise)
+
+    def _teacher_forced(self, source: Tensor, source_lengths: Tensor, target_in: Tensor, stepwise: bool) -> TranslationOutput:
         state = self.encode(source, source_lengths)
         if self.parallel_decoding and not stepwise:
             return self._decode_all(state, target_in)

@@ -19,12 +19,14 @@ __all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors",
 
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """``state_dict()`` without the second and later names of tied (same storage) tensors."""
-    seen: set[tuple[int, tuple[int, ...]]] = set()
+    """``state_dict()`` without the second and later names of tied tensors: the same memory, the same
+    shape and strides. Distinct parameters that are views into one buffer (cuDNN flattens an RNN's
+    weights into one on CUDA) are kept, each under its own name."""
+    seen: set[tuple[torch.device, int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = set()
     out = {}
     for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tuple(tensor.shape))
-        if key in seen:
+        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        if key in seen and tensor.numel():
             continue
         seen.add(key)
         out[name] = tensor

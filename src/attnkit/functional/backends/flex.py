@@ -307,10 +307,40 @@ def _needs_grad(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> bool:
 def _loud_recompiles():
     """Raise past RECOMPILE_LIMIT compiles instead of PyTorch's silent switch to eager."""
     config = torch._dynamo.config
-    options = {name: value for name, value in (("recompile_limit", RECOMPILE_LIMIT),
+    limit = max(RECOMPILE_LIMIT, getattr(config, "recompile_limit", 0))  # never lower a user's own limit
+    options = {name: value for name, value in (("recompile_limit", limit),
                                                ("fail_on_recompile_limit_hit", True)) if hasattr(config, name)}
     with config.patch(**options):
         yield
+
+
+SMALL_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 1,
+               "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32, "bwd_num_stages": 1}
+"""FlexAttention's ``kernel_options`` for the patterns whose default tiles need more shared memory
+than the GPU has (Triton's "out of resource: shared memory", seen on an H100 with a bias tensor in
+bf16 and fp16): smaller tiles, one pipeline stage, forward and backward."""
+_needs_small_tiles: set[tuple] = set()
+
+
+def _tile_key(q: Tensor, v: Tensor, options: dict) -> tuple:
+    return (q.device, q.dtype, q.shape[-1], v.shape[-1], options["score_mod"] is not None)
+
+
+def _run_compiled(q: Tensor, k: Tensor, v: Tensor, options: dict):
+    """The compiled flex call. A pattern whose default kernel does not fit the GPU's shared memory
+    compiles again with :data:`SMALL_TILES` (the same arithmetic in smaller tiles), once per
+    (device, dtype, head sizes, score_mod or not); any other compile error propagates."""
+    key = _tile_key(q, v, options)
+    if key in _needs_small_tiles:
+        options = {**options, "kernel_options": SMALL_TILES}
+    with _loud_recompiles():
+        try:
+            return _compiled()(q, k, v, **options)
+        except Exception as error:  # InductorError wraps Triton's OutOfResources
+            if "out of resource" not in str(error) or "kernel_options" in options:
+                raise
+            _needs_small_tiles.add(key)
+            return _compiled()(q, k, v, **options, kernel_options=SMALL_TILES)
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
@@ -331,7 +361,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
     L, S = dims.L, dims.S
     Lp, Sp = (length_bucket(L), length_bucket(S)) if compiled else (L, S)
-    call = _Call(problem, padded=(Lp, Sp) != (L, S), device=q.device)
+    # Compiled calls always clamp the indices, padded or not, so that a bucket's exact length shares
+    # its graph with the lengths padded up to it.
+    call = _Call(problem, padded=compiled or (Lp, Sp) != (L, S), device=q.device)
     num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
 
     def build() -> dict[str, Tensor]:
@@ -359,8 +391,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if want_lse:
         options.update(lse_request)
     if compiled:
-        with _loud_recompiles():
-            result = _compiled()(q, k, v, **options)
+        result = _run_compiled(q, k, v, options)
     else:
         with warnings.catch_warnings():  # the eager path is chosen, not stumbled into
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
