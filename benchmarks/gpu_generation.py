@@ -5,8 +5,9 @@ Rows, each timed in this one process (median of ``--repeats`` after a warm-up th
 compile), tokens per second = 8 x new tokens / seconds:
 
 - transformers ``generate``, its default (dynamic) cache;
-- transformers ``generate`` with ``cache_implementation="static"`` and its forward compiled
-  (``mode="reduce-overhead"``: CUDA graphs), transformers' own recipe for fast decoding;
+- transformers ``generate`` with ``cache_implementation="static"``, transformers' own recipe for
+  fast decoding: on CUDA it compiles the forward itself (CUDA graphs); elsewhere the benchmark
+  compiles it (``--backend``);
 - attnkit ``generate`` with its growing KV cache;
 - attnkit ``generate(compile_step=True)``: fixed-size caches and the decode step compiled (CUDA
   graphs on CUDA).
@@ -61,7 +62,7 @@ def _time(run, repeats: int, device: str) -> tuple[float, torch.Tensor]:
     return statistics.median(seconds), tokens.cpu()
 
 
-def rows_for(dtype: torch.dtype, args) -> list[dict]:
+def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lambda: None) -> list[dict]:
     from attnkit.decoding import generate, pad_prompts
     from attnkit.models.decoder import DecoderLM
     from attnkit.models.pretrained import config_from_hf, load_hf_state_dict
@@ -94,18 +95,16 @@ def rows_for(dtype: torch.dtype, args) -> list[dict]:
         return generate(ours, ids, attention_mask=mask, max_new_tokens=new,
                         compile_step=args.backend if args.backend else True).tokens
 
-    rows = []
+    rows = [] if rows is None else rows
     reference = None
     plain_forward = hf.forward
     for name, run in (("transformers generate", theirs), ("transformers generate, static cache + compile", theirs_static),
                       ("attnkit generate", ours_plain), ("attnkit generate, compile_step", ours_compiled)):
-        if "static cache" in name:
-            options = {"fullgraph": True}
-            if args.backend:
-                options["backend"] = args.backend
-            elif args.device == "cuda":
-                options["mode"] = "reduce-overhead"
-            hf.forward = torch.compile(plain_forward, **options)
+        # On CUDA transformers compiles the forward itself for a static cache (its auto-compile);
+        # wrapping it again in CUDA graphs broke that row on an H100 ("accessing tensor output of
+        # CUDAGraphs that has been overwritten"). Elsewhere it compiles nothing, so we do.
+        if "static cache" in name and args.device != "cuda":
+            hf.forward = torch.compile(plain_forward, fullgraph=True, **({"backend": args.backend} if args.backend else {}))
         try:
             seconds, tokens = _time(run, args.repeats, args.device)
             error = None
@@ -120,6 +119,7 @@ def rows_for(dtype: torch.dtype, args) -> list[dict]:
                      "tokens_per_s": len(prompts) * new / seconds, "same_tokens_as_transformers": same, "error": error})
         print(f"  {rows[-1]['dtype']:>8}  {name:<48} {rows[-1]['tokens_per_s']:>10,.0f} tok/s  same tokens: {same}"
               + (f"  ({error})" if error else ""), flush=True)
+        save()  # a run cut short keeps its finished rows
     return rows
 
 
@@ -142,15 +142,19 @@ def main(argv=None) -> int:
     from attnkit._markdown import markdown_table
     from attnkit.bench.harness import machine_info
 
-    rows = []
-    for dtype in args.dtypes:
-        rows += rows_for(getattr(torch, dtype), args)
-    for row in rows:
-        base = next(r for r in rows if r["dtype"] == row["dtype"] and r["row"] == "transformers generate")
-        row["ratio_to_transformers"] = row["tokens_per_s"] / base["tokens_per_s"]
+    rows: list[dict] = []
     report = {"benchmark": "gpu_generation", "config": vars(args) | {"out": str(args.out)},
               "machine": machine_info(args.device), "transformers": transformers.__version__, "rows": rows}
-    write_json(args.out, report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        for row in rows:
+            base = next(r for r in rows if r["dtype"] == row["dtype"] and r["row"] == "transformers generate")
+            row["ratio_to_transformers"] = row["tokens_per_s"] / base["tokens_per_s"]
+        write_json(args.out, report)
+
+    for dtype in args.dtypes:
+        rows_for(getattr(torch, dtype), args, rows, save)
     print("\n".join(markdown_table(["dtype", "row", "tokens/s", "vs transformers generate", "same tokens"],
                                    [[r["dtype"], r["row"], f"{r['tokens_per_s']:,.0f}", f"{r['ratio_to_transformers']:.2f}x",
                                      r["same_tokens_as_transformers"]] for r in rows])))
