@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 
 import attnkit
 from attnkit._files import write_json
-from attnkit.bench.harness import peak_extra_mb
+from attnkit.bench.harness import cuda_median_ms, peak_extra_mb
 from attnkit.functional.backends import flex
 from attnkit.functional.block_patterns import longformer_block_mask
 
@@ -41,22 +40,6 @@ attention_module = importlib.import_module("attnkit.functional.attention")  # th
 
 WINDOW, LONGFORMER_WINDOW, GLOBALS = 1024, 512, 16
 B, H, E = 1, 16, 128
-
-
-def _time(run, repeats: int) -> float:
-    """Median milliseconds of ``run()`` by CUDA events, after two warm-up calls."""
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _torch_mods(n: int):
@@ -117,7 +100,7 @@ def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None) 
                     else:
                         def run(call=call):
                             call(q, k, v).backward(d_out)
-                    row[f"{label}_{mode}_ms"] = _time(run, repeats)
+                    row[f"{label}_{mode}_ms"] = cuda_median_ms(run, repeats)
                 row[f"ratio_{mode}"] = row[f"torch_{mode}_ms"] / row[f"attnkit_{mode}_ms"]
             rows.append(row)
             save()  # a run cut short keeps its finished rows

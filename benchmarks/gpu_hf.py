@@ -22,7 +22,6 @@ a markdown table with each row's ratio to its baseline (>1: faster than the base
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
@@ -68,23 +67,9 @@ def _step(model, ids: torch.Tensor, native: bool) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def _time(run, repeats: int) -> float:
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    return statistics.median(times)
-
-
 def workload_rows(name: str, repeats: int) -> list[dict]:
     import attnkit.hf
+    from attnkit.bench.harness import cuda_median_ms
 
     attnkit.hf.register()
     family, batch, length, baseline, implementations = WORKLOADS[name]
@@ -99,7 +84,7 @@ def workload_rows(name: str, repeats: int) -> list[dict]:
             else:
                 model = _hf_model(family, implementation).cuda().to(torch.bfloat16).train()
             torch.cuda.reset_peak_memory_stats()
-            row["seconds"] = _time(lambda: _step(model, ids, implementation == "native"), repeats)
+            row["seconds"] = cuda_median_ms(lambda: _step(model, ids, implementation == "native"), repeats) / 1000
             row["tokens_per_s"] = batch * length / row["seconds"]
             row["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
         except Exception as error:  # recorded with its reason, never hidden

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["time_round_robin", "peak_extra_mb", "run_worker", "machine_info"]
+__all__ = ["time_round_robin", "cuda_median_ms", "peak_extra_mb", "run_worker", "machine_info"]
 
 
 def time_round_robin(
@@ -61,6 +61,23 @@ def time_round_robin(
         if all(len(t) >= max_repeats or (len(t) >= repeats and sum(t) >= min_seconds) for t in times.values()):
             break
     return {name: {"time_s": statistics.median(t), "repeats": len(t)} for name, t in times.items()}
+
+
+def cuda_median_ms(run: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median milliseconds of ``run()`` on the current CUDA stream, timed with CUDA events, after
+    ``warmup`` calls (which include any compile)."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def _status_mb(key: str) -> float:
