@@ -98,8 +98,10 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
     rows = [] if rows is None else rows
     reference = None
     plain_forward = hf.forward
-    for name, run in (("transformers generate", theirs), ("transformers generate, static cache + compile", theirs_static),
-                      ("attnkit generate", ours_plain), ("attnkit generate, compile_step", ours_compiled)):
+    candidates = {"hf-static": ("transformers generate, static cache + compile", theirs_static),
+                  "attnkit": ("attnkit generate", ours_plain), "attnkit-compiled": ("attnkit generate, compile_step", ours_compiled)}
+    chosen = [("transformers generate", theirs)] + [candidates[key] for key in args.rows]  # the baseline always runs
+    for name, run in chosen:
         # On CUDA transformers compiles the forward itself for a static cache (its auto-compile);
         # wrapping it again in CUDA graphs broke that row on an H100 ("accessing tensor output of
         # CUDAGraphs that has been overwritten"). Elsewhere it compiles nothing, so we do.
@@ -131,6 +133,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (a smoke run)")
     parser.add_argument("--backend", help="torch.compile backend for the compiled rows (default: inductor)")
+    parser.add_argument("--rows", nargs="+", default=["hf-static", "attnkit", "attnkit-compiled"],
+                        choices=["hf-static", "attnkit", "attnkit-compiled"],
+                        help="rows beside transformers' default generate, which always runs (the baseline and the "
+                             "tokens every row is checked against); a compiled row alone fits a shorter GPU call")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "generation.json")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
