@@ -321,9 +321,14 @@ def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     if q.device.type == "cpu" and not torch.compiler.is_compiling() and not any(bool(torch.isnan(x.amax())) for x in present):
         return None
     q_bad = torch.isnan(q.amax(dim=-1, keepdim=True))  # (B, H, L, 1)
-    kv_bad = torch.zeros(dims.B, dims.Hkv, dtype=torch.bool, device=q.device)
+    kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
     for x in (k, v):
         if x.numel():
-            kv_bad |= torch.isnan(x.amax(dim=(2, 3)))  # (B, Hkv)
-    kv_bad = kv_bad.repeat_interleave(dims.groups, dim=1)[:, :, None, None]  # (B, H, 1, 1)
-    return q_bad | kv_bad  # on accelerators and compiled always (no device sync): the fill is cheap
+            m = x.amax(dim=(2, 3))
+            kv_max = m if kv_max is None else torch.maximum(kv_max, m)
+    if kv_max is None:
+        return q_bad
+    # Query head h reads key head h // groups: the groups are consecutive, so a view lines them up.
+    B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_bad.shape[2]
+    poisoned = q_bad.view(B, Hkv, G, L, 1) | torch.isnan(kv_max).view(B, Hkv, 1, 1, 1)
+    return poisoned.view(B, Hkv * G, L, 1)  # on accelerators and compiled always (no device sync): 7 small ops
