@@ -28,8 +28,6 @@ __all__ = ["FUSED", "fused", "partial_attention", "partial_attention_backward", 
 FUSED = True  # False: always the plain-PyTorch arithmetic (tests compare the two)
 _ALIGN = 16  # the CUDA memory-efficient kernel wants the bias's rows 16-element aligned
 _LSE_PAD = 32  # ... and keeps its log-sum-exp padded to a multiple of 32 queries
-CUDA_BACKWARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-"""The dtypes whose gradients come from the CUDA kernel's backward op; others take plain PyTorch."""
 
 
 def _accumulator(dtype: torch.dtype) -> torch.dtype:
@@ -146,7 +144,7 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
             _padded(out.to(q.dtype), size), lse.to(_accumulator(q.dtype)).contiguous(), 0.0, is_causal,
             attn_mask=bias, scale=scale)
         return dq[..., :E], dk[..., :E], dv[..., :Ev]
-    if kernel == "cuda-efficient" and q.dtype in CUDA_BACKWARD_DTYPES:
+    if kernel == "cuda-efficient":
         padded = F.pad(lse.float(), (0, (-q.shape[2]) % _LSE_PAD)).contiguous()
         unused = torch.zeros((), dtype=torch.int64)  # dropout seed / offset: no dropout
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(

@@ -322,15 +322,11 @@ bf16 and fp16): smaller tiles, one pipeline stage, forward and backward."""
 _needs_small_tiles: set[tuple] = set()
 
 
-def _tile_key(q: Tensor, v: Tensor, options: dict) -> tuple:
-    return (q.device, q.dtype, q.shape[-1], v.shape[-1], options["score_mod"] is not None)
-
-
 def _run_compiled(q: Tensor, k: Tensor, v: Tensor, options: dict):
     """The compiled flex call. A pattern whose default kernel does not fit the GPU's shared memory
     compiles again with :data:`SMALL_TILES` (the same arithmetic in smaller tiles), once per
     (device, dtype, head sizes, score_mod or not); any other compile error propagates."""
-    key = _tile_key(q, v, options)
+    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], options["score_mod"] is not None)
     if key in _needs_small_tiles:
         options = {**options, "kernel_options": SMALL_TILES}
     with _loud_recompiles():
