@@ -118,6 +118,49 @@ def test_ring_blocks_in_low_precision_match_float64(monkeypatch, dtype, fused):
                                        msg=lambda m, name=name: f"{case} d{name}: {m}")
 
 
+POSITION_SETS = {  # (query positions, key positions) of one ring step
+    "contiguous, earlier keys": (range(40, 80), range(0, 40)),
+    "contiguous, the diagonal": (range(40, 80), range(40, 80)),
+    "contiguous, later keys": (range(0, 40), range(40, 80)),
+    "zigzag": ([*range(10, 20), *range(60, 70)], [*range(20, 30), *range(50, 60)]),
+    "runs that overlap in part": ([*range(5, 30), *range(90, 101)], [*range(0, 12), *range(20, 50), 95]),
+    "striped": (range(1, 80, 4), range(3, 80, 4)),
+}
+
+
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("positions", list(POSITION_SETS))
+def test_a_ring_step_equals_masked_attention_over_its_keys(monkeypatch, positions, is_causal):
+    """One step, forward and backward, against float64 reference attention under the positions'
+    causal mask: whole runs as one kernel call (allowed wholly or as the triangle), runs that
+    overlap in part, and many runs (striped) by query tiles."""
+    from attnkit.functional import ring
+    from attnkit.functional.masks import causal_positions
+
+    monkeypatch.setattr(ring, "QUERY_TILE", 8)
+    q_pos, k_pos = (torch.tensor(list(p)) for p in POSITION_SETS[positions])
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, len(q_pos), 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 4, len(k_pos), 8, generator=generator, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    allowed = causal_positions(q_pos, k_pos) if is_causal else None
+    want = attnkit.attention(q, k, v, mask=allowed, backend="reference", scale=0.3)
+    d_out = torch.randn(want.output.shape, generator=generator, dtype=torch.float64)
+    want_grads = torch.autograd.grad(want.output, (q, k, v), d_out)
+    out = torch.zeros_like(want.output)
+    lse = torch.full(want.lse.shape, float("-inf"), dtype=torch.float64)
+    with torch.no_grad():
+        ring._forward_step(q, k, v, q_pos, k_pos, 0.3, is_causal, None, None, out, lse)
+        has_key = torch.isfinite(lse)  # rows with no key before them: out 0, lse -inf
+        torch.testing.assert_close(out, want.output.masked_fill(~has_key[..., None], 0.0), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse[has_key], want.lse[has_key], rtol=1e-12, atol=1e-12)
+        dq = torch.zeros_like(q)
+        dk, dv = ring._backward_step(d_out, q, k, v, out, lse.masked_fill(~has_key, 0.0), q_pos, k_pos, 0.3,
+                                     is_causal, None, None, dq)
+    for name, got, expected in zip("qkv", (dq, dk, dv), want_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10, msg=lambda m, name=name: f"d{name}: {m}")
+
+
 def test_layouts_partition_the_sequence_and_unshard_inverts_shard():
     assert shard_positions(16, 2, 0, "zigzag").tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
     assert shard_positions(16, 2, 1, "zigzag").tolist() == [4, 5, 6, 7, 8, 9, 10, 11]

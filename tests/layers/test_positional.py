@@ -63,6 +63,47 @@ def test_a_float64_model_rotates_in_float64(explicit, rng):
     assert in_half.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_is_bit_for_bit_the_pairwise_rotation(interleaved, rng):
+    """RotaryEmbedding rotates by x * cos + partner * signed sin (four kernels); that is exactly
+    (x1 cos - x2 sin, x2 cos + x1 sin) per pair, in float32 as in float64."""
+    rope = RotaryEmbedding(12, interleaved=interleaved)
+    x = randn(2, 3, 5, 12, generator=rng)
+    positions = torch.tensor([[0, 4, 9, 20, 33], [7, 7, 8, 1000, 2]])
+    cos, sin = rope.angles(positions)
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else x.chunk(2, dim=-1)
+    first, second = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    expected = torch.stack((first, second), -1).flatten(-2) if interleaved else torch.cat((first, second), -1)
+    assert torch.equal(rope(x, positions=positions), expected)
+
+
+def test_rotary_reuses_the_factors_of_the_same_unchanged_positions(rng, monkeypatch):
+    """The layers of a model share one RotaryEmbedding and rotate queries and keys at the same
+    positions: the angles are computed once per positions tensor, and again when it changes in
+    place or another tensor comes."""
+    rope = RotaryEmbedding(8)
+    calls = []
+    angles = rope.angles
+    monkeypatch.setattr(rope, "angles", lambda *a, **k: calls.append(1) or angles(*a, **k))
+    x = randn(2, 1, 3, 8, generator=rng)
+    positions = torch.tensor([[3, 4, 5], [0, 1, 2]])
+    first = rope(x, positions=positions)
+    assert torch.equal(rope(x, positions=positions), first) and len(calls) == 1
+    positions += 10  # in place: the version counter moves, the factors are recomputed
+    assert torch.equal(rope(x, positions=positions), RotaryEmbedding(8)(x, positions=positions.clone()))
+    assert len(calls) == 2
+    rope(x, positions=positions.clone())  # an equal but other tensor: computed again (no look at the values)
+    assert len(calls) == 3
+    with torch.inference_mode():  # inference tensors keep no version counter: never reused, still right
+        frozen = torch.tensor([[3, 4, 5], [0, 1, 2]])
+        assert torch.equal(rope(x, positions=frozen), first)
+        assert torch.equal(rope(x, positions=frozen), first)
+    assert len(calls) == 5
+    rope.double()  # a cast drops what was computed in the old dtype
+    assert rope(x.double(), positions=positions).dtype == torch.float64 and len(calls) == 6
+
+
 def test_float64_sinusoids_are_float64():
     module = SinusoidalPositionalEncoding(16, max_len=50).double()
     got = module(torch.zeros(1, 5, 16, dtype=torch.float64), offset=40)[0]

@@ -6,6 +6,7 @@ The one place where a backend is chosen. Layers call this function and never bra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -316,19 +317,21 @@ def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
         return None
     # amax propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool copy
     # of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN at
-    # all, is settled by three whole-tensor maxima and one comparison.
-    present = [x for x in (q, k, v) if x.numel()]
-    if q.device.type == "cpu" and not torch.compiler.is_compiling() and not any(bool(torch.isnan(x.amax())) for x in present):
-        return None
-    q_bad = torch.isnan(q.amax(dim=-1, keepdim=True))  # (B, H, L, 1)
+    # all, is settled by three whole-tensor maxima and one look at their maximum (NaN iff one is).
+    if q.device.type == "cpu" and not torch.compiler.is_compiling():
+        maxima = [x.amax() for x in (q, k, v) if x.numel()]
+        if not maxima or not bool(torch.isnan(functools.reduce(torch.maximum, maxima))):
+            return None
+    q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
     kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
     for x in (k, v):
         if x.numel():
             m = x.amax(dim=(2, 3))
             kv_max = m if kv_max is None else torch.maximum(kv_max, m)
     if kv_max is None:
-        return q_bad
-    # Query head h reads key head h // groups: the groups are consecutive, so a view lines them up.
-    B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_bad.shape[2]
-    poisoned = q_bad.view(B, Hkv, G, L, 1) | torch.isnan(kv_max).view(B, Hkv, 1, 1, 1)
-    return poisoned.view(B, Hkv * G, L, 1)  # on accelerators and compiled always (no device sync): 7 small ops
+        return torch.isnan(q_max)
+    # Query head h reads key head h // groups: the groups are consecutive, so a view lines them up,
+    # and one more maximum is NaN exactly where the query row or its keys and values hold a NaN.
+    B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_max.shape[2]
+    poisoned = torch.isnan(torch.maximum(q_max.view(B, Hkv, G, L, 1), kv_max.view(B, Hkv, 1, 1, 1)))
+    return poisoned.view(B, Hkv * G, L, 1)  # on accelerators and compiled always (no device sync): 6 small ops

@@ -3,9 +3,11 @@ merge of such parts, for attention whose keys arrive in pieces (ring attention).
 
 :func:`partial_attention` runs PyTorch's fused kernels that return the log-sum-exp, the ones
 PyTorch's own context parallelism calls: on the CPU the flash kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu``, every float dtype), on CUDA the
-memory-efficient kernel (``aten._scaled_dot_product_efficient_attention``, float32 / float16 /
-bfloat16). Anything else (float64 on CUDA, other devices, or ``FUSED = False``) takes the same
+(``aten._scaled_dot_product_flash_attention_for_cpu``, every float dtype), on CUDA the flash
+kernel (``aten._scaled_dot_product_flash_attention``) for float16 / bfloat16 parts with no bias
+(about 3x the memory-efficient kernel's speed on an H100: docs/distributed.md) and the
+memory-efficient kernel (``aten._scaled_dot_product_efficient_attention``) for the rest in
+float32 / float16 / bfloat16. Anything else (float64 on CUDA, other devices, or ``FUSED = False``) takes the same
 arithmetic in plain PyTorch, which is also what the fused path is tested against.
 :func:`partial_attention_backward` gives one part's gradients from the merged output and
 log-sum-exp, with the kernels' backward ops.
@@ -35,15 +37,24 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
 
 
 def fused(q: Tensor) -> str | None:
-    """Which fused kernel :func:`partial_attention` uses for ``q``: "cpu-flash", "cuda-efficient",
-    or None (plain PyTorch)."""
+    """Which fused kernels :func:`partial_attention` uses for ``q``: "cpu-flash", "cuda" (flash or
+    memory-efficient, part by part), or None (plain PyTorch)."""
     if not FUSED:
         return None
     if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         return "cpu-flash"
     if q.device.type == "cuda" and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return "cuda-efficient"
+        return "cuda"
     return None
+
+
+def _cuda_flash(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, is_causal: bool) -> bool:
+    """Whether a CUDA part goes to the flash kernel: half types, no bias, one head size (a multiple
+    of 8, at most 256) for q, k and v, and ``is_causal`` only on a square part (flash aligns a
+    non-square causal mask bottom-right)."""
+    E = q.shape[-1]
+    return (bias is None and q.dtype in (torch.float16, torch.bfloat16) and E == k.shape[-1] == v.shape[-1]
+            and E % 8 == 0 and E <= 256 and (not is_causal or q.shape[2] == k.shape[2]))
 
 
 def _cuda_bias(bias: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
@@ -97,7 +108,10 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tenso
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             _padded(q, size), _padded(k, size), _padded(v, size), 0.0, is_causal, attn_mask=bias, scale=scale)
         out = out[..., :v.shape[-1]]
-    elif kernel == "cuda-efficient":
+    elif kernel == "cuda" and _cuda_flash(q, k, v, bias, is_causal):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[:2]
+        lse = lse[..., :q.shape[2]]
+    elif kernel == "cuda":
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
             q, k, v, _cuda_bias(bias, q, k), True, 0.0, is_causal, scale=scale)
         lse = lse[..., :q.shape[2]]
@@ -144,7 +158,13 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
             _padded(out.to(q.dtype), size), lse.to(_accumulator(q.dtype)).contiguous(), 0.0, is_causal,
             attn_mask=bias, scale=scale)
         return dq[..., :E], dk[..., :E], dv[..., :Ev]
-    if kernel == "cuda-efficient":
+    if kernel == "cuda" and _cuda_flash(q, k, v, bias, is_causal):
+        unused = torch.zeros((), dtype=torch.int64)  # dropout seed / offset: no dropout
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            _heads_inner(d_out.to(q.dtype)), q, k, v, _heads_inner(out.to(q.dtype)), lse.float().contiguous(),
+            None, None, q.shape[2], k.shape[2], 0.0, is_causal, unused, unused, scale=scale)
+        return dq, dk, dv
+    if kernel == "cuda":
         padded = F.pad(lse.float(), (0, (-q.shape[2]) % _LSE_PAD)).contiguous()
         unused = torch.zeros((), dtype=torch.int64)  # dropout seed / offset: no dropout
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(

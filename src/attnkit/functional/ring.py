@@ -12,11 +12,12 @@ from torch import Tensor
 from torch import distributed as dist
 
 from .masks import causal_positions
-from .partial import merge_partial, partial_attention, partial_attention_backward
+from .partial import fused, merge_partial, partial_attention, partial_attention_backward
 
 __all__ = ["PeerFailure", "QUERY_TILE", "ring_attention"]
 
 QUERY_TILE = 1024  # queries per block, forward and backward: memory per step is tile x shard
+WHOLE_RUN_PAIRS = 16  # at most this many (query run, key run) calls per block; more runs (striped) go by tiles
 
 
 def _allowed(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None) -> Tensor | None:
@@ -112,10 +113,20 @@ def _expand(x: Tensor, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _blocks(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None, key_mask: Tensor | None,
-            dtype: torch.dtype):
-    """Per query tile of a (query shard, key shard) block: (q0, q1, k0, k1, bias, is_causal), the
-    key slice the tile may attend and its mask; tiles that may attend nothing are left out."""
+def _runs(pos: Tensor) -> list[tuple[int, int, int]]:
+    """(start, end, first position) of each maximal run of consecutive positions in ``pos`` (L,):
+    one run for a contiguous shard, two for a zigzag one."""
+    if pos.shape[0] == 0:
+        return []
+    breaks = ((pos[1:] - pos[:-1]) != 1).nonzero().flatten().tolist()
+    starts = [0] + [b + 1 for b in breaks]
+    return list(zip(starts, starts[1:] + [pos.shape[0]], pos[starts].tolist()))
+
+
+def _tiles(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None, key_mask: Tensor | None,
+           dtype: torch.dtype, q_base: int = 0, k_base: int = 0):
+    """Per query tile of a block: (q0, q1, k0, k1, bias, is_causal), the key slice the tile may
+    attend and its mask; tiles that may attend nothing are left out."""
     for q0 in range(0, q_pos.shape[0], QUERY_TILE):  # one tile at a time: a mask is tile x shard at most
         q1 = min(q_pos.shape[0], q0 + QUERY_TILE)
         span = _key_span(q_pos[q0:q1], k_pos, is_causal, window)
@@ -123,7 +134,64 @@ def _blocks(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None, k
             continue  # causal / window rule out the whole block: no work
         k0, k1, allowed = span
         bias, causal = _bias(allowed, None if key_mask is None else key_mask[:, k0:k1], dtype)
-        yield q0, q1, k0, k1, bias, causal
+        yield q_base + q0, q_base + q1, k_base + k0, k_base + k1, bias, causal
+
+
+def _blocks(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None, key_mask: Tensor | None,
+            dtype: torch.dtype, whole: bool):
+    """The kernel calls of a (query shard, key shard) block: (q0, q1, k0, k1, bias, is_causal).
+
+    Without a window or key mask, each pair of position runs (a contiguous shard has one, a zigzag
+    shard two) that causal attention allows wholly, or as the top-left triangle, is one call with
+    no mask (the kernel keeps its scores on chip, and skips the masked half of a triangle); other
+    pairs, every block with a window or key mask, blocks with many runs (a striped layout) and every
+    block of the plain-PyTorch arithmetic (``whole=False``: its scores would be the whole block's)
+    go by query tiles with a tile x keys mask."""
+    if whole and window is None and key_mask is None and not is_causal:
+        yield 0, q_pos.shape[0], 0, k_pos.shape[0], None, False  # nothing masked: one call
+        return
+    q_runs = _runs(q_pos) if whole and window is None and key_mask is None else []
+    k_runs = _runs(k_pos) if q_runs else []
+    if not q_runs or not k_runs or len(q_runs) * len(k_runs) > WHOLE_RUN_PAIRS:
+        yield from _tiles(q_pos, k_pos, is_causal, window, key_mask, dtype)
+        return
+    for q0, q1, qa in q_runs:
+        for k0, k1, ka in k_runs:
+            last_q, last_k = qa + q1 - q0 - 1, ka + k1 - k0 - 1
+            if not is_causal or qa >= last_k:
+                yield q0, q1, k0, k1, None, False  # every query after every key
+            elif last_q < ka:
+                continue  # every key after every query: nothing
+            elif qa == ka and last_q == last_k:
+                yield q0, q1, k0, k1, None, True  # the same positions: the causal triangle
+            else:
+                yield from _tiles(q_pos[q0:q1], k_pos[k0:k1], is_causal, None, None, dtype, q0, k0)
+
+
+def _forward_step(q: Tensor, ke: Tensor, ve: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float, is_causal: bool,
+                  window: int | None, key_mask: Tensor | None, out: Tensor, lse: Tensor) -> None:
+    """One ring step: attention of this rank's queries over one key shard (keys and values repeated
+    to the query heads), merged into the running ``out`` and ``lse`` in place."""
+    for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window, key_mask, q.dtype, fused(q) is not None):
+        part = partial_attention(q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], scale, bias, causal)
+        out[:, :, q0:q1], lse[:, :, q0:q1] = merge_partial(out[:, :, q0:q1], lse[:, :, q0:q1], *part)
+
+
+def _backward_step(d_out: Tensor, q: Tensor, ke: Tensor, ve: Tensor, out: Tensor, safe_lse: Tensor, q_pos: Tensor,
+                   k_pos: Tensor, scale: float, is_causal: bool, window: int | None, key_mask: Tensor | None,
+                   dq: Tensor) -> tuple[Tensor, Tensor]:
+    """One backward ring step: adds this key shard's share to ``dq`` in place and returns the shard's
+    (dk, dv) at the query heads, in the accumulator dtype."""
+    dke = torch.zeros_like(ke, dtype=dq.dtype)
+    dve = torch.zeros_like(ve, dtype=dq.dtype)
+    for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window, key_mask, q.dtype, fused(q) is not None):
+        dqi, dki, dvi = partial_attention_backward(
+            d_out[:, :, q0:q1], q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], out[:, :, q0:q1],
+            safe_lse[:, :, q0:q1], scale, bias, causal)
+        dq[:, :, q0:q1] += dqi
+        dke[:, :, k0:k1] += dki
+        dve[:, :, k0:k1] += dvi
+    return dke, dve
 
 
 class _RingAttention(torch.autograd.Function):
@@ -142,11 +210,8 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.world):
             pending = ring.start(current) if step < ring.world - 1 else None  # the next block's hop overlaps this one
             ck, cv, k_pos = current[:3]
-            ke, ve = _expand(ck, groups), _expand(cv, groups)
-            for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window,
-                                                        current[3] if key_mask is not None else None, q.dtype):
-                part = partial_attention(q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], scale, bias, causal)
-                out[:, :, q0:q1], lse[:, :, q0:q1] = merge_partial(out[:, :, q0:q1], lse[:, :, q0:q1], *part)
+            _forward_step(q, _expand(ck, groups), _expand(cv, groups), q_pos, k_pos, scale, is_causal, window,
+                          current[3] if key_mask is not None else None, out, lse)
             if pending is not None:
                 ring.wait(pending[0])
                 current = pending[1]
@@ -169,17 +234,8 @@ class _RingAttention(torch.autograd.Function):
             last = step == ring.world - 1
             pending = ring.start(carried) if not last else None  # the next shard's hop overlaps this block
             ck, cv, k_pos = carried[:3]
-            ke, ve = _expand(ck, groups), _expand(cv, groups)
-            dke = torch.zeros_like(ke, dtype=acc)
-            dve = torch.zeros_like(ve, dtype=acc)
-            for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window,
-                                                        carried[3] if key_mask is not None else None, q.dtype):
-                dqi, dki, dvi = partial_attention_backward(
-                    d_out[:, :, q0:q1], q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], out[:, :, q0:q1],
-                    safe_lse[:, :, q0:q1], scale, bias, causal)
-                dq[:, :, q0:q1] += dqi
-                dke[:, :, k0:k1] += dki
-                dve[:, :, k0:k1] += dvi
+            dke, dve = _backward_step(d_out, q, _expand(ck, groups), _expand(cv, groups), out, safe_lse, q_pos, k_pos,
+                                      scale, is_causal, window, carried[3] if key_mask is not None else None, dq)
             if groups > 1:
                 Bk, Hq, S, E = dke.shape
                 dke = dke.view(Bk, Hq // groups, groups, S, E).sum(2)

@@ -105,11 +105,26 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     ``interleaved=False`` pairs feature i with i + E/2 (GPT-NeoX, Hugging Face Llama);
     ``interleaved=True`` pairs 2i with 2i+1 (RoFormer, GPT-J, Meta's Llama checkpoints).
     """
+    return _rotate(x, *_full_width(cos, sin, interleaved), interleaved)
+
+
+def _full_width(cos: Tensor, sin: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """(..., E/2) cos and sin as the (..., E) factors of :func:`_rotate`: each feature's cos, and
+    its partner's sin with the sign the rotation gives it."""
     if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def _rotate(x: Tensor, cos: Tensor, signed_sin: Tensor, interleaved: bool) -> Tensor:
+    """x * cos + partner(x) * signed_sin: for a pair (x1, x2), (x1 cos - x2 sin, x2 cos + x1 sin),
+    bit for bit (a + (-b) is a - b in floating point), in four elementwise kernels."""
+    if interleaved:
+        partner = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        x1, x2 = x.chunk(2, dim=-1)
+        partner = torch.cat((x2, x1), dim=-1)
+    return x * cos + partner * signed_sin
 
 
 class RotaryEmbedding(nn.Module):
@@ -155,7 +170,12 @@ class RotaryEmbedding(nn.Module):
         self.high_freq_factor = float(high_freq_factor)
         self.original_max_len = original_max_len
         self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
-        self._cached: tuple[Tensor, Tensor] | None = None
+        self._cached: tuple[Tensor, Tensor] | None = None  # (cos, sin) of positions 0.. (full width)
+        # The factors of the last explicit positions tensor, reused while it is the same tensor,
+        # unchanged (its version counter): the layers of a model share one RotaryEmbedding, and
+        # each rotates queries and keys at the same positions (24 computations per decoding step of
+        # a 12-layer model, one with this).
+        self._last: tuple[Tensor, int, torch.dtype, Tensor, Tensor] | None = None
 
     def _frequencies(self, device, dtype: torch.dtype = torch.float32) -> Tensor:
         """theta_i = base^(-2i/E) in ``dtype`` (computed in float64)."""
@@ -184,19 +204,33 @@ class RotaryEmbedding(nn.Module):
         # the numbers do not depend on the dtype or on what ran before the cast.
         super()._apply(fn, recurse)
         self.inv_freq = self._frequencies(self.inv_freq.device)
-        self._cached = None
+        self._cached = self._last = None
         return self
 
     def _table(self, length: int, device, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions 0 .. >= length-1 in ``dtype``, computed once per device and
-        dtype and grown by doubling (decoding one token at a time would otherwise recompute them in
-        every layer at every step)."""
+        """:func:`_rotate`'s factors for positions 0 .. >= length-1 in ``dtype``, computed once per
+        device and dtype and grown by doubling (decoding one token at a time would otherwise
+        recompute them in every layer at every step)."""
         cached = self._cached
         if (cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device)
                 or cached[0].dtype != dtype):
             size = max(length, 2 * (0 if cached is None else cached[0].shape[0]), 256)
-            cached = self._cached = self.angles(torch.arange(size, device=device), dtype=dtype)
+            angles = self.angles(torch.arange(size, device=device), dtype=dtype)
+            cached = self._cached = _full_width(*angles, self.interleaved)
         return cached
+
+    def _factors(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """:func:`_rotate`'s factors for explicit positions, reused for the same unchanged tensor."""
+        last = self._last
+        reuse = not torch.compiler.is_compiling() and not positions.is_inference()
+        if reuse and last is not None and last[0] is positions and last[1] == positions._version and last[2] == dtype:
+            return last[3], last[4]
+        cos, sin = _full_width(*self.angles(positions, dtype), self.interleaved)
+        if cos.dim() == 3:  # (B, L, E) -> (B, 1, L, E): one table per row, shared by the heads
+            cos, sin = cos[:, None], sin[:, None]
+        if reuse:
+            self._last = (positions, positions._version, dtype, cos, sin)
+        return cos, sin
 
     def angles(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         """cos and sin of positions (L,) or (B, L) times theta: (..., L, E/2), in float32 (as
@@ -219,10 +253,10 @@ class RotaryEmbedding(nn.Module):
         elif positions.shape[-1] != L or positions.dim() not in (1, 2):
             raise ValueError(f"positions must have shape (L,) or (B, L) with L={L}, got {tuple(positions.shape)}")
         else:
-            cos, sin = self.angles(positions, work)
-        if cos.dim() == 3:  # (B, L, E/2) -> (B, 1, L, E/2)
-            cos, sin = cos[:, None], sin[:, None]
-        return apply_rotary(x.to(work), cos, sin, interleaved=self.interleaved).to(x.dtype)
+            cos, sin = self._factors(positions, work)
+        if x.dtype == work:  # no cast to call (each call costs host time when decoding on a GPU)
+            return _rotate(x, cos, sin, self.interleaved)
+        return _rotate(x.to(work), cos, sin, self.interleaved).to(x.dtype)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

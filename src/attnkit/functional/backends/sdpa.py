@@ -4,6 +4,8 @@ Structural masks that SDPA cannot express (bottom-right causal with L != S, slid
 materialised as a boolean mask. Fully masked rows are made zero whatever the PyTorch version does.
 Learned sinks become one more key: a zero key and value whose additive mask column is the sink
 logit of each head, so SDPA's softmax counts exp(sink) and the sink attends nothing.
+Grouped keys and values (GQA) go to SDPA as they are only where its CUDA kernel reads them
+(:func:`repeats_kv_on_cuda`); elsewhere on CUDA they are repeated per query head first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,31 @@ from torch import Tensor
 from ._common import BackendResult, Problem
 
 __all__ = ["forward"]
+
+
+def repeats_kv_on_cuda(dtype: torch.dtype, head_dim: int, has_mask: bool) -> bool:
+    """Whether a grouped-query call on CUDA must repeat keys and values per query head.
+
+    Of SDPA's CUDA kernels only flash reads grouped heads (``enable_gqa``), and flash takes half
+    types, head sizes up to 256 in multiples of 8, and no mask; PyTorch sends every other grouped
+    call (float32, a padding mask) to its math path, which materialises the scores and cost 0.63 ms
+    of host time per call in a decoding step on an H100 (docs/performance.md). Repeated keys and
+    values reach the memory-efficient kernel instead, as transformers' sdpa attention does."""
+    flash = dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and head_dim % 8 == 0 and not has_mask
+    return not flash
+
+
+def _grouped(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, options: dict) -> tuple[Tensor, Tensor, dict]:
+    """k and v for SDPA, and its options: repeated per query head where CUDA needs it."""
+    if not options["enable_gqa"] or not q.is_cuda or not repeats_kv_on_cuda(q.dtype, q.shape[-1], attn_mask is not None):
+        return k, v, options
+    groups = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), options | {"enable_gqa": False}
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, options: dict, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    k, v, options = _grouped(q, k, v, attn_mask, options)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)
 
 
 @functools.cache
@@ -41,7 +68,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     top_left = problem.causal_align == "top-left" or dims.L == dims.S
     if problem.mask is None and problem.block_mask is None and problem.bias is None and problem.window is None:
         if not problem.is_causal or top_left:
-            return BackendResult(F.scaled_dot_product_attention(q, k, v, is_causal=problem.is_causal, **options))
+            return BackendResult(_sdpa(q, k, v, options, is_causal=problem.is_causal))
     mask = problem.dense_mask(q.device)
     empty_rows = None
     compiling = torch.compiler.is_compiling()  # no probe, no look at the data: one graph
@@ -56,7 +83,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     attn_mask = mask
     if problem.bias is not None:
         attn_mask = problem.bias if mask is None else problem.bias.masked_fill(~mask, float("-inf"))
-    output = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options)
+    output = _sdpa(q, k, v, options, attn_mask)
     if empty_rows is not None:
         output = output.masked_fill(empty_rows, 0.0)
     return BackendResult(output)
@@ -83,4 +110,4 @@ def _with_sinks(q: Tensor, k: Tensor, v: Tensor, problem: Problem, options: dict
     assert problem.sinks is not None  # called for calls with sinks only
     sink = problem.sinks.to(q.dtype).view(1, dims.H, 1, 1).expand(batch, dims.H, rows, 1)
     attn_mask = torch.cat([additive, sink], dim=-1)
-    return BackendResult(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **options))
+    return BackendResult(_sdpa(q, k, v, options, attn_mask))
