@@ -77,3 +77,28 @@ def test_the_compiled_fixed_cache_step_gives_transformers_tokens_and_compiles_on
         theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                              eos_token_id=None, pad_token_id=0)[:, ids.shape[1]:]
     assert torch.equal(first, theirs) and torch.equal(again, theirs)
+
+
+def test_compiled_steps_keep_their_caches_with_the_model_and_let_it_go():
+    """A later call of the same shape decodes into the same cache tensors (zeroed: a captured CUDA
+    graph and Dynamo's static addresses need them), another batch size gets new ones, and the
+    kept caches do not keep the model alive."""
+    import gc
+    import weakref
+
+    from attnkit import decoding
+
+    _, ours = _pair("llama")
+    ids, mask = pad_prompts(PROMPTS)
+    generate(ours, ids, attention_mask=mask, max_new_tokens=3, compile_step="eager")
+    key, caches = decoding._FIXED_CACHES[ours]
+    storage = [t.data_ptr() for layer in caches for t in layer.tensors()]
+    generate(ours, ids, attention_mask=mask, max_new_tokens=3, compile_step="eager")
+    assert decoding._FIXED_CACHES[ours][1] is caches
+    assert [t.data_ptr() for layer in caches for t in layer.tensors()] == storage
+    generate(ours, ids[:2], attention_mask=mask[:2], max_new_tokens=3, compile_step="eager")
+    assert decoding._FIXED_CACHES[ours][1] is not caches
+    alive = weakref.ref(ours)
+    del ours
+    gc.collect()
+    assert alive() is None

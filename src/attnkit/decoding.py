@@ -12,6 +12,7 @@ for having more factors below one (Wu et al. 2016 use a similar normalisation).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -239,29 +240,47 @@ def _growing_steps(model, input_ids: Tensor, attention_mask: Tensor | None, use_
     return advance
 
 
+_FIXED_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, its fixed-size caches)
+
+
 def _fixed_cache_steps(model, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int,
                        compile_step: bool | str):
     """``advance`` (as :func:`_growing_steps`) through fixed-size caches: after the prompt, every
-    step has the same shapes and reads nothing from the device, and runs compiled."""
+    step has the same shapes and reads nothing from the device, and runs compiled.
+
+    The caches stay with the model for its next call of the same batch, capacity, device, dtype
+    and backend (transformers keeps its static cache the same way), zeroed: the step is compiled,
+    and on CUDA its graph captured, once, not at every call (new cache tensors are new static
+    addresses, which recompile). One set per model; another shape replaces it."""
     B, L = input_ids.shape
     capacity = L + max_new_tokens
-    cache = model.new_cache(capacity=capacity)
-    full_mask = positions = None
-    if attention_mask is not None:  # left padding: the whole (B, capacity) mask at once, and per-row positions
-        full_mask = torch.cat([attention_mask, attention_mask.new_ones(B, max_new_tokens)], 1)
-        positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
-    state = {"positions": positions}
+    cuda = input_ids.device.type == "cuda"
+    parameter = next(model.parameters(), None)
+    key = (B, capacity, input_ids.device, None if parameter is None else parameter.dtype, compile_step)
+    held = _FIXED_CACHES.get(model)  # the value holds no reference to the model: it can still be collected
+    if held is not None and held[0] == key:
+        cache = held[1]
+        for layer in cache:
+            layer.reset()
+    else:
+        cache = model.new_cache(capacity=capacity)
+        _FIXED_CACHES[model] = (key, cache)
 
     def run(ids: Tensor, mask: Tensor | None, position_ids: Tensor | None) -> Tensor:
         return model(ids, cache=cache, attention_mask=mask, position_ids=position_ids, last_only=True).logits[:, -1]
 
-    cuda = input_ids.device.type == "cuda"
     options: dict = {"fullgraph": True, "dynamic": False}
     if isinstance(compile_step, str):
         options["backend"] = compile_step
     elif cuda:
         options["mode"] = "reduce-overhead"  # CUDA graphs: one launch per step
-    step = torch.compile(run, **options)
+    step = torch.compile(run, **options)  # the same code and the same cache tensors: Dynamo's cached graph
+    graphs = cuda and not isinstance(compile_step, str)  # mode "reduce-overhead"
+    full_mask = positions = None
+    if attention_mask is not None:  # left padding: the whole (B, capacity) mask at once, and per-row positions
+        full_mask = torch.cat([attention_mask, attention_mask.new_ones(B, max_new_tokens)], 1)
+        positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+    state = {"positions": positions}
 
     def advance(token: Tensor | None) -> Tensor:
         if token is None:
@@ -275,7 +294,7 @@ def _fixed_cache_steps(model, input_ids: Tensor, attention_mask: Tensor | None, 
         if state["positions"] is not None:
             state["positions"] = state["positions"] + 1
         logits = step(token[:, None], full_mask, state["positions"])
-        return logits.clone() if cuda and "mode" in options else logits  # a CUDA graph reuses its output
+        return logits.clone() if graphs else logits  # a CUDA graph reuses its output
 
     return advance
 
@@ -312,7 +331,9 @@ def generate(
     ``torch.compile(fullgraph=True)``; on CUDA in mode ``"reduce-overhead"`` (CUDA graphs). True
     uses the default backend (inductor, which needs a C++ compiler on a CPU); a string names the
     backend (``"aot_eager"`` checks the capture without compiling). The tokens are those of the
-    plain cache (tests/test_generation.py).
+    plain cache (tests/test_generation.py). The fixed-size caches are kept with the model for its
+    next call of the same batch size and length (one set per model), so only the first call
+    compiles.
     """
     if input_ids.dim() != 2 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape (B, L) with L >= 1, got {tuple(input_ids.shape)}")

@@ -82,8 +82,11 @@ def test_reset_and_reorder():
     ids, step = torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.tensor([[9], [10]])
     cache = model.new_cache(capacity=6)
     first = model(ids, cache=cache).logits
+    storage = [t.data_ptr() for layer in cache for t in layer.tensors()]
     for layer in cache:
         layer.reset()
+        assert not any(t.any() for t in layer.tensors())  # zeroed in place, as a new cache
+    assert [t.data_ptr() for layer in cache for t in layer.tensors()] == storage
     torch.testing.assert_close(model(ids, cache=cache).logits, first)  # storage reused from column 0
     for layer in cache:
         layer.reorder(torch.tensor([1, 0]))  # as a beam search keeps the second hypothesis first

@@ -299,12 +299,15 @@ def attention(
             weights = head_weights(q, k, problem, heads, lse=result.lse)
     output, lse = result.output, result.lse
     poisoned = _nan_rows(q, k, v, dims)
-    if poisoned is not None:
-        output = output.masked_fill(poisoned, math.nan)
-        lse = None if lse is None else lse.masked_fill(poisoned[..., 0], math.nan)
+    if poisoned is not None:  # where(): one kernel (masked_fill is a copy and a fill)
+        output = torch.where(poisoned, math.nan, output)
+        lse = None if lse is None else torch.where(poisoned[..., 0], math.nan, lse)
         if weights is not None:
-            weights = weights.masked_fill(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan)
+            weights = torch.where(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan, weights)
     return AttentionOutput(output=output, weights=weights, lse=lse)
+
+
+_ONE_STAGE = 1 << 16  # the NaN rule's key/value maximum reduces at most this many numbers per (batch, head) at once
 
 
 def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
@@ -326,7 +329,9 @@ def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
     for x in (k, v):
         if x.numel():
-            m = x.amax(dim=(2, 3))
+            # Over (S, E) at once when small (one launch: decoding); in two stages when large, where
+            # a reduction to B x Hkv numbers runs on few GPU blocks (docs/performance.md).
+            m = x.amax(dim=(2, 3)) if x.shape[2] * x.shape[3] <= _ONE_STAGE else x.amax(dim=3).amax(dim=2)
             kv_max = m if kv_max is None else torch.maximum(kv_max, m)
     if kv_max is None:
         return torch.isnan(q_max)

@@ -262,9 +262,10 @@ class FixedKVCache:
         return [t for t in (self._keys, self._values, self.next) if t is not None]
 
     def reset(self) -> None:
-        """Forget every position; the storage is kept (and its shape with it)."""
-        if self.next is not None:
-            self.next.zero_()
+        """Forget every position: back to column 0, the storage zeroed in place (as a new cache's;
+        its address is kept, which a compiled step or a captured CUDA graph relies on)."""
+        for tensor in self.tensors():
+            tensor.zero_()
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B_new,) in that order (beam search)."""
