@@ -299,6 +299,7 @@ def _fixed_cache_steps(model, input_ids: Tensor, attention_mask: Tensor | None, 
     return advance
 
 
+@torch.no_grad()  # no autograd records per op (host time on a GPU), no graph kept alive by a captured step
 def generate(
     model,
     input_ids: Tensor,
