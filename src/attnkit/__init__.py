@@ -16,7 +16,7 @@ Masks are boolean and True means "may attend".
 """
 
 from . import functional, layers, masks, scores
-from .functional import AttentionOutput, attend, attention, masked_softmax
+from .functional import AttentionOutput, attend, attention, masked_softmax, nan_rule
 from .layers import (
     BahdanauAttention,
     KVCache,
@@ -36,6 +36,7 @@ __all__ = [
     "attend",
     "AttentionOutput",
     "masked_softmax",
+    "nan_rule",
     "BahdanauAttention",
     "LuongAttention",
     "SelfAttention",

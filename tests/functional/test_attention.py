@@ -450,6 +450,35 @@ def test_nan_propagates_the_same_way_in_every_backend(where, rng, small_tiles):
         assert torch.equal(result.output.isnan(), result.output.isnan().any(-1, keepdim=True).expand_as(result.output))
 
 
+def test_nan_rule_false_skips_the_check_and_restores_it_on_exit(rng):
+    """Without the rule no maxima are taken and a NaN in a masked key changes nothing; the rule
+    is back after the block, also when the block raises; a non-bool is refused by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = randn(1, 2, 3, 4, generator=rng), randn(1, 2, 5, 4, generator=rng), randn(1, 2, 5, 4, generator=rng)
+    k[0, 0, 4, 1] = float("nan")
+    mask = torch.tensor([True, True, True, True, False]).expand(3, 5)
+    with attnkit.nan_rule(False), Ops() as ops:
+        free = attnkit.attention(q, k, v, mask=mask, backend="reference").output
+    assert not any("amax" in op or "isnan" in op for op in ops.seen)
+    assert not free.isnan().any()
+    torch.testing.assert_close(free, attnkit.attention(q, k[:, :, :4], v[:, :, :4], backend="reference").output)
+    with pytest.raises(RuntimeError, match="inside"), attnkit.nan_rule(False):
+        raise RuntimeError("inside")
+    assert attnkit.attention(q, k, v, mask=mask, backend="reference").output[0, 0].isnan().all()  # the rule is back
+    with pytest.raises(TypeError, match="nan_rule.*True or False.*int 0"), attnkit.nan_rule(0):
+        pass
+
+
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.5", True])
 def test_scale_must_be_finite_and_positive(scale):
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):

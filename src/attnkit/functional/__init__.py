@@ -5,7 +5,7 @@ Every mechanism is three steps: score (:mod:`.scores`), normalise (:mod:`.softma
 """
 
 from . import masks, scores
-from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend
+from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend, nan_rule
 from .heads import merge_heads, split_heads
 from .softmax import masked_logsumexp, masked_softmax
 
@@ -17,6 +17,7 @@ __all__ = [
     "AttentionOutput",
     "BACKEND_NAMES",
     "choose_backend",
+    "nan_rule",
     "masked_softmax",
     "masked_logsumexp",
     "split_heads",

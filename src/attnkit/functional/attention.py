@@ -5,6 +5,7 @@ The one place where a backend is chosen. Layers call this function and never bra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -298,13 +299,38 @@ def attention(
         else:
             weights = head_weights(q, k, problem, heads, lse=result.lse)
     output, lse = result.output, result.lse
-    poisoned = _nan_rows(q, k, v, dims)
+    poisoned = _nan_rows(q, k, v, dims) if _nan_rule_on else None
     if poisoned is not None:  # where(): one kernel (masked_fill is a copy and a fill)
         output = torch.where(poisoned, math.nan, output)
         lse = None if lse is None else torch.where(poisoned[..., 0], math.nan, lse)
         if weights is not None:
             weights = torch.where(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan, weights)
     return AttentionOutput(output=output, weights=weights, lse=lse)
+
+
+_nan_rule_on = True
+
+
+@contextlib.contextmanager
+def nan_rule(enabled: bool):
+    """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
+
+    The rule (docs/semantics.md) makes NaN propagate the same way in every backend. It reads
+    q, k and v once more and writes the output once more; on CUDA that is six small kernels per
+    call, whose cost shows where the attention itself is short: measured on an H100, 0.1-0.2 ms
+    a call when decoding and 0.15-0.27 ms a call of a 4K-16K bf16 causal forward (about what
+    separates attnkit from SDPA there; docs/performance.md).
+    ``nan_rule(False)`` skips it: NaN then spreads as each backend's kernel lets it (a NaN in a
+    masked key, for instance, may change nothing). The setting is global (every thread), restored
+    on exit, and read at trace time by ``torch.compile`` (a change recompiles)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"nan_rule(enabled) takes True or False, got {type(enabled).__name__} {enabled!r}")
+    global _nan_rule_on
+    previous, _nan_rule_on = _nan_rule_on, enabled
+    try:
+        yield
+    finally:
+        _nan_rule_on = previous
 
 
 def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
