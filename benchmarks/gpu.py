@@ -16,6 +16,7 @@ CUDA versions, and prints a markdown table with the ratios (>1: attnkit faster).
 
     python benchmarks/gpu.py                  # 4K, 16K, 64K, 128K (an H100: a few minutes)
     python benchmarks/gpu.py --sizes 4096     # one size
+    python benchmarks/gpu.py --sizes 4096 16384 --patterns dense causal --mask-sizes --nan-rule off
 """
 
 from __future__ import annotations
@@ -52,22 +53,30 @@ def _torch_mods(n: int):
     }, flags
 
 
-def _cases(n: int):
+PATTERNS = ("dense", "causal", "window", "longformer")
+
+
+def _cases(n: int, patterns=PATTERNS):
     """(name, torch call, attnkit keyword arguments) per pattern at length n."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    cases = []
+    if "dense" in patterns:
+        cases.append(("dense", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), {}))
+    if "causal" in patterns:
+        cases.append(("causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), {"is_causal": True}))
     compiled = torch.compile(flex_attention, dynamic=False)
     mods, flags = _torch_mods(n)
-    window_blocks = create_block_mask(mods["window"], None, None, n, n, device="cuda", _compile=True)
-    longformer_blocks = create_block_mask(mods["longformer"], None, None, n, n, device="cuda", _compile=True)
-    ours = longformer_block_mask(LONGFORMER_WINDOW, flags)
-    return [
-        ("dense", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), {}),
-        ("causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), {"is_causal": True}),
-        (f"causal window {WINDOW}", lambda q, k, v: compiled(q, k, v, block_mask=window_blocks), {"window": WINDOW}),
-        (f"Longformer {LONGFORMER_WINDOW} + {GLOBALS} globals", lambda q, k, v: compiled(q, k, v, block_mask=longformer_blocks),
-         {"mask": ours}),
-    ]
+    if "window" in patterns:
+        window_blocks = create_block_mask(mods["window"], None, None, n, n, device="cuda", _compile=True)
+        cases.append((f"causal window {WINDOW}", lambda q, k, v: compiled(q, k, v, block_mask=window_blocks),
+                      {"window": WINDOW}))
+    if "longformer" in patterns:
+        longformer_blocks = create_block_mask(mods["longformer"], None, None, n, n, device="cuda", _compile=True)
+        cases.append((f"Longformer {LONGFORMER_WINDOW} + {GLOBALS} globals",
+                      lambda q, k, v: compiled(q, k, v, block_mask=longformer_blocks),
+                      {"mask": longformer_block_mask(LONGFORMER_WINDOW, flags)}))
+    return cases
 
 
 def _chosen(q, k, v, kwargs) -> str:
@@ -82,13 +91,13 @@ def _chosen(q, k, v, kwargs) -> str:
     return chosen[0]
 
 
-def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None) -> list[dict]:
+def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, patterns=PATTERNS) -> list[dict]:
     rows = [] if rows is None else rows
     for n in sizes:
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, H, n, E, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         d_out = torch.randn_like(q)
-        for name, theirs, kwargs in _cases(n):
+        for name, theirs, kwargs in _cases(n, patterns):
             ours = lambda q, k, v, kw=kwargs: attnkit.attention(q, k, v, **kw).output  # noqa: E731
             row = {"n": n, "pattern": name, "attnkit_backend": _chosen(q, k, v, kwargs)}
             for mode in ("fwd", "fwd+bwd"):
@@ -171,7 +180,10 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
-    parser.add_argument("--mask-sizes", type=int, nargs="+", default=[65536, 1 << 20])
+    parser.add_argument("--mask-sizes", type=int, nargs="*", default=[65536, 1 << 20], help="none: no block-mask rows")
+    parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=PATTERNS)
+    parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
+                        help="off: attnkit's calls run inside attnkit.nan_rule(False) (what the rule costs)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "core.json")
     args = parser.parse_args(argv)
@@ -180,7 +192,7 @@ def main(argv=None) -> int:
         return 2
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "shape": {"B": B, "H": H, "E": E, "dtype": "bfloat16"}, "repeats": args.repeats,
+        "shape": {"B": B, "H": H, "E": E, "dtype": "bfloat16"}, "repeats": args.repeats, "nan_rule": args.nan_rule,
     }
     try:
         import transformers
@@ -193,9 +205,10 @@ def main(argv=None) -> int:
     torch._dynamo.config.recompile_limit = 512
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report["attention"], report["block_masks"] = [], []
-    with tqdm(total=4 * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress:
+    with tqdm(total=len(args.patterns) * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress, \
+            attnkit.nan_rule(args.nan_rule == "on"):
         attention_rows(args.sizes, args.repeats, progress, save=lambda: write_json(args.out, report),
-                       rows=report["attention"])
+                       rows=report["attention"], patterns=args.patterns)
         report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
     write_json(args.out, report)
     print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")

@@ -118,6 +118,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
+                        help="off: attnkit's rows run inside attnkit.nan_rule(False) (what the rule costs)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "hf.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -131,9 +133,12 @@ def main(argv=None) -> int:
     report = {"benchmark": "gpu_hf", "config": vars(args) | {"out": str(args.out)}, "machine": machine_info("cuda"),
               "transformers": transformers.__version__, "llama": LLAMA, "mistral": MISTRAL, "rows": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for name in args.workloads:
-        report["rows"] += workload_rows(name, args.repeats)
-        write_json(args.out, report)
+    import attnkit
+
+    with attnkit.nan_rule(args.nan_rule == "on"):
+        for name in args.workloads:
+            report["rows"] += workload_rows(name, args.repeats)
+            write_json(args.out, report)
     print(markdown(report["rows"]))
     print(f"wrote {args.out}")
     return 0

@@ -479,6 +479,20 @@ def test_nan_rule_false_skips_the_check_and_restores_it_on_exit(rng):
         pass
 
 
+def test_a_compiled_call_follows_the_nan_rule_setting(rng):
+    """torch.compile reads the setting when it traces and guards on it: switching recompiles."""
+    q, k, v = randn(1, 2, 3, 4, generator=rng), randn(1, 2, 5, 4, generator=rng), randn(1, 2, 5, 4, generator=rng)
+    k[0, 0, 4, 1] = float("nan")
+    mask = torch.tensor([True, True, True, True, False]).expand(3, 5)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask, backend="reference").output,
+                             backend="eager")
+    assert compiled(q, k, v)[0, 0].isnan().all()
+    with attnkit.nan_rule(False):
+        assert not compiled(q, k, v).isnan().any()
+    assert compiled(q, k, v)[0, 0].isnan().all()
+
+
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.5", True])
 def test_scale_must_be_finite_and_positive(scale):
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):

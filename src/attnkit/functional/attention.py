@@ -316,7 +316,7 @@ def nan_rule(enabled: bool):
     """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
 
     The rule (docs/semantics.md) makes NaN propagate the same way in every backend. It reads
-    q, k and v once more and writes the output once more; on CUDA that is six small kernels per
+    q, k and v once more and writes the output once more; on CUDA that is seven kernels per
     call, whose cost shows where the attention itself is short: measured on an H100, 0.1-0.2 ms
     a call when decoding and 0.15-0.27 ms a call of a 4K-16K bf16 causal forward (about what
     separates attnkit from SDPA there; docs/performance.md).
