@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     from attnkit._markdown import markdown_table
     from attnkit.bench.harness import cuda_median_ms, machine_info
     from attnkit.functional import ring
+    from attnkit.functional.heads import repeat_kv
 
     device, dtype = "cuda", torch.bfloat16
     H, Hkv, E = 32, 8, 128
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     generator = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(1, H, s, E, device=device, dtype=dtype, generator=generator)
     k, v = (torch.randn(1, Hkv, s, E, device=device, dtype=dtype, generator=generator) for _ in range(2))
-    ke, ve = (x.repeat_interleave(H // Hkv, dim=1) for x in (k, v))  # as the ring expands them each step
+    ke, ve = (repeat_kv(x, H // Hkv) for x in (k, v))  # as the ring expands them each step
     d_out = torch.randn_like(q)
     q_pos = _zigzag(0, args.world, args.n, device)
     rows = []

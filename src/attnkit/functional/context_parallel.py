@@ -39,6 +39,7 @@ from torch import Tensor
 from torch import distributed as dist
 
 from .checks import check_int
+from .heads import repeat_kv
 from .ring import PeerFailure, ring_attention
 
 __all__ = ["PeerFailure", "RankMismatch", "LAYOUTS", "METHODS", "shard_positions", "shard", "unshard",
@@ -172,7 +173,7 @@ def _ulysses(q, k, v, positions, scale, is_causal, window, group, backend, key_m
     if H % world:
         raise ValueError(f"method='ulysses' needs the {world} processes to divide the {H} query heads; use method='ring'")
     if Hkv % world:  # repeat key/value heads so that every rank gets whole groups
-        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+        k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)
     gathered = [torch.empty_like(positions) for _ in range(world)]
     dist.all_gather(gathered, positions, group=group)
     order = torch.argsort(torch.cat(gathered))  # rank-concatenated order -> global order

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["split_heads", "merge_heads"]
+__all__ = ["split_heads", "merge_heads", "repeat_kv"]
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -19,3 +19,9 @@ def merge_heads(x: Tensor) -> Tensor:
     """(B, H, L, E) -> (B, L, H * E)."""
     B, H, L, E = x.shape
     return x.transpose(1, 2).reshape(B, L, H * E)  # (B, L, H*E)
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, Hkv, S, E) keys or values -> (B, Hkv * groups, S, E), each head repeated for the
+    ``groups`` consecutive query heads that read it (for kernels that take no grouped heads)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)

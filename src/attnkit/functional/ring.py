@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
+from .heads import repeat_kv
 from .masks import causal_positions
 from .partial import fused, merge_partial, partial_attention, partial_attention_backward
 
@@ -109,10 +110,6 @@ class _Ring:
             raise self._failure(error) from error
 
 
-def _expand(x: Tensor, groups: int) -> Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
 def _runs(pos: Tensor) -> list[tuple[int, int, int]]:
     """(start, end, first position) of each maximal run of consecutive positions in ``pos`` (L,):
     one run for a contiguous shard, two for a zigzag one."""
@@ -147,18 +144,19 @@ def _blocks(q_pos: Tensor, k_pos: Tensor, is_causal: bool, window: int | None, k
     pairs, every block with a window or key mask, blocks with many runs (a striped layout) and every
     block of the plain-PyTorch arithmetic (``whole=False``: its scores would be the whole block's)
     go by query tiles with a tile x keys mask."""
-    if whole and window is None and key_mask is None and not is_causal:
+    unmasked = whole and window is None and key_mask is None
+    if unmasked and not is_causal:
         yield 0, q_pos.shape[0], 0, k_pos.shape[0], None, False  # nothing masked: one call
         return
-    q_runs = _runs(q_pos) if whole and window is None and key_mask is None else []
+    q_runs = _runs(q_pos) if unmasked else []
     k_runs = _runs(k_pos) if q_runs else []
     if not q_runs or not k_runs or len(q_runs) * len(k_runs) > WHOLE_RUN_PAIRS:
         yield from _tiles(q_pos, k_pos, is_causal, window, key_mask, dtype)
         return
-    for q0, q1, qa in q_runs:
+    for q0, q1, qa in q_runs:  # causal from here on
         for k0, k1, ka in k_runs:
             last_q, last_k = qa + q1 - q0 - 1, ka + k1 - k0 - 1
-            if not is_causal or qa >= last_k:
+            if qa >= last_k:
                 yield q0, q1, k0, k1, None, False  # every query after every key
             elif last_q < ka:
                 continue  # every key after every query: nothing
@@ -210,7 +208,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.world):
             pending = ring.start(current) if step < ring.world - 1 else None  # the next block's hop overlaps this one
             ck, cv, k_pos = current[:3]
-            _forward_step(q, _expand(ck, groups), _expand(cv, groups), q_pos, k_pos, scale, is_causal, window,
+            _forward_step(q, repeat_kv(ck, groups), repeat_kv(cv, groups), q_pos, k_pos, scale, is_causal, window,
                           current[3] if key_mask is not None else None, out, lse)
             if pending is not None:
                 ring.wait(pending[0])
@@ -234,7 +232,7 @@ class _RingAttention(torch.autograd.Function):
             last = step == ring.world - 1
             pending = ring.start(carried) if not last else None  # the next shard's hop overlaps this block
             ck, cv, k_pos = carried[:3]
-            dke, dve = _backward_step(d_out, q, _expand(ck, groups), _expand(cv, groups), out, safe_lse, q_pos, k_pos,
+            dke, dve = _backward_step(d_out, q, repeat_kv(ck, groups), repeat_kv(cv, groups), out, safe_lse, q_pos, k_pos,
                                       scale, is_causal, window, carried[3] if key_mask is not None else None, dq)
             if groups > 1:
                 Bk, Hq, S, E = dke.shape

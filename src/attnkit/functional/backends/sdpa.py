@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..heads import repeat_kv
 from ._common import BackendResult, Problem
 
 __all__ = ["forward"]
@@ -39,7 +40,7 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, options:
     if not options["enable_gqa"] or not q.is_cuda or not repeats_kv_on_cuda(q.dtype, q.shape[-1], attn_mask is not None):
         return k, v, options
     groups = q.shape[1] // k.shape[1]
-    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), options | {"enable_gqa": False}
+    return repeat_kv(k, groups), repeat_kv(v, groups), options | {"enable_gqa": False}
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, options: dict, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
