@@ -101,6 +101,7 @@ def attention(
     scale: float | None = None,
     score_mod=None,
     sinks=None,
+    masked_at: float = -math.inf,
 ):
     """Scaled dot-product attention, one example and one head at a time.
 
@@ -110,6 +111,8 @@ def attention(
     the allowed key indices ``keys``, before the softmax (FlexAttention's score_mod, row-wise).
     sinks: (H,) learned sink logits (gpt-oss): each row's softmax runs over its scores and the
     sink logit of its head, and the sink's share is dropped (it has no value).
+    masked_at: a bias at or below it is a masked key (attnkit's rule: -inf or finfo(dtype).min / 2 of
+    the inputs' dtype, which float64 cannot see once the bias is converted); masked before score_mod.
 
     Returns (output (B, H, L, Ev), weights (B, H, L, S), lse (B, H, L)).
     """
@@ -126,7 +129,7 @@ def attention(
     elif is_causal:
         allowed &= causal_mask(L, S, causal_align)
     bias = np.zeros((B, H, L, S)) if bias is None else np.broadcast_to(_f64(bias), (B, H, L, S))
-    allowed &= ~np.isneginf(bias)  # a -inf bias (an additive mask) is a masked key
+    allowed &= ~(bias <= masked_at)  # a -inf (or finfo.min) bias, what an additive mask holds, is a masked key
     output = np.zeros((B, H, L, v.shape[3]))
     weights = np.zeros((B, H, L, S))
     lse = np.full((B, H, L), -math.inf)
@@ -141,8 +144,10 @@ def attention(
                 s = k[b, kv, keys] @ q[b, h, i] * scale + bias[b, h, i, keys]  # scores of allowed keys
                 if score_mod is not None and keys.size:
                     s = score_mod(s, b, h, i, keys)
-                lse[b, h, i] = _logsumexp(s if sinks is None else np.append(s, sinks[h]))
-                a = np.exp(s - lse[b, h, i])
+                logits = s if sinks is None else np.append(s, sinks[h])
+                lse[b, h, i] = _logsumexp(logits)
+                top = logits.max()  # weights from the shifted scores: exp(s - lse) loses them when |lse| is huge
+                a = np.exp(s - top) / np.exp(logits - top).sum()
                 weights[b, h, i, keys] = a
                 output[b, h, i] = a @ v[b, kv, keys]
     return output, weights, lse

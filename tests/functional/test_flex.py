@@ -304,3 +304,53 @@ def test_a_pattern_too_big_for_shared_memory_compiles_again_with_small_tiles(mon
     monkeypatch.setattr(flex, "_compiled", lambda: broken)
     with pytest.raises(RuntimeError, match="another compile error"):
         flex._run_compiled(q, k, v, {**options, "score_mod": lambda s, b, h, i, j: s})
+
+
+def test_past_the_recompile_limit_the_error_is_attnkits(monkeypatch, rng):
+    """torch's FailOnRecompileLimitHit, raised inside the compiled call, reaches the user as
+    FlexRecompileLimit with what to do about it."""
+    def limited(q, k, v, **options):
+        raise torch._dynamo.exc.FailOnRecompileLimitHit("recompile_limit reached")
+
+    monkeypatch.setattr(flex, "_compiled", lambda: limited)
+    q = torch.randn(1, 2, 8, 16, generator=rng)
+    with pytest.raises(flex.FlexRecompileLimit, match="recompile limit.*recompile_limit, or use backend="):
+        flex._run_compiled(q, q, q, dict(score_mod=None, block_mask=None, scale=None, enable_gqa=False))
+
+
+def test_float64_on_the_cpu_runs_flex_eager_implementation(rng):
+    """PyTorch's compiled CPU FlexAttention takes no float64: attnkit runs flex's eager implementation
+    for it (compiled stays on) and matches the oracle."""
+    assert flex.COMPILE_ON_CPU
+    q, k, v, kwargs = make_call("gqa-33x97", "window-bottom-right", torch.float64, rng)
+    with torch.no_grad():
+        result = attnkit.attention(q, k, v, backend="flex", **kwargs)
+    _check(result, oracle(q, k, v, kwargs), torch.float64)
+
+
+def test_a_learned_score_mod_is_refused_by_name_on_the_cpu(rng):
+    q, k, v = (randn(1, 2, 16, 8, generator=rng) for _ in range(3))
+    table = torch.randn(2, requires_grad=True)
+
+    def learned(score, b, h, q_idx, kv_idx):
+        return score + table[h]
+
+    with pytest.raises(ValueError, match="score_mod reads tensors that require gradients.*'reference'"):
+        attnkit.attention(q, k, v, backend="flex", score_mod=learned)
+    with torch.no_grad():  # inference is fine, and equals the reference
+        got = attnkit.attention(q, k, v, backend="flex", score_mod=learned).output
+        want = attnkit.attention(q, k, v, backend="reference", score_mod=learned).output
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [3, 48, (4, 3)])
+def test_a_block_mask_whose_tiles_do_not_divide_flexs_works_after_it_was_materialised(block, rng, eager):
+    """A BlockMask that to_dense() cached (any reference or sdpa call does) keeps working in flex, whose
+    128-wide tiles its block size does not divide."""
+    L = 20
+    q, k, v = (randn(1, 2, L, 16, generator=rng) for _ in range(3))
+    blocks = masks.block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None, L, L, block=block)
+    want = attnkit.attention(q, k, v, backend="reference", mask=blocks).output  # caches the dense mask
+    assert blocks._dense is not None and blocks.mask_mod is not None
+    got = attnkit.attention(q, k, v, backend="flex", mask=blocks).output
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -164,11 +164,25 @@ def _choose_on_cuda(problem: Problem) -> str:
     return "sdpa"
 
 
+def _with_bias_keys(mask: Tensor | None, bias: Tensor) -> Tensor | None:
+    """``mask`` and the keys ``bias`` allows: a bias entry of -inf or at most finfo.min / 2 (what
+    additive float masks hold, transformers' and x-transformers' finfo.min among them) is a masked
+    key, as :func:`attnkit.masks.from_additive` reads it. Masked keys are ruled out after
+    ``score_mod``, and a row of them has no allowed key (zeros) in every backend. A NaN stays
+    allowed: it propagates. On the CPU a bias that masks nothing (one look) leaves the mask as it is."""
+    keys = ~(bias <= torch.finfo(bias.dtype).min / 2)
+    if bias.device.type == "cpu" and not torch.compiler.is_compiling() and bool(keys.all()):
+        return mask
+    return keys if mask is None else _masks.and_masks(mask, keys)
+
+
 def _classified(problem: Problem) -> Problem:
     """For ``auto``: a large boolean mask with a real query dim becomes a block mask when few of
     its tiles hold anything (one pass over the mask), so that the tiled backend can skip the rest."""
     mask = problem.mask
     if mask is None or mask.shape[-2] == 1 or problem.dims.L * problem.dims.S < AUTO_CLASSIFY_MIN_ENTRIES:
+        return problem
+    if problem.block_mask is not None:  # a block mask already describes the tiles
         return problem
     if problem.device_type == "cuda":  # SDPA takes the mask as it is; classifying would sync
         return problem
@@ -266,6 +280,11 @@ def attention(
         scale = 1.0 / math.sqrt(dims.E) if dims.E > 0 else 1.0
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite number > 0 (or None for 1/sqrt(E)), got {scale!r}")
+    elif scale * max(1, dims.E) > torch.finfo(q.dtype).max:
+        raise ValueError(f"scale={scale!r} overflows {q.dtype}: scale x E = {scale * dims.E:.3g} is beyond its largest "
+                         f"value {torch.finfo(q.dtype).max:.3g}, so the scores of unit-size q and k would be inf")
+    if bias is not None:
+        mask = _with_bias_keys(mask, bias)
     heads = _heads(need_weights, dims.H)
     problem = Problem(
         dims=dims,
@@ -297,7 +316,7 @@ def attention(
         if result.weights is not None:
             weights = result.weights if heads == list(range(dims.H)) else result.weights[:, heads]
         else:
-            weights = head_weights(q, k, problem, heads, lse=result.lse)
+            weights = head_weights(q, k, problem, heads)
     output, lse = result.output, result.lse
     poisoned = _nan_rows(q, k, v, dims) if _nan_rule_on else None
     if poisoned is not None:  # where(): one kernel (masked_fill is a copy and a fill)

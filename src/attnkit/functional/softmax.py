@@ -71,7 +71,10 @@ def masked_logsumexp(scores: Tensor, mask: Tensor | None = None, *, dim: int = -
 
 
 def _masked_logsumexp(scores: Tensor, mask: Tensor | None, *, dim: int = -1) -> Tensor:
-    """:func:`masked_logsumexp` without the checks."""
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.logsumexp(scores, dim=dim)
+    """:func:`masked_logsumexp` without the checks. A fully masked row gives -inf and a zero
+    gradient (torch's logsumexp over a row of -inf has a NaN gradient): its masked scores are
+    filled with a finite value and the result set to -inf afterwards."""
+    allowed = scores != float("-inf")  # NaN != -inf: NaN stays in and propagates
+    allowed = allowed if mask is None else mask & allowed
+    filled = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return torch.logsumexp(filled, dim=dim).masked_fill(~allowed.any(dim=dim), float("-inf"))

@@ -55,8 +55,6 @@ class Problem:
     offset: int = field(init=False, default=0)  # key index aligned with query 0 (attnkit.masks.causal_offset)
 
     def __post_init__(self) -> None:
-        if self.mask is not None and self.block_mask is not None:
-            raise ValueError("a Problem takes a boolean mask or a block mask, not both")
         # Computed once per call; the tiled backend reads it per block without validating again.
         object.__setattr__(self, "offset", _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align))
 
@@ -158,14 +156,15 @@ HEAD_WEIGHTS_BLOCK_ELEMENTS = 1 << 20
 """Scores per block when recomputing weights for chosen heads."""
 
 
-def head_weights(
-    q: Tensor, k: Tensor, problem: Problem, heads: list[int], lse: Tensor | None = None
-) -> Tensor:
+def head_weights(q: Tensor, k: Tensor, problem: Problem, heads: list[int]) -> Tensor:
     """Exact attention weights (B, len(heads), L, S) for the chosen query heads only.
 
-    The output path is left alone: with the log-sum-exp of the call (B, H, L) the weights are
-    exp(score - lse); without it, a masked softmax per row. Work and memory are proportional to
-    the number of heads asked for. Weights are computed block by block of queries.
+    The output path is left alone: each block of queries' scores are normalised on their own,
+    softmax with the row maximum subtracted first (a row's sink logit, with ``sinks``, joins the
+    normaliser and the maximum), so that the weights stay exact where the scores are huge (a bias
+    of -1e30 everywhere, which an lse of -1e30 + log S could not resolve). Work and memory are
+    proportional to the number of heads asked for; the only memory beyond the returned weights is
+    one block of about a million scores.
     """
     dims = problem.dims
     acc = compute_dtype(q.dtype)
@@ -175,16 +174,15 @@ def head_weights(
     mask = _select_heads(problem.mask, heads)
     bias = _select_heads(problem.bias, heads)
     block_mask = problem.block_mask
-    lse_sel = None if lse is None else lse.index_select(1, index)
+    sinks = None if problem.sinks is None else problem.sinks.index_select(0, index).to(acc)[None, :, None]
     out = torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
-    # Blocks of ~1M scores (4 MB in float32), updated in place: the only memory beyond the
-    # returned weights is one block.
     block = max(1, HEAD_WEIGHTS_BLOCK_ELEMENTS // max(1, dims.B * len(heads) * dims.S))
     k_t = k_sel.transpose(-1, -2)
     # In place saves a block's worth of memory, but autograd needs exp's output untouched: weights
     # that will be differentiated (guided alignment training) take the out-of-place path.
     in_place = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
-                                                 (bias is not None and bias.requires_grad)))
+                                                 (bias is not None and bias.requires_grad) or
+                                                 (sinks is not None and sinks.requires_grad)))
     for q0 in range(0, dims.L, block):
         q1 = min(dims.L, q0 + block)
         scores = (q_sel[:, :, q0:q1].to(acc) * problem.scale) @ k_t
@@ -202,15 +200,17 @@ def head_weights(
                 allowed = tile if allowed is None else tile & allowed
         if allowed is not None:
             scores = scores.masked_fill_(~allowed, float("-inf")) if in_place else scores.masked_fill(~allowed, float("-inf"))
-        if lse_sel is None or not in_place:  # recomputed, so that the weights carry exact gradients
-            lse_block = torch.logsumexp(scores, dim=-1)
-            if problem.sinks is not None:
-                lse_block = torch.logaddexp(lse_block, problem.sinks.index_select(0, index).to(acc)[None, :, None])
-        else:
-            lse_block = lse_sel[:, :, q0:q1].to(acc)
-        # exp(-inf - lse) = 0; a fully masked row has lse = -inf and must give 0, not NaN.
-        lse_block = lse_block.masked_fill(torch.isinf(lse_block), 0.0)
-        out[:, :, q0:q1] = scores.sub_(lse_block[..., None]).exp_() if in_place else (scores - lse_block[..., None]).exp()
+        row_max = scores.amax(dim=-1, keepdim=True)
+        if sinks is not None:
+            row_max = torch.maximum(row_max, sinks[..., None].expand_as(row_max))
+        # A row with no allowed key (and no sink) has maximum -inf: shift it by 0, so exp gives 0, not NaN.
+        row_max = row_max.masked_fill(torch.isinf(row_max), 0.0).detach()
+        weights = scores.sub_(row_max).exp_() if in_place else (scores - row_max).exp()
+        total = weights.sum(dim=-1, keepdim=True)
+        if sinks is not None:
+            total = total + (sinks[..., None] - row_max).exp()
+        total = total.masked_fill(total == 0, 1.0)
+        out[:, :, q0:q1] = weights.div_(total) if in_place else weights / total
     return out
 
 

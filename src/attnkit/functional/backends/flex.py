@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import warnings
 from collections import OrderedDict
 from functools import cache
@@ -42,23 +43,29 @@ from torch import Tensor
 
 from ..block_mask import EMPTY, FULL, PARTIAL, BlockMask, _classify, kinds_of, length_bucket
 from ..block_patterns import BAND_TILES, band_kinds
-from ._common import BackendResult, Problem, compute_dtype
+from ._common import BackendResult, Problem, compute_dtype, score_mod_needs_grad
 
-__all__ = ["forward", "FlexUnavailable", "available", "flex_block_mask", "BLOCK", "COMPILE_ON_CPU",
-           "RECOMPILE_LIMIT"]
+__all__ = ["forward", "FlexUnavailable", "FlexRecompileLimit", "available", "flex_block_mask", "BLOCK",
+           "COMPILE_ON_CPU", "CPU_COMPILED_DTYPES", "RECOMPILE_LIMIT"]
 
 BLOCK = 128
 """FlexAttention's sparse block size, the side of every tile attnkit gives it."""
 COMPILE_ON_CPU = True
 """Run the compiled CPU forward where PyTorch has one (no gradients, no lse); False: always flex's
 eager implementation on the CPU (tests of the semantics compile nothing)."""
+CPU_COMPILED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes PyTorch's compiled CPU FlexAttention takes; float64 runs flex's eager implementation."""
 RECOMPILE_LIMIT = 64
 """Compiles allowed for the flex call (PyTorch's default is 8, after which it silently runs an
-unfused eager loop); beyond it attnkit raises instead."""
+unfused eager loop); beyond it attnkit raises :class:`FlexRecompileLimit` instead."""
 
 
 class FlexUnavailable(RuntimeError):
     """This PyTorch has no usable FlexAttention (torch >= 2.6 with ``BlockMask(seq_lengths=...)``)."""
+
+
+class FlexRecompileLimit(RuntimeError):
+    """The compiled flex call met torch's recompile limit: more distinct patterns than it may compile."""
 
 
 def available() -> bool:
@@ -116,8 +123,10 @@ def _tile_kinds(mask: BlockMask) -> Tensor:
         full = ((grid == FULL) | ~present).all(dim=5).all(dim=3)
         kinds = kinds_of(nonempty, full)
     else:
+        # One source for the copy: the dense mask where one is cached (to_dense() keeps it beside the
+        # mask_mod), else the mask_mod.
         copy = BlockMask(torch.empty(0, device=mask.device), mask.shape, (BLOCK, BLOCK),
-                         mask_mod=mask.mask_mod, dense=mask._dense)
+                         mask_mod=None if mask._dense is not None else mask.mask_mod, dense=mask._dense)
         kinds = _classify(copy)
     mask._flex_kinds = kinds
     return kinds
@@ -331,12 +340,20 @@ def _run_compiled(q: Tensor, k: Tensor, v: Tensor, options: dict):
         options = {**options, "kernel_options": SMALL_TILES}
     with _loud_recompiles():
         try:
-            return _compiled()(q, k, v, **options)
-        except Exception as error:  # InductorError wraps Triton's OutOfResources
-            if "out of resource" not in str(error) or "kernel_options" in options:
-                raise
-            _needs_small_tiles.add(key)
-            return _compiled()(q, k, v, **options, kernel_options=SMALL_TILES)
+            try:
+                return _compiled()(q, k, v, **options)
+            except Exception as error:  # InductorError wraps Triton's OutOfResources
+                if "out of resource" not in str(error) or "kernel_options" in options:
+                    raise
+                _needs_small_tiles.add(key)
+                return _compiled()(q, k, v, **options, kernel_options=SMALL_TILES)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as error:
+            limit = torch._dynamo.config.recompile_limit
+            raise FlexRecompileLimit(
+                f"backend='flex' has compiled its kernel {limit} times in this process, torch's recompile limit: "
+                "each new (length bucket, dtype, head layout, mask kind, score_mod) compiles once. Reuse fewer "
+                "patterns, raise torch._dynamo.config.recompile_limit, or use backend='sdpa' or 'tiled' "
+                "(docs/api.md, 'flex')") from error
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
@@ -351,9 +368,14 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             "backend='flex' computes no gradients on the CPU (PyTorch's FlexAttention has no CPU backward): "
             "train with backend='tiled' or 'auto' on the CPU, or run on CUDA"
         )
+    if on_cpu and problem.score_mod is not None and torch.is_grad_enabled() and score_mod_needs_grad(
+            problem.score_mod, q.device):
+        raise ValueError(
+            "score_mod reads tensors that require gradients, and backend='flex' computes no gradients on the CPU: "
+            "use backend='reference' (or 'auto') for a learned score_mod, or call under torch.no_grad()")
     if on_cpu:  # no gradient is needed; flex refuses CPU inputs that merely require one
         q, k, v = q.detach(), k.detach(), v.detach()
-    compiled = not on_cpu or (COMPILE_ON_CPU and problem.sinks is None)
+    compiled = not on_cpu or (COMPILE_ON_CPU and problem.sinks is None and q.dtype in CPU_COMPILED_DTYPES)
     want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
     L, S = dims.L, dims.S
     Lp, Sp = (length_bucket(L), length_bucket(S)) if compiled else (L, S)
@@ -399,4 +421,21 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         lse = lse[:, :, :L]
     else:
         out, lse = result, None
-    return BackendResult(output=out[:, :, :L], lse=lse)
+    out = out[:, :, :L]
+    if problem.bias is not None:  # FlexAttention's kernels drop a NaN score; attnkit's rule keeps it
+        out, lse = _nan_bias_rows(out, lse, problem)
+    return BackendResult(output=out, lse=lse)
+
+
+def _nan_bias_rows(out: Tensor, lse: Tensor | None, problem: Problem) -> tuple[Tensor, Tensor | None]:
+    """A NaN in ``bias`` at an allowed key makes its row NaN (at a masked key it changes nothing), as
+    in every other backend. On the CPU one look settles the common case, a bias without NaN; on an
+    accelerator the mask is materialised (the bias already is) and the rows filled without a look."""
+    assert problem.bias is not None  # called for calls with a bias only
+    nan_keys = torch.isnan(problem.bias)
+    if out.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(nan_keys.any()):
+        return out, lse
+    allowed = problem.dense_mask(out.device)
+    rows = (nan_keys if allowed is None else nan_keys & allowed).any(dim=-1)  # (L,) or (B|1, H|1, L|1)
+    out = torch.where(rows[..., None], math.nan, out)
+    return out, None if lse is None else torch.where(rows, math.nan, lse)
