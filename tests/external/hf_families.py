@@ -1,12 +1,16 @@
 """Tiny random models of any transformers family, and the checks that make a family "verified":
-the same weights run with attn_implementation="eager" and "attnkit" give equal logits, attention
-weights and gradients (fp32, 1e-4) with left padding in the batch, and the same greedy ids with the
-dynamic and the static cache. Used by tests/external/test_hf_families.py and by
+the same weights run with attn_implementation="eager" and "attnkit" give equal logits at every
+position, attention weights of every row (the pad rows that have no key included) and gradients
+(fp32, 1e-4) with left padding in the batch and, for decoders, the language-model loss whose first
+real label is predicted from a pad position; the same greedy ids with the dynamic and the static
+cache; and attnkit's attention is called in every compared forward and generation (a family that
+never reaches it verifies nothing). Used by tests/external/test_hf_families.py and by
 ``python tests/external/hf_families.py`` (the walk over transformers' registry that produced
-``attnkit.hf.FAMILIES``)."""
+``attnkit.hf.VERIFIED_FAMILIES``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import warnings
@@ -125,26 +129,52 @@ def _max_difference(a, b, keep=None) -> float:
     return float(difference.max()) if difference.numel() else 0.0
 
 
+@contextlib.contextmanager
+def counting_calls():
+    """A one-element list counting the calls of attnkit's attention from the bridge meanwhile."""
+    import attnkit.hf.interface as interface
+
+    real = interface.attention
+    calls = [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    interface.attention = counted
+    try:
+        yield calls
+    finally:
+        interface.attention = real
+
+
 def check(family: str) -> list[str]:
     """Every difference between eager and attnkit for a family (empty: verified)."""
     eager, ours, kind = pair(family)
     generator = torch.Generator().manual_seed(11)
     batch = inputs(kind, generator)
-    real = batch["attention_mask"].bool()
+    if kind == "decoder":  # pads ignored, so the last pad position predicts the first real token
+        batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     problems = []
     outputs = []
     for model in (eager, ours):
         model.zero_grad()
-        out = model(**batch, output_attentions=True)
+        with counting_calls() as calls:
+            out = model(**batch, output_attentions=True)
+        if model is ours and calls[0] == 0:
+            problems.append("attnkit's attention was never called in the forward")
         weights = torch.randn(out.logits.shape, generator=torch.Generator().manual_seed(3))
-        keep = real[..., None] if kind != "seq2seq" else torch.ones_like(out.logits, dtype=torch.bool)
-        (out.logits * weights * keep).sum().backward()
+        loss = (out.logits * weights).sum()
+        if getattr(out, "loss", None) is not None:
+            loss = loss + out.loss
+        loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         outputs.append((out, grads))
     (theirs, their_grads), (mine, my_grads) = outputs
-    keep = real if kind != "seq2seq" else None
-    if (d := _max_difference(theirs.logits, mine.logits, keep)) > ATOL:
+    if (d := _max_difference(theirs.logits, mine.logits)) > ATOL:
         problems.append(f"logits differ by {d:.3g}")
+    if getattr(theirs, "loss", None) is not None and (d := _max_difference(theirs.loss, mine.loss)) > ATOL:
+        problems.append(f"loss differs by {d:.3g}")
     kinds = ["attentions"] if kind != "seq2seq" else ["encoder_attentions", "decoder_attentions", "cross_attentions"]
     for what in kinds:
         a_all, b_all = getattr(theirs, what, None), getattr(mine, what, None)
@@ -158,13 +188,8 @@ def check(family: str) -> list[str]:
                 problems.append(f"{what}[{layer}] shape {None if b is None else tuple(b.shape)} vs "
                                 f"{None if a is None else tuple(a.shape)}")
                 break
-            rows = slice(None) if what != "attentions" else slice(None)
-            keep_rows = real[1].nonzero().flatten() if (kind != "seq2seq" or what == "encoder_attentions") else None
-            d0 = _max_difference(a[0], b[0])
-            d1 = _max_difference(a[1][:, keep_rows] if keep_rows is not None else a[1][rows],
-                                 b[1][:, keep_rows] if keep_rows is not None else b[1][rows])
-            if max(d0, d1) > ATOL:
-                problems.append(f"{what}[{layer}] differ by {max(d0, d1):.3g}")
+            if (d := _max_difference(a, b)) > ATOL:
+                problems.append(f"{what}[{layer}] differ by {d:.3g}")
                 break
     if set(their_grads) != set(my_grads):
         problems.append("different parameters received gradients")
@@ -173,16 +198,18 @@ def check(family: str) -> list[str]:
             problems.append(f"gradient of {name} differs by {_max_difference(g, my_grads[name]):.3g}")
             break
     if kind in ("decoder", "seq2seq"):
-        generate = {k: v for k, v in batch.items() if k != "decoder_input_ids"}
+        generate = {k: v for k, v in batch.items() if k not in ("decoder_input_ids", "labels")}
         for cache in (None, "static"):
             options = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
             if cache:
                 options["cache_implementation"] = cache
             ids = []
             for model in (eager, ours):
-                with torch.no_grad(), warnings.catch_warnings():
+                with torch.no_grad(), warnings.catch_warnings(), counting_calls() as calls:
                     warnings.simplefilter("ignore")
                     ids.append(model.generate(**generate, **options))
+                if model is ours and calls[0] == 0:
+                    problems.append(f"attnkit's attention was never called in generation with the {cache or 'dynamic'} cache")
             if not torch.equal(*ids):
                 problems.append(f"greedy ids differ with the {cache or 'dynamic'} cache")
     return problems

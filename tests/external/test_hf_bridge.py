@@ -8,6 +8,7 @@ position_ids, Gemma 2's softcapping (its default config), gpt-oss's sinks, and t
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -106,10 +107,17 @@ def test_the_families_tested_here_are_verified_ones():
     assert set(TINY) <= set(VERIFIED_FAMILIES)
 
 
-def test_docs_list_every_verified_family():
+def test_docs_table_lists_exactly_the_verified_families_by_kind():
     page = (Path(__file__).resolve().parents[2] / "docs" / "hf.md").read_text(encoding="utf-8")
-    for family in VERIFIED_FAMILIES:
-        assert f"`{family}`" in page, family
+    table = page.split("## Verified families", 1)[1]
+    listed = {}
+    for row in [line for line in table.splitlines() if line.startswith("|")][2:]:  # past the head and the rule
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        names = re.findall(r"`([^`]+)`", cells[2])
+        assert int(cells[1]) == len(names), row[:60]
+        listed.update(dict.fromkeys(names, cells[0]))
+    assert set(listed) == set(VERIFIED_FAMILIES)
+    assert f"**{len(VERIFIED_FAMILIES)} families**" in page
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -288,9 +296,19 @@ def test_unverified_families_are_refused_by_name_at_load(family):
 
 
 def test_an_unverified_family_loads_with_a_loud_warning_when_allowed(monkeypatch):
-    monkeypatch.setattr(attnkit.hf, "_ALLOWED_UNVERIFIED", {"bloom"})
-    config = transformers.BloomConfig(vocab_size=99, hidden_size=32, n_layer=1, n_head=4)
+    monkeypatch.setattr(attnkit.hf.families, "_ALLOWED_UNVERIFIED", {"granite_swa"})
+    config = transformers.GraniteSWAConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                           intermediate_size=37)
     with pytest.warns(attnkit.hf.UnverifiedFamilyWarning, match="numbers unverified"):
+        transformers.GraniteSWAForCausalLM._from_config(config, attn_implementation=attnkit.hf.IMPLEMENTATION)
+
+
+def test_an_allowed_family_whose_attention_never_reaches_the_interface_is_refused(monkeypatch):
+    """bloom's attention is its own code: allowed or not, attnkit would never run in it."""
+    monkeypatch.setattr(attnkit.hf.families, "_ALLOWED_UNVERIFIED", {"bloom"})
+    config = transformers.BloomConfig(vocab_size=99, hidden_size=32, n_layer=1, n_head=4)
+    with pytest.warns(attnkit.hf.UnverifiedFamilyWarning), pytest.raises(
+            UnsupportedFeature, match="BloomForCausalLM does not route its attention through transformers' AttentionInterface"):
         transformers.BloomForCausalLM._from_config(config, attn_implementation=attnkit.hf.IMPLEMENTATION)
 
 
@@ -298,7 +316,7 @@ def test_an_unverified_family_loads_with_a_loud_warning_when_allowed(monkeypatch
 def test_allow_unverified_takes_a_list_of_names(names):
     with pytest.raises(TypeError, match="allow_unverified must be a list of model_type names"):
         attnkit.hf.register(allow_unverified=names)
-    assert "b" not in attnkit.hf._ALLOWED_UNVERIFIED
+    assert "b" not in attnkit.hf.families._ALLOWED_UNVERIFIED
 
 
 def test_a_mask_changed_on_its_way_is_refused_not_guessed():
@@ -310,6 +328,7 @@ def test_a_mask_changed_on_its_way_is_refused_not_guessed():
     module = torch.nn.Module()
     out, _ = attnkit_attention_forward(module, q, q, q, mask)
     expected = attnkit.attention(q, q, q, mask=mask.as_subclass(torch.Tensor), is_causal=True).output
+    expected[1, :, 0] = q[1].mean(dim=-2)  # the pad row has no key: eager averages every value
     torch.testing.assert_close(out, expected.transpose(1, 2))
     with pytest.raises(UnsupportedFeature, match="changed the mask attnkit built"):
         attnkit_attention_forward(module, q, q, q, mask[..., :5] & True)
@@ -336,13 +355,13 @@ def test_record_captures_only_the_chosen_heads_of_the_chosen_layers(rng):
 def test_an_unpadded_sliding_window_runs_as_a_window_without_a_mask(family, rng, monkeypatch):
     eager, ours = _pair(family)
     seen = []
-    real = attnkit.hf.attention
+    real = attnkit.hf.interface.attention
 
     def spy(q, k, v, **kwargs):
         seen.append((kwargs["mask"], kwargs["window"]))
         return real(q, k, v, **kwargs)
 
-    monkeypatch.setattr(attnkit.hf, "attention", spy)
+    monkeypatch.setattr(attnkit.hf.interface, "attention", spy)
     ids = torch.randint(3, 99, (2, 40), generator=rng)  # 40 tokens, window 5: no (L, S) mask is built
     with torch.no_grad():
         expected, got = eager(input_ids=ids).logits, ours(input_ids=ids).logits
@@ -354,13 +373,13 @@ def test_an_unpadded_sliding_window_runs_as_a_window_without_a_mask(family, rng,
 def test_padding_travels_as_padding_not_as_an_l_by_s_mask(family, rng, monkeypatch):
     eager, ours = _pair(family)
     seen = []
-    real = attnkit.hf.attention
+    real = attnkit.hf.interface.attention
 
     def spy(q, k, v, **kwargs):
         seen.append((None if kwargs["mask"] is None else tuple(kwargs["mask"].shape), kwargs["is_causal"]))
         return real(q, k, v, **kwargs)
 
-    monkeypatch.setattr(attnkit.hf, "attention", spy)
+    monkeypatch.setattr(attnkit.hf.interface, "attention", spy)
     ids = torch.randint(3, 99, (2, 24), generator=rng)
     mask = torch.ones(2, 24, dtype=torch.long)
     mask[1, :7] = 0  # left padding
@@ -370,3 +389,58 @@ def test_padding_travels_as_padding_not_as_an_l_by_s_mask(family, rng, monkeypat
     assert (got - expected)[mask.bool()].abs().max() <= ATOL
     assert seen and all(shape == (2, 1, 1, 24) for shape, _ in seen)
     assert all(causal == (family != "bert") for _, causal in seen)
+
+
+def test_the_deliberate_differences_from_eager_are_what_docs_hf_md_says(rng, monkeypatch):
+    """docs/hf.md, "Where attnkit differs from eager on purpose", each pinned:
+    1. a boolean 4D mask means True = attend, as in transformers' sdpa (eager adds it to the scores as
+       0 / 1, which is no mask);
+    2. an additive mask with a real query row all -inf: eager's row is NaN and spreads; attnkit's row
+       has no allowed key, so zeros, and everything stays finite;
+    3. float64 with left padding: eager's float32 softmax turns finfo(float64).min into -inf and the
+       pad rows into NaN; attnkit stays finite and equals eager with its softmax kept in float64."""
+    eager, ours = _pair("llama")
+    config = copy.deepcopy(ours.config)
+    sdpa = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    sdpa.load_state_dict(ours.state_dict())
+    ids = torch.randint(3, 99, (2, 11), generator=rng)
+    allowed = torch.rand(2, 1, 11, 11, generator=rng) < 0.7
+    allowed[..., 0] = True
+    with torch.no_grad():
+        ours_bool, eager_bool, sdpa_bool = (m(input_ids=ids, attention_mask=allowed).logits for m in (ours, eager, sdpa))
+    assert (ours_bool - sdpa_bool).abs().max() <= ATOL
+    assert (ours_bool - eager_bool).abs().max() > 0.1  # eager reads the booleans as 0 / 1 added
+
+    additive = torch.zeros(2, 1, 11, 11).masked_fill(~allowed, float("-inf"))
+    additive[1, :, 5] = float("-inf")  # a real row with no key
+    with torch.no_grad():
+        assert torch.isnan(eager(input_ids=ids, attention_mask=additive).logits).any()
+        mine = ours(input_ids=ids, attention_mask=additive, output_attentions=True)
+    assert torch.isfinite(mine.logits).all()
+    assert all((weights[1, :, 5] == 0).all() for weights in mine.attentions)
+
+    eager64, ours64 = eager.double(), ours.double()
+    padding = torch.ones(2, 11, dtype=torch.long)
+    padding[1, :4] = 0
+    with torch.no_grad():
+        assert torch.isnan(eager64(input_ids=ids, attention_mask=padding).logits).any()
+        got = ours64(input_ids=ids, attention_mask=padding).logits
+        real_softmax = torch.nn.functional.softmax
+
+        def softmax_in_float64(x, dim=None, dtype=None, **kwargs):
+            return real_softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "softmax", softmax_in_float64)
+        want = eager64(input_ids=ids, attention_mask=padding).logits
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_window_of_one_is_refused_with_its_cause(rng):
+    """transformers' sliding-window cache cannot keep window - 1 = 0 keys (it keeps them all), and
+    its 1-key mask then no longer describes the keys: refused, naming the window."""
+    config = transformers.MistralConfig(**_DEC, sliding_window=1)
+    model = transformers.MistralForCausalLM._from_config(config, attn_implementation="attnkit").eval()
+    ids = torch.randint(3, 99, (1, 12), generator=rng)
+    with torch.no_grad(), pytest.raises(UnsupportedFeature, match="a sliding window of 1 key: .*Use a window of at least 2"):
+        model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)

@@ -273,6 +273,33 @@ def test_resume_sees_through_the_path_and_refuses_another_corpus(phrase_file, tm
     _refused(["train", "--data", "pairs.tsv", "--max-steps", "3", "--resume", *common], capsys, "data_sha256")
 
 
+def test_resume_takes_the_runs_data_and_model_options_and_refuses_only_given_ones(phrase_file, tmp_path, capsys):
+    """train --out RUN --resume needs no repetition of the run's options (its marker holds them); an
+    option given that differs from the run's is refused by name."""
+    run = tmp_path / "run"
+    first = ["train", "--data", phrase_file, "--out", run, "--epochs", "1", "--max-steps", "2",
+             "--embedding-dim", "16", "--hidden-size", "32", "--vocab-size", "100", "--tokenizer", "word",
+             "--dropout", "0.1", "--attention", "luong-general", "--quiet"]
+    assert _run(first, capsys)[0] == 0
+    code, out, err, _ = _run(["train", "--out", run, "--resume", "--epochs", "1", "--max-steps", "3", "--quiet"], capsys)
+    assert code == 0, err
+    assert "max-steps after 3 steps" in out
+    assert json.loads((run / "attnkit-run.json").read_text())["options"]["attention"] == "luong-general"
+    _refused(["train", "--out", run, "--resume", "--hidden-size", "64", "--max-steps", "4"], capsys,
+             "--resume", "hidden_size (run: 32, now: 64)")
+
+
+def test_a_resume_whose_limits_are_reached_trains_nothing_and_says_so(phrase_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _run(["train", "--data", phrase_file, "--out", run, "--epochs", "1", "--max-steps", "5", *TINY], capsys)[0] == 0
+    before = _snapshot(run)
+    for limits in (["--max-steps", "3"], ["--max-steps", "5"]):
+        code, out, err, _ = _run(["train", "--out", run, "--resume", "--epochs", "1", *limits, "--quiet"], capsys)
+        assert code == 0, err
+        assert "nothing to train: the run is at step 5" in out and "max-steps" in out
+    assert _snapshot(run) == before  # no step, no checkpoint rewritten
+
+
 def test_a_run_that_stopped_before_writing_anything_is_not_an_existing_run(phrase_file, tmp_path, capsys):
     out = tmp_path / "r"
     out.mkdir()

@@ -119,6 +119,23 @@ def add_demo_parser(commands) -> None:
     demo.set_defaults(run=_demo)
 
 
+NEW_RUN_DEFAULTS = {"data": "bible", "arch": "seq2seq", "tokenizer": "bpe", "vocab_size": 4000, "dropout": 0.2}
+"""Data and model options a new run takes when they are not given (a resumed run takes its own)."""
+
+
+def _take_run_options(args: argparse.Namespace) -> None:
+    """On --resume, every data or model option the command line leaves out is the run's (its marker);
+    only options given that differ are refused (by check_run_folder). Then the defaults of a new run."""
+    recorded = run_options(args.out) if args.resume and args.out.is_dir() else {}
+    for name, value in recorded.items():
+        if name == "data_sha256" or not hasattr(args, name) or getattr(args, name) is not None:
+            continue
+        setattr(args, name, Path(value) if name in ("valid", "guided_alignment") and value is not None else value)
+    for name, default in NEW_RUN_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
 def _train(args: argparse.Namespace) -> int:
     import torch
 
@@ -126,6 +143,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..training.distributed import is_main, setup_distributed
     from ..training.setup import new_translation_model, shared_tokenizers
 
+    _take_run_options(args)
     resolve_direction(args)
     device = check_device(args.device)
     seq2seq_options = {"attention": "bahdanau", "cell": "gru", "embedding_dim": 128, "hidden_size": 256, "layers": 1}
@@ -193,7 +211,10 @@ def _train(args: argparse.Namespace) -> int:
                                      **schedule, **guided)
     result = train(model, source, target, train_pairs, valid_pairs, training, args.out, resume=args.resume,
                    overwrite=args.overwrite, options=options, progress=not args.quiet, alignments=alignments)
-    if is_main():
+    if is_main() and args.resume and result.new_steps == 0:
+        print(f"nothing to train: the run is at step {result.steps} (epoch {result.epochs_done}), which already meets "
+              f"its {result.stopped} limit; raise --max-steps, --epochs or --max-minutes to train on")
+    elif is_main():
         print(f"{result.stopped} after {result.steps} steps; checkpoints in {args.out.resolve()} (best/, last/)")
     return 130 if result.stopped == "interrupted" else 0
 
@@ -219,12 +240,12 @@ def add_train_parser(commands) -> None:
     from ..models.config import PRESETS, SEQ2SEQ_ATTENTIONS
 
     train = commands.add_parser("train", help="train a translation model (also under torchrun for data parallelism)")
-    train.add_argument("--data", default="bible", help=_DATA_HELP)
+    train.add_argument("--data", help=_DATA_HELP + " (default bible; with --resume, the run's)")
     train.add_argument("--valid", type=input_file, help="a separate source<TAB>target validation file")
     train.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     train.add_argument("--out", type=output_dir, required=True,
                        help="run folder: last/, best/, history.json (new, empty, or an attnkit run)")
-    train.add_argument("--arch", default="seq2seq", choices=["seq2seq", "transformer"], help="model family")
+    train.add_argument("--arch", choices=["seq2seq", "transformer"], help="model family (default seq2seq)")
     add_device_argument(train, "training")
     train.add_argument("--attention", choices=SEQ2SEQ_ATTENTIONS,
                        help="for --arch seq2seq (default bahdanau): 'none' is the fixed-length bottleneck")
@@ -234,15 +255,15 @@ def add_train_parser(commands) -> None:
     train.add_argument("--layers", type=int_in(1, 64), help="for --arch seq2seq: stacked RNN layers (default 1)")
     transformer_presets = sorted(name for name, config in PRESETS.items() if config.kind == "transformer")
     train.add_argument("--preset", choices=transformer_presets, help="for --arch transformer (default transformer-small)")
-    train.add_argument("--tokenizer", default="bpe", choices=["bpe", "word"], help="subword (BPE) or word level")
-    train.add_argument("--vocab-size", type=int_in(8, 1_000_000), default=4000, help="per side")
+    train.add_argument("--tokenizer", choices=["bpe", "word"], help="subword (BPE, the default) or word level")
+    train.add_argument("--vocab-size", type=int_in(8, 1_000_000), help="per side (default 4000)")
     train.add_argument("--epochs", type=int_in(1, 100_000), default=10, help="epochs at most (early stopping may end sooner)")
     train.add_argument("--batch-size", type=int_in(1, 1_000_000), default=64, help="sentences per batch")
     train.add_argument("--lr", type=float_in(0.0, 10.0, low_open=True), default=2e-3, help="peak learning rate")
     train.add_argument("--clip", type=float_in(0.0), default=1.0, help="max gradient norm; 0 disables clipping")
     train.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.1,
                        help="in [0, 1)")
-    train.add_argument("--dropout", type=float_in(0.0, 1.0, high_open=True), default=0.2, help="in [0, 1)")
+    train.add_argument("--dropout", type=float_in(0.0, 1.0, high_open=True), help="in [0, 1) (default 0.2)")
     train.add_argument("--warmup", type=int_in(0), help="warm-up steps (default 4000 for the Transformer, 0 otherwise)")
     train.add_argument("--patience", type=int_in(0), default=3, help="epochs without a better validation loss")
     train.add_argument("--max-steps", type=int_in(1), help="stop after this many optimiser steps")
@@ -253,7 +274,8 @@ def add_train_parser(commands) -> None:
                        help="also save last/ every N steps (0: each epoch)")
     train.add_argument("--seed", type=int, default=0, help="seed of initialisation, batching and dropout")
     train.add_argument("--resume", action="store_true",
-                       help="continue the run in OUT exactly where it stopped (data and model options must match)")
+                       help="continue the run in OUT exactly where it stopped, with its data and model options (any given must "
+                            "match them)")
     train.add_argument("--overwrite", action="store_true",
                        help="start again in OUT, deleting the attnkit run there (never other files)")
     train.add_argument("--guided-alignment", type=input_file,

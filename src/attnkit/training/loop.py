@@ -123,6 +123,7 @@ class TrainingResult:
     best_valid_loss: float
     stopped: str  # "epochs" | "early-stopping" | "max-steps" | "time-limit" | "interrupted"
     history: dict = field(default_factory=dict)
+    new_steps: int = 0  # optimiser steps this call took (0: a resumed run already at its limits)
 
 
 def encode_pairs(pairs: Sequence[Pair], source: Tokenizer, target: Tokenizer) -> list[tuple[list[int], list[int]]]:
@@ -300,8 +301,27 @@ class _Trainer:
         self.history = saved["history"]
         self.log(f"resuming from {self.folder / 'last'} at epoch {self.state.epoch + 1}, step {self.state.step}")
 
+    def reached(self) -> str | None:
+        """The limit a (resumed) run already meets before any step, or None: nothing is left to do."""
+        config, state = self.config, self.state
+        if config.max_steps is not None and state.step >= config.max_steps:
+            return "max-steps"
+        if state.epoch >= config.epochs:
+            return "epochs"
+        if config.max_seconds is not None and state.seconds >= config.max_seconds:
+            return "time-limit"
+        return None
+
     def run(self) -> TrainingResult:
         self.model.train()
+        start = self.state.step
+        done = self.reached()
+        if done is not None:  # nothing to train: no step, no checkpoint rewritten
+            s = self.state
+            if self.main:
+                self.log(f"nothing to train: the run is at epoch {s.epoch}, step {s.step}, which already meets its "
+                         f"{done} limit")
+            return TrainingResult(self.folder, s.step, s.epoch, s.best_valid_loss, done, self.history, new_steps=0)
         with _StopOnInterrupt() as interrupt:
             while self.state.epoch < self.config.epochs and self.state.stopped is None:
                 started = time.perf_counter()
@@ -315,7 +335,8 @@ class _Trainer:
                 if self.state.stopped == "interrupted" and self.main:
                     self.log(f"interrupted: checkpoint saved to {self.folder / 'last'}; continue with --resume")
         s = self.state
-        return TrainingResult(self.folder, s.step, s.epoch, s.best_valid_loss, s.stopped or "epochs", self.history)
+        return TrainingResult(self.folder, s.step, s.epoch, s.best_valid_loss, s.stopped or "epochs", self.history,
+                              new_steps=s.step - start)
 
     def _run_epoch(self, interrupt: _StopOnInterrupt) -> None:
         """The optimiser steps of one epoch, from where the state says it stands; sets ``stopped``."""
