@@ -2,7 +2,7 @@
 docs/distributed.md's arithmetic for 8 GPUs x 128K and 64 GPUs x 1M tokens needs.
 
 A ring step is this rank's queries against one key/value shard: the block's fused kernel calls
-(:func:`attnkit.functional.ring._forward_step`, which merges into the running output by
+(:func:`attnkit.distributed.ring._forward_step`, which merges into the running output by
 log-sum-exp) and its backward (``_backward_step``). One GPU runs the step that rank 0 of a zigzag
 ring of ``--world`` ranks computes, for shard s = n / world, with Llama-3-8B's heads (32 query heads,
 8 key/value heads, E = 128, bf16, batch 1):
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from attnkit._files import write_json
     from attnkit._markdown import markdown_table
     from attnkit.bench.harness import cuda_median_ms, machine_info
-    from attnkit.functional import ring
+    from attnkit.distributed import ring
     from attnkit.functional.heads import repeat_kv
 
     device, dtype = "cuda", torch.bfloat16

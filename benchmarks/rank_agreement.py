@@ -1,5 +1,5 @@
 """What the ranks' agreement check costs context-parallel attention: the same calls with the check
-(one all_gather of 15 int64 per call, attnkit.functional.context_parallel._check_agreement) and with it switched
+(one all_gather of 15 int64 per call, attnkit.distributed.group.check_agreement) and with it switched
 off, in one run, W = 2 gloo processes on this machine.
 
 Inputs: B = 1, H = 8, E = 64, causal, zigzag ring, float32, n tokens in all (n / 2 per process).
@@ -30,14 +30,14 @@ def _worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, re
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     torch.set_num_threads(1)
-    import attnkit.functional.context_parallel as cp
+    import attnkit.distributed.strategy as cp
 
-    checked = cp._check_agreement
+    checked = cp.check_agreement
     rows = []
     for n in sizes:
         q = torch.randn(1, 8, n // world, 64, generator=torch.Generator().manual_seed(rank))
         for label, check in (("with check", checked), ("without", lambda *args, **kwargs: None)):
-            cp._check_agreement = check
+            cp.check_agreement = check
             cp.context_parallel_attention(q, q, q, is_causal=True)  # warm-up
             times = []
             for _ in range(repeats):
@@ -46,7 +46,7 @@ def _worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, re
                 cp.context_parallel_attention(q, q, q, is_causal=True)
                 times.append(time.perf_counter() - start)
             rows.append({"n": n, "check": label, "median_ms": 1000 * statistics.median(times)})
-    cp._check_agreement = checked
+    cp.check_agreement = checked
     if rank == 0:
         results.put(rows)
     torch.distributed.destroy_process_group()

@@ -27,9 +27,9 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
-    import attnkit.functional.ring
+    import attnkit.distributed.ring
 
-    attnkit.functional.ring.QUERY_TILE = 5  # several query tiles per shard, some skipped whole, some cut
+    attnkit.distributed.ring.QUERY_TILE = 5  # several query tiles per shard, some skipped whole, some cut
     try:
         n = 4 * world * 3  # divisible for every layout
         for method, layout in [("ring", layout) for layout in LAYOUTS] + [("ulysses", "zigzag"), ("ulysses", "striped")]:
@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, port: int, errors) -> None:
                 want = torch.autograd.grad(expected, (q, k, v), d_out)
                 parts = [shard(x.detach(), world, rank, layout=layout).requires_grad_() for x in (q, k, v)]
                 extra = {} if key_mask is None else {"key_mask": shard(key_mask, world, rank, layout=layout, dim=1)}
-                got = context_parallel_attention(*parts, layout=layout, method=method, **case, **extra)
+                got = context_parallel_attention(*parts, layout=layout, method=method, **case, **extra).output
                 torch.testing.assert_close(got, shard(expected.detach(), world, rank, layout=layout), rtol=1e-10, atol=1e-10)
                 grads = torch.autograd.grad(got, parts, shard(d_out, world, rank, layout=layout))
                 for name, g, w in zip("qkv", grads, want):
@@ -81,7 +81,7 @@ def test_one_process_is_plain_attention(layout):
         case = dict(case)
         padding = case.pop("padding", False)
         extra = {"key_mask": key_mask[None]} if padding else {}
-        got = context_parallel_attention(q, k, v, layout=layout, **case, **extra)
+        got = context_parallel_attention(q, k, v, layout=layout, **case, **extra).output
         expected = attnkit.attention(q, k, v, backend="reference", mask=key_mask.expand(24, 24) if padding else None, **case).output
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
         for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v))):
@@ -93,7 +93,8 @@ def test_one_process_is_plain_attention(layout):
 def test_ring_blocks_in_low_precision_match_float64(monkeypatch, dtype, fused):
     """The ring's blocks go through the fused CPU kernel (or plain PyTorch): tiles allowed whole,
     cut by the window, causal triangles and padding, in float32 / bfloat16 against float64."""
-    from attnkit.functional import partial, ring
+    from attnkit.distributed import ring
+    from attnkit.functional import partial
 
     monkeypatch.setattr(ring, "QUERY_TILE", 16)
     monkeypatch.setattr(partial, "FUSED", fused)
@@ -110,7 +111,7 @@ def test_ring_blocks_in_low_precision_match_float64(monkeypatch, dtype, fused):
         want = attnkit.attention(*want_x, backend="reference", mask=mask, **case).output
         want_grads = torch.autograd.grad(want, want_x, torch.ones_like(want))
         got_x = [x.to(dtype).requires_grad_() for x in (q, k, v)]
-        got = context_parallel_attention(*got_x, **case, **extra)
+        got = context_parallel_attention(*got_x, **case, **extra).output
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), want.detach(), rtol=tol, atol=tol, msg=lambda m: f"{case}: {m}")
         for name, a, b in zip("qkv", torch.autograd.grad(got, got_x, torch.ones_like(got)), want_grads):
@@ -134,7 +135,7 @@ def test_a_ring_step_equals_masked_attention_over_its_keys(monkeypatch, position
     """One step, forward and backward, against float64 reference attention under the positions'
     causal mask: whole runs as one kernel call (allowed wholly or as the triangle), runs that
     overlap in part, and many runs (striped) by query tiles."""
-    from attnkit.functional import ring
+    from attnkit.distributed import ring
     from attnkit.functional.masks import causal_positions
 
     monkeypatch.setattr(ring, "QUERY_TILE", 8)

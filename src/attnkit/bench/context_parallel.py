@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
     from datetime import timedelta
 
     from .. import distributed
-    from ..functional import ring
+    from ..distributed import ring
     from .harness import peak_extra_mb
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -77,7 +77,7 @@ def _worker(rank: int, world: int, port: int, config: ContextParallelBench, layo
 
         def call():
             tick = time.perf_counter()
-            out = distributed.context_parallel_attention(q, k, v, is_causal=c.causal, layout=layout)
+            out = distributed.context_parallel_attention(q, k, v, is_causal=c.causal, layout=layout).output
             if c.backward:
                 out.sum().backward()
             timing["seconds"] = time.perf_counter() - tick

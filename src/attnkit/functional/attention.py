@@ -23,7 +23,7 @@ from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
 from .softmax import masked_softmax
 
-__all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "BACKEND_NAMES"]
+__all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "lse_backend", "BACKEND_NAMES"]
 
 BACKEND_NAMES = ("auto", *BACKENDS)
 
@@ -174,6 +174,16 @@ def _with_bias_keys(mask: Tensor | None, bias: Tensor) -> Tensor | None:
     if bias.device.type == "cpu" and not torch.compiler.is_compiling() and bool(keys.all()):
         return mask
     return keys if mask is None else _masks.and_masks(mask, keys)
+
+
+def lse_backend(q: Tensor, dropout_p: float = 0.0) -> str:
+    """The backend for a call that needs the log-sum-exp (merging partial attentions, learned sinks),
+    in memory linear in the length: flex on CUDA where FlexAttention's kernels take the call exactly
+    (half or float32, power-of-two head dims of at least 16, no dropout), else tiled."""
+    E = q.shape[-1]
+    flex_fits = (q.device.type == "cuda" and flex.available() and q.dtype != torch.float64 and dropout_p == 0
+                 and E >= 16 and E & (E - 1) == 0)
+    return "flex" if flex_fits else "tiled"
 
 
 def _classified(problem: Problem) -> Problem:

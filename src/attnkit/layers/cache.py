@@ -1,12 +1,24 @@
-"""Key/value cache for incremental (autoregressive) decoding."""
+"""Key/value caches for incremental (autoregressive) decoding, each an attention strategy.
+
+Every cache answers :meth:`~attnkit.layers.attending.Attending.attend`, the one call
+:class:`~attnkit.layers.MultiHeadAttention` makes whatever it was handed: the cache rotates the new
+queries and keys at the positions it knows, stores the keys and values, and attends. For a model
+they also answer ``attended_length(new)`` (the S of an attention mask for the next ``new`` tokens)
+and ``new_positions(new, device)`` (the positions of the next ``new`` tokens when the cache
+dictates them, else None: the count of positions so far, ``position``, onwards).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from ..functional.attention import AttentionOutput, attention, lse_backend
+from ..functional.block_mask import BlockMask
 from ..functional.checks import check_int, check_rank, check_same
 from ..functional.masks import causal_positions
+from ..functional.partial import merge_partial
+from .attending import AttentionCall
 
 __all__ = ["KVCache", "SinkCache", "FixedKVCache"]
 
@@ -72,6 +84,32 @@ class KVCache:
         if self._keys is not None and self._values is not None:
             self._keys = self._keys.index_select(0, index)
             self._values = self._values.index_select(0, index)
+
+    def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
+        """The attention strategy's call: the new keys rotated from ``position`` on (unless
+        ``call.positions`` says), appended, and attended with bottom-right causal alignment (unless
+        ``call.causal_align`` says). A static cache projects its keys at the first call only."""
+        offset = 0 if self.static else self.position
+        if layer.rotary is not None:
+            q = layer.rotary(q, offset=offset, positions=call.positions)
+        if self.static and self.keys is not None and self.values is not None:
+            k, v = self.keys, self.values  # cross attention: encoder keys projected once
+        else:
+            k, v = layer.project_kv(key, value)  # (B, Hkv, S, E)
+            if layer.rotary is not None:
+                k = layer.rotary(k, offset=offset, positions=call.positions)
+            k, v = self.update(k, v)
+        return attention(q, k, v, mask=call.mask, is_causal=call.is_causal,
+                         causal_align=call.causal_align or "bottom-right", window=call.window, bias=call.bias,
+                         need_weights=call.need_weights, **layer.attention_options())
+
+    def attended_length(self, new: int) -> int:
+        """S for ``new`` more tokens: the held positions and the new ones."""
+        return self.length + new
+
+    def new_positions(self, new: int, device) -> Tensor | None:
+        """None: the new tokens continue from ``position``."""
+        return None
 
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, Hkv, S_new, E) keys and (B, Hkv, S_new, Ev) values; return all held ones
@@ -179,6 +217,44 @@ class SinkCache(KVCache):
             self._held_keys = self._held_keys.index_select(0, index)
             self._held_values = self._held_values.index_select(0, index)
 
+    def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
+        """Causal self attention: keys cached unrotated, rotated at their cache index each step;
+        queries past the cache's limit meet the sinks at the limit's position (a second attention
+        call over the sinks, merged by log-sum-exp). Both calls run a backend that returns the lse in
+        linear memory (tiled; flex on CUDA), never an L x S matrix."""
+        if (not call.is_causal or call.window is not None or call.mask is not None or call.bias is not None
+                or call.positions is not None):
+            raise ValueError("a SinkCache is for causal self attention without window, mask, bias or positions: "
+                             "it supplies the sinks + window pattern itself")
+        if call.need_weights:
+            raise ValueError("need_weights is not available with a SinkCache (the sinks are attended in a second call)")
+        k, v = layer.project_kv(key, value)
+        keys, values = self.update(k, v)  # unrotated (B, Hkv, S, E)
+        S, L = keys.shape[2], q.shape[2]
+        device = q.device
+        index = torch.arange(S - L, S, device=device)  # the queries' cache indices
+        j = torch.arange(S, device=device)
+        sinks = min(self.sinks, S)
+        late = index > self.limit  # rows whose sinks sit at the limit's position, not their own
+        allowed = causal_positions(index, j, self.recent)
+        allowed |= (j[None, :] < sinks) & causal_positions(index, j) & ~late[:, None]
+        rotary = layer.rotary
+        q_main = q if rotary is None else rotary(q, positions=index)
+        keys = keys if rotary is None else rotary(keys, positions=j)
+        options = layer.attention_options()
+        if options["backend"] in ("sdpa", "auto"):  # both calls need the lse
+            options["backend"] = lse_backend(q, options["dropout_p"])
+        main = attention(q_main, keys, values, mask=allowed, **options)
+        output = main.output
+        if bool(late.any()) and sinks:
+            q_sink = q if rotary is None else rotary(q, positions=index.clamp(max=self.limit))
+            part = attention(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=late[:, None].expand(L, sinks),
+                             **options)
+            assert main.lse is not None and part.lse is not None  # the backends used here return it
+            merged, _ = merge_partial(main.output.to(main.lse.dtype), main.lse, part.output, part.lse)
+            output = merged.to(q.dtype)
+        return AttentionOutput(output=output)
+
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append unrotated (B, Hkv, S_new, E) keys and values; return every held one (sinks,
         the last window - 1 before this step, the new ones), then evict down to the sinks and
@@ -223,6 +299,32 @@ class FixedKVCache:
         self.next: Tensor | None = None
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
+
+    def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
+        """Causal self attention with the same shapes at every step (all ``capacity`` columns, the
+        unwritten ones masked) and no read from the device."""
+        if not call.is_causal:
+            raise ValueError("a FixedKVCache is for causal self attention (decoding); pass is_causal=True")
+        if isinstance(call.mask, BlockMask):
+            raise ValueError("a FixedKVCache takes a boolean mask (B, 1, 1, capacity), not a BlockMask")
+        columns = self.columns(q.shape[2], q.device)  # (L,)
+        positions = columns if call.positions is None else call.positions
+        k, v = layer.project_kv(key, value)
+        if layer.rotary is not None:
+            q = layer.rotary(q, positions=positions)
+            k = layer.rotary(k, positions=positions)
+        k, v = self.write(k, v, columns)  # (B, Hkv, capacity, E)
+        allowed = self.allowed(columns, call.window)  # (L, capacity)
+        return attention(q, k, v, mask=allowed if call.mask is None else call.mask & allowed, bias=call.bias,
+                         need_weights=call.need_weights, **layer.attention_options())
+
+    def attended_length(self, new: int) -> int:
+        """S for any step: the capacity (every column is attended, the unwritten ones masked)."""
+        return self.capacity
+
+    def new_positions(self, new: int, device) -> Tensor:
+        """The columns of the next ``new`` positions, on the device: no read."""
+        return self.columns(new, device)
 
     def columns(self, new: int, device: torch.device) -> Tensor:
         """(new,) int64: the columns (and default positions) of the next ``new`` positions."""

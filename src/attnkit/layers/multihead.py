@@ -10,18 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor, nn
 
-from ..functional import attention
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
-from ..functional.context_parallel import check_context_parallel
 from ..functional.heads import merge_heads, split_heads
-from ..functional.masks import causal_positions
-from ..functional.partial import merge_partial
-from .cache import FixedKVCache, KVCache, SinkCache
+from .attending import Attending, AttentionCall, strategy
 from .positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention"]
@@ -109,6 +104,16 @@ class MultiHeadAttention(nn.Module):
         if key.shape[1] != value.shape[1]:
             raise ValueError(f"key and value lengths differ: S={key.shape[1]} and S={value.shape[1]}")
 
+    def project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (B, Hkv, S, E) and values (B, Hkv, S, E) from the inputs (B, S, kdim|vdim): what an
+        attention strategy calls when it needs new ones."""
+        return split_heads(self.k_proj(key), self.num_kv_heads), split_heads(self.v_proj(value), self.num_kv_heads)
+
+    def attention_options(self) -> dict:
+        """The keyword arguments of :func:`attnkit.attention` this layer fixes: scale, dropout (in
+        training mode), backend."""
+        return dict(scale=self.scale, dropout_p=self.dropout if self.training else 0.0, backend=self.backend)
+
     def forward(
         self,
         query: Tensor,
@@ -120,17 +125,18 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         bias: Tensor | None = None,
         need_weights: bool | Sequence[int] = False,
-        cache: KVCache | FixedKVCache | None = None,
+        cache: Attending | None = None,
         causal_align: str | None = None,
         positions: Tensor | None = None,
-        context_parallel=None,
+        context_parallel: Attending | None = None,
     ) -> AttentionOutput:
         """Attend from query (B, L, D) to key (B, S, kdim) / value (B, S, vdim).
 
         Self attention when ``key`` and ``value`` are omitted; ``value`` defaults to ``key``.
         ``mask`` (a boolean tensor or a :class:`~attnkit.masks.BlockMask` of any sparse pattern),
-        ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in :func:`attnkit.attention`; with a ``cache`` the new keys are appended and causal masks are
-        aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
+        ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in :func:`attnkit.attention`.
+        ``cache``: a KV cache (:mod:`attnkit.layers.cache`); the new keys are appended and causal masks
+        are aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
         ``positions`` (L,) or (B, L): the rotary positions of the new tokens (default: the cache's
         position onwards), e.g. per row after left padding.
         ``context_parallel`` (:class:`attnkit.distributed.ContextParallel`): self attention over a
@@ -138,10 +144,14 @@ class MultiHeadAttention(nn.Module):
         global positions (default: the layout's), ``mask`` at most a (B, 1, 1, L) key-padding mask
         of the shard; no cache, bias, weights or attention dropout.
 
+        One path whatever the cache or strategy (:mod:`attnkit.layers.attending`): project the
+        queries, let the strategy attend, project the heads back.
+
         Returns:
             :class:`AttentionOutput` with output (B, L, D), per-head weights (B, H, L, S) or None
             (average over dim 1 for ``nn.MultiheadAttention``'s averaged weights), lse or None.
         """
+        self_attention = key is None
         if key is None:
             if value is not None:
                 raise ValueError("value was given without key; pass both for cross attention")
@@ -149,130 +159,10 @@ class MultiHeadAttention(nn.Module):
         elif value is None:
             value = key
         self._check_inputs(query, key, value)
-        if check_context_parallel(context_parallel) is not None:
-            return self._attend_context_parallel(query, key, value, context_parallel, mask, is_causal, window, bias,
-                                                 need_weights, cache, positions)
+        attending = strategy(cache, context_parallel)
+        call = AttentionCall(mask=mask, is_causal=is_causal, window=window, bias=bias, need_weights=need_weights,
+                             causal_align=causal_align, positions=positions, self_attention=self_attention)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
-        if isinstance(cache, SinkCache):
-            return self._attend_with_sinks(q, key, value, cache, mask, is_causal, window, bias, need_weights, positions)
-        if isinstance(cache, FixedKVCache):
-            return self._attend_fixed(q, key, value, cache, mask, is_causal, window, bias, need_weights, positions)
-        offset = 0 if cache is None or cache.static else cache.position
-        if self.rotary is not None:
-            q = self.rotary(q, offset=offset, positions=positions)
-        if cache is not None and cache.static and cache.keys is not None and cache.values is not None:
-            k, v = cache.keys, cache.values  # cross attention: encoder keys projected once
-        else:
-            k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, E)
-            v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, Hkv, S, E)
-            if self.rotary is not None:
-                k = self.rotary(k, offset=offset, positions=positions)
-            if cache is not None:
-                k, v = cache.update(k, v)
-        if causal_align is None:
-            causal_align = "top-left" if cache is None else "bottom-right"
-        result = attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            is_causal=is_causal,
-            causal_align=causal_align,
-            window=window,
-            bias=bias,
-            scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend,
-            need_weights=need_weights,
-        )
+        result = attending.attend(self, q, key, value, call)
         output = self.out_proj(merge_heads(result.output))  # (B, L, D)
         return AttentionOutput(output=output, weights=result.weights, lse=result.lse)
-
-    def _attend_context_parallel(self, query, key, value, cp, mask, is_causal, window, bias, need_weights, cache,
-                                 positions) -> AttentionOutput:
-        B, L = query.shape[:2]
-        if key is not query or value is not query:
-            raise ValueError("context_parallel is for self attention: give query only")
-        if cache is not None or bias is not None or need_weights:
-            raise ValueError("context_parallel takes no cache, bias or need_weights")
-        if self.training and self.dropout > 0:
-            raise ValueError(f"context_parallel has no attention dropout (this layer's is {self.dropout}); "
-                             "set it to 0 or call eval()")
-        key_mask = None
-        if mask is not None:
-            if isinstance(mask, BlockMask) or tuple(mask.shape) != (B, 1, 1, L) or mask.dtype != torch.bool:
-                raise ValueError(f"context_parallel takes a boolean key-padding mask (B, 1, 1, L) = ({B}, 1, 1, {L}) "
-                                 f"of this shard, got {type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}")
-            key_mask = mask[:, 0, 0, :]
-        if positions is None:
-            positions = cp.positions(L).to(query.device)
-        if positions.shape != (L,):
-            raise ValueError(f"context_parallel needs positions (L,) = ({L},) shared by the batch, got {tuple(positions.shape)}")
-        q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
-        k = split_heads(self.k_proj(query), self.num_kv_heads)
-        v = split_heads(self.v_proj(query), self.num_kv_heads)
-        if self.rotary is not None:
-            q, k = self.rotary(q, positions=positions), self.rotary(k, positions=positions)
-        out = cp.attention(q, k, v, positions=positions, is_causal=is_causal, window=window, scale=self.scale,
-                           key_mask=key_mask)
-        return AttentionOutput(output=self.out_proj(merge_heads(out)), weights=None, lse=None)
-
-    def _attend_fixed(self, q, key, value, cache: FixedKVCache, mask, is_causal, window, bias, need_weights, positions):
-        """Causal self attention through a :class:`FixedKVCache`: the same shapes at every step
-        (all ``capacity`` columns, the unwritten ones masked) and no read from the device."""
-        if not is_causal:
-            raise ValueError("a FixedKVCache is for causal self attention (decoding); pass is_causal=True")
-        if isinstance(mask, BlockMask):
-            raise ValueError("a FixedKVCache takes a boolean mask (B, 1, 1, capacity), not a BlockMask")
-        columns = cache.columns(q.shape[2], q.device)  # (L,)
-        rotary_positions = columns if positions is None else positions
-        k = split_heads(self.k_proj(key), self.num_kv_heads)
-        v = split_heads(self.v_proj(value), self.num_kv_heads)
-        if self.rotary is not None:
-            q = self.rotary(q, positions=rotary_positions)
-            k = self.rotary(k, positions=rotary_positions)
-        k, v = cache.write(k, v, columns)  # (B, Hkv, capacity, E)
-        allowed = cache.allowed(columns, window)  # (L, capacity)
-        result = attention(q, k, v, mask=allowed if mask is None else mask & allowed, bias=bias, scale=self.scale,
-                           dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
-                           need_weights=need_weights)
-        return AttentionOutput(output=self.out_proj(merge_heads(result.output)), weights=result.weights, lse=result.lse)
-
-    def _attend_with_sinks(self, q, key, value, cache: SinkCache, mask, is_causal, window, bias, need_weights, positions):
-        """Self attention through a :class:`SinkCache`: keys cached unrotated, rotated at their
-        cache index each step; queries past the cache's limit meet the sinks at the limit's
-        position (a second attention call over the sinks, merged by log-sum-exp)."""
-        if not is_causal or window is not None or mask is not None or bias is not None or positions is not None:
-            raise ValueError("a SinkCache is for causal self attention without window, mask, bias or positions: "
-                             "it supplies the sinks + window pattern itself")
-        if need_weights:
-            raise ValueError("need_weights is not available with a SinkCache (the sinks are attended in a second call)")
-        k = split_heads(self.k_proj(key), self.num_kv_heads)
-        v = split_heads(self.v_proj(value), self.num_kv_heads)
-        keys, values = cache.update(k, v)  # unrotated (B, Hkv, S, E)
-        S, L = keys.shape[2], q.shape[2]
-        device = q.device
-        index = torch.arange(S - L, S, device=device)  # the queries' cache indices
-        j = torch.arange(S, device=device)
-        sinks = min(cache.sinks, S)
-        late = index > cache.limit  # rows whose sinks sit at the limit's position, not their own
-        allowed = causal_positions(index, j, cache.recent)
-        allowed |= (j[None, :] < sinks) & causal_positions(index, j) & ~late[:, None]
-        if self.rotary is not None:
-            q_main = self.rotary(q, positions=index)
-            keys = self.rotary(keys, positions=j)
-        else:
-            q_main = q
-        backend = "reference" if self.backend in ("sdpa", "auto") else self.backend  # both need lse
-        dropout = self.dropout if self.training else 0.0
-        main = attention(q_main, keys, values, mask=allowed, scale=self.scale, dropout_p=dropout, backend=backend)
-        output = main.output
-        if bool(late.any()) and sinks:
-            q_sink = self.rotary(q, positions=index.clamp(max=cache.limit)) if self.rotary is not None else q
-            sink_mask = late[:, None].expand(L, sinks)
-            part = attention(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=sink_mask, scale=self.scale,
-                             dropout_p=dropout, backend=backend)
-            assert main.lse is not None and part.lse is not None  # the backends used here return it
-            merged, _ = merge_partial(main.output.to(main.lse.dtype), main.lse, part.output, part.lse)
-            output = merged.to(q.dtype)
-        return AttentionOutput(output=self.out_proj(merge_heads(output)))

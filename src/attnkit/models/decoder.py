@@ -18,11 +18,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..distributed import check_context_parallel
 from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
-from ..functional.context_parallel import check_context_parallel
 from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
+from ..layers.attending import Attending
 from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
 from .outputs import LMOutput
@@ -110,7 +111,7 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None, need_weights: bool = False,
+        self, x: Tensor, mask: Tensor | None = None, *, cache: Attending | None = None, need_weights: bool = False,
         positions: Tensor | None = None, context_parallel=None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, L, D), mask (B, 1, 1, S) True at real tokens -> (B, L, D) and, with ``need_weights``,
@@ -179,7 +180,7 @@ class DecoderLM(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         *,
-        cache: Sequence[KVCache] | Sequence[FixedKVCache] | None = None,
+        cache: Sequence[Attending] | None = None,
         need_weights: bool = False,
         last_only: bool = False,
         position_ids: Tensor | None = None,
@@ -211,43 +212,21 @@ class DecoderLM(nn.Module):
         """
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
-        shard_positions = None
-        if check_context_parallel(context_parallel) is not None:
-            if cache is not None or document_ids is not None or position_ids is not None or need_weights or last_only:
-                raise ValueError("context_parallel takes no cache, document_ids, position_ids, need_weights or last_only")
-            shard_positions = context_parallel.positions(L).to(input_ids.device)  # (L,) global
-            position_ids = shard_positions.expand(B, L)
+        first = None if cache is None else cache[0]
+        if check_context_parallel(context_parallel) is not None and (
+                cache is not None or document_ids is not None or position_ids is not None or need_weights or last_only):
+            raise ValueError("context_parallel takes no cache, document_ids, position_ids, need_weights or last_only")
         if document_ids is not None:
             if attention_mask is not None or cache is not None:
                 raise ValueError("document_ids replaces attention_mask (mark padding with id -1) and takes no cache")
             if tuple(document_ids.shape) != (B, L) or document_ids.is_floating_point() or document_ids.dtype == torch.bool:
                 raise ValueError(f"document_ids must be integers of shape (B, L) = ({B}, {L}), got "
                                  f"{document_ids.dtype} {tuple(document_ids.shape)}")
-            if position_ids is None:
-                position_ids = document_positions(document_ids)
-        first = None if cache is None else cache[0]
-        fixed = isinstance(first, FixedKVCache)
-        if isinstance(first, FixedKVCache):
-            if document_ids is not None or shard_positions is not None:
-                raise ValueError("fixed-size caches take no document_ids or context_parallel")
-            if position_ids is None:  # the cache's columns, on the device: no read
-                position_ids = first.columns(L, input_ids.device).expand(B, L)
-        offset = first.position if isinstance(first, KVCache) else 0
-        if position_ids is not None:
-            if tuple(position_ids.shape) != (B, L) or position_ids.dtype != torch.long:
-                raise ValueError(f"position_ids must be int64 of shape (B, L) = ({B}, {L}), got "
-                                 f"{position_ids.dtype} {tuple(position_ids.shape)}")
-            if self.positions is not None and position_ids.numel() and not fixed:  # a table lookup: check the
-                # range (rotary positions take any value; reading them waits for the device, and a fixed
-                # cache's capacity <= max_len was checked by new_cache)
-                top, bottom = int(position_ids.max()), int(position_ids.min())
-                if top >= self.config.max_len or bottom < 0:
-                    raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got {bottom}..{top}")
-        elif self.positions is not None and offset + L > self.config.max_len:
-            raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
+        position_ids, rotary_positions, offset = self._positions(input_ids, first, position_ids, document_ids,
+                                                                 context_parallel)
         mask: Tensor | BlockMask | None = None
         if attention_mask is not None:
-            S = first.capacity if isinstance(first, FixedKVCache) else L + (0 if first is None else first.length)
+            S = L if first is None else first.attended_length(L)
             if tuple(attention_mask.shape) != (B, S):
                 raise ValueError(
                     f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "
@@ -261,7 +240,6 @@ class DecoderLM(nn.Module):
             x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
         x = self.dropout(x)
         attentions: list[Tensor] | None = [] if need_weights else None
-        rotary_positions = position_ids if shard_positions is None else shard_positions  # (B, L) or (L,)
         for i, layer in enumerate(self.layers):
             x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
                                positions=rotary_positions, context_parallel=context_parallel)
@@ -269,3 +247,34 @@ class DecoderLM(nn.Module):
                 attentions.append(weights)
         x = self.norm(x)
         return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, attentions)
+
+    def _positions(self, input_ids: Tensor, cache, position_ids: Tensor | None, document_ids: Tensor | None,
+                   context_parallel) -> tuple[Tensor | None, Tensor | None, int]:
+        """(position ids (B, L) or None, rotary positions (B, L) or (L,) or None, offset): from the user,
+        the shard (context parallelism), the documents, or the cache (its columns, or its count)."""
+        B, L = input_ids.shape
+        device_positions = False  # positions the cache holds on the device: never read back
+        if context_parallel is not None:
+            shard_positions = context_parallel.positions(L).to(input_ids.device)  # (L,) global
+            return shard_positions.expand(B, L), shard_positions, 0
+        if document_ids is not None and position_ids is None:
+            position_ids = document_positions(document_ids)
+        if cache is not None:
+            from_cache = cache.new_positions(L, input_ids.device)
+            device_positions = from_cache is not None
+            if position_ids is None and from_cache is not None:
+                position_ids = from_cache.expand(B, L)
+        offset = 0 if cache is None or device_positions else cache.position
+        if position_ids is not None:
+            if tuple(position_ids.shape) != (B, L) or position_ids.dtype != torch.long:
+                raise ValueError(f"position_ids must be int64 of shape (B, L) = ({B}, {L}), got "
+                                 f"{position_ids.dtype} {tuple(position_ids.shape)}")
+            if self.positions is not None and position_ids.numel() and not device_positions:  # a table lookup: check
+                # the range (rotary positions take any value; reading them waits for the device, and a fixed
+                # cache's capacity <= max_len was checked by new_cache)
+                top, bottom = int(position_ids.max()), int(position_ids.min())
+                if top >= self.config.max_len or bottom < 0:
+                    raise ValueError(f"position_ids must lie in [0, {self.config.max_len}), got {bottom}..{top}")
+        elif self.positions is not None and offset + L > self.config.max_len:
+            raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
+        return position_ids, position_ids, offset

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..distributed import check_context_parallel
 from ..functional.checks import check_rank
-from ..functional.context_parallel import check_context_parallel
 from ..layers import LearnedPositionalEmbedding
 from .config import EncoderConfig
 from .outputs import EncoderOutput

@@ -7,7 +7,7 @@ import os
 import torch
 from torch import distributed as dist
 
-from ..functional.context_parallel import world_rank
+from ..distributed import world_rank
 
 __all__ = ["setup_distributed", "world", "all_sum", "broadcast_text", "is_main"]
 

@@ -3,7 +3,7 @@ the ring one hop per step (``batch_isend_irecv``, posted before each block so th
 overlaps it); each block is partial attention by a fused kernel that returns the log-sum-exp
 (:mod:`attnkit.functional.partial`), merged in float32; the backward gives each block's gradients
 from the merged output and log-sum-exp and sends dK, dV around the ring with their shard. The API is
-:func:`attnkit.functional.context_parallel.context_parallel_attention`."""
+:func:`attnkit.distributed.context_parallel_attention`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
-from .heads import repeat_kv
-from .masks import causal_positions
-from .partial import fused, merge_partial, partial_attention, partial_attention_backward
+from ..functional.heads import repeat_kv
+from ..functional.masks import causal_positions
+from ..functional.partial import fused, merge_partial, partial_attention, partial_attention_backward
 
 __all__ = ["PeerFailure", "QUERY_TILE", "ring_attention"]
 
@@ -258,7 +258,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, scale: fl
                    window: int | None, group, key_mask: Tensor | None, *, distributed: bool = True) -> Tensor:
     """This rank's shard of exact attention by the ring over ``group`` (None: the world), or, with
     ``distributed=False`` (torch.distributed not initialised), one process's plain attention;
-    arguments as :func:`~attnkit.functional.context_parallel.context_parallel_attention` checks them."""
+    arguments as :func:`~attnkit.distributed.context_parallel_attention` checks them."""
     out, _ = _RingAttention.apply(q, k, v, positions, scale, is_causal, window,
                                   group if distributed else _LocalGroup(), key_mask)
     return out

@@ -1,0 +1,95 @@
+"""How a layer attends: one call, whatever the strategy.
+
+:class:`~attnkit.layers.MultiHeadAttention` projects the queries and hands them, with its key and
+value inputs and the call's options (:class:`AttentionCall`), to an attention strategy, the one
+object that decides where keys come from and which positions they sit at:
+
+- :data:`PLAIN`: no cache; keys and values from this call's inputs;
+- the KV caches of :mod:`attnkit.layers.cache`: growing or rolling (:class:`KVCache`), filled once
+  for cross attention (``KVCache(static=True)``), fixed-size (:class:`FixedKVCache`), sinks plus a
+  window (:class:`SinkCache`);
+- context parallelism (:class:`attnkit.distributed.ContextParallel`): the sequence split across
+  processes.
+
+Every strategy answers :meth:`Attending.attend` and returns the heads' :class:`AttentionOutput`;
+the layer has one path and never asks which strategy it holds (transformers' models make one call,
+``past_key_values.update(...)``, whatever their cache; here the strategy also owns the attention
+call, since a sinks cache needs two and context parallelism a distributed one). A new kind of
+cache is a new object answering the same call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor
+
+from ..functional.attention import AttentionOutput, attention
+from ..functional.block_mask import BlockMask
+
+__all__ = ["AttentionCall", "Attending", "PLAIN", "strategy"]
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """The options of one layer call, as :meth:`MultiHeadAttention.forward` received them:
+    ``mask``, ``is_causal``, ``window``, ``bias``, ``need_weights`` as in :func:`attnkit.attention`;
+    ``causal_align`` None for the strategy's default (top-left without a cache, bottom-right with
+    one); ``positions`` (L,) or (B, L) rotary positions of the new tokens, None for the strategy's;
+    ``self_attention`` whether keys and values are the queries' own inputs."""
+
+    mask: Tensor | BlockMask | None = None
+    is_causal: bool = False
+    window: int | None = None
+    bias: Tensor | None = None
+    need_weights: bool | Sequence[int] = False
+    causal_align: str | None = None
+    positions: Tensor | None = None
+    self_attention: bool = True
+
+
+class Attending(Protocol):
+    """An attention strategy: a cache, context parallelism, or :data:`PLAIN`.
+
+    ``layer`` offers ``project_kv(key, value) -> (k, v)`` (B, Hkv, S, E), ``rotary`` (or None) and
+    ``attention_options()`` (scale, dropout_p, backend); ``q`` is (B, H, L, E), projected, not
+    rotated; ``key`` / ``value`` are the layer's inputs (B, S, kdim|vdim). Returns the heads'
+    output (B, H, L, Ev) with weights and lse where asked for and available."""
+
+    def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput: ...
+
+
+class _Plain:
+    """No cache: this call's keys and values, rotated at ``positions`` (default 0 .. S - 1)."""
+
+    def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
+        k, v = layer.project_kv(key, value)
+        if layer.rotary is not None:
+            q = layer.rotary(q, positions=call.positions)
+            k = layer.rotary(k, positions=call.positions)
+        return attention(q, k, v, mask=call.mask, is_causal=call.is_causal, causal_align=call.causal_align or "top-left",
+                         window=call.window, bias=call.bias, need_weights=call.need_weights, **layer.attention_options())
+
+    def __repr__(self) -> str:
+        return "PLAIN"
+
+
+PLAIN = _Plain()
+"""The strategy of a call without a cache."""
+
+
+def strategy(cache, context_parallel) -> Attending:
+    """The one strategy a call runs: its ``cache``, its ``context_parallel``, or :data:`PLAIN`; each
+    must answer ``attend`` (a TypeError names the argument otherwise)."""
+    if cache is not None and context_parallel is not None:
+        raise ValueError("context_parallel takes no cache: the sequence is split across processes, not decoded")
+    for name, chosen in (("cache", cache), ("context_parallel", context_parallel)):
+        if chosen is not None:
+            if not callable(getattr(chosen, "attend", None)):
+                raise TypeError(f"{name} must be an attnkit cache (KVCache, FixedKVCache, SinkCache) or an attention "
+                                f"strategy with attend(), such as attnkit.distributed.ContextParallel; got "
+                                f"{type(chosen).__name__}")
+            return chosen
+    return PLAIN
