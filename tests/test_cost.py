@@ -134,7 +134,7 @@ def test_bigbird_pairs_are_an_upper_bound():
     from attnkit.cost import pattern_pairs
 
     n = 1024
-    dense = masks.block_mask(masks.bigbird_mod(n, window=3, num_global=1, random_blocks=3, block=64), None, None, n, n).to_dense()
+    dense = masks.block_mask(masks.bigbird_mod(n, window_blocks=3, num_global=1, random_blocks=3, block=64), None, None, n, n).to_dense()
     pairs, _, exact = pattern_pairs("bigbird", n, window=3, num_global=1, random_blocks=3, block=64)
     assert not exact and int(dense.sum()) <= pairs <= 1.5 * int(dense.sum())
 

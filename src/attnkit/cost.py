@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import InputError
 from .functional.checks import check_int
+from .functional.mask_mods import pattern_options
 from .models.config import DecoderConfig, EncoderConfig, TransformerConfig
 
 __all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES"]
@@ -119,12 +120,12 @@ def _pairs(seq: int, window: int | None, causal: bool) -> tuple[int, int]:
 
 PATTERN_OPTIONS: dict[str, dict[str, Any]] = {
     "causal": {},
-    "window": {"window": 512},
-    "longformer": {"window": 512, "num_global": 16},
-    "bigbird": {"window": 3, "num_global": 1, "random_blocks": 3, "block": 64},
+    "window": {"width": 512},
+    "longformer": {"width": 512, "num_global": 16},
+    "bigbird": {"window_blocks": 3, "num_global": 1, "random_blocks": 3, "block": 64},
     "prefix-lm": {"prefix": None},
     "documents": {"documents": 8},
-    "dilated": {"window": 512, "dilation": 2},
+    "dilated": {"width": 512, "dilation": 2},
     "sinks": {"sinks": 4, "window": 512},
 }
 """Patterns :func:`pattern_pairs` counts in closed form, with the defaults of attnkit.masks.PATTERNS
@@ -166,6 +167,7 @@ def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int | None, boo
     its window or globals; its figures are then an upper bound (exact = False)."""
     if pattern not in PATTERN_OPTIONS:
         raise ValueError(f"pattern must be one of {sorted(PATTERN_OPTIONS)}, got {pattern!r}")
+    options = pattern_options(pattern, options)  # old option names (window of a band) warn and are honoured
     unknown = set(options) - set(PATTERN_OPTIONS[pattern])
     if unknown:
         raise ValueError(f"pattern {pattern!r} takes options {sorted(PATTERN_OPTIONS[pattern])}, got {sorted(unknown)}")
@@ -178,10 +180,10 @@ def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int | None, boo
     if pattern == "causal":
         return n * (n + 1) // 2, n, True
     if pattern == "window":
-        r = o["window"] // 2
+        r = o["width"] // 2
         return _band(n, r), min(n, r + 1), True
     if pattern == "longformer":
-        r, g = o["window"] // 2, min(o["num_global"], n)
+        r, g = o["width"] // 2, min(o["num_global"], n)
         rows_in_band = _sum_min(g, r + 1, n) - _sum_excess(g, r)  # band pairs in the global rows
         pairs = _band(n, r) + 2 * g * n - g * g - 2 * rows_in_band + _band(g, r) if g else _band(n, r)
         return pairs, n if g and n - 1 < g else (min(n, r + 1) + (g if n - 1 - r > g else max(0, n - 1 - r))), True
@@ -197,13 +199,13 @@ def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int | None, boo
         p = min(n, n // 4 if o["prefix"] is None else o["prefix"])
         return n * (n + 1) // 2 + p * (p - 1) // 2, n, True
     if pattern == "dilated":
-        r, dilation = o["window"] // 2, max(1, o["dilation"])
+        r, dilation = o["width"] // 2, max(1, o["dilation"])
         return n + 2 * _dilated_side(n, r, dilation), 1 + min(r, (n - 1) // dilation), True
     # bigbird
     b = max(1, o["block"])
     blocks = -(-n // b)
     g = min(o["num_global"], blocks)
-    per_row = min(blocks, 2 * (o["window"] // 2) + 1 + g + o["random_blocks"])
+    per_row = min(blocks, 2 * (o["window_blocks"] // 2) + 1 + g + o["random_blocks"])
     global_rows = min(n, g * b)
     return global_rows * n + (n - global_rows) * min(n, per_row * b), min(n, per_row * b), False
 

@@ -124,7 +124,7 @@ def run_tour(out_dir: str | Path, seed: int = 0) -> Iterator[Stop]:
         for index, (score, mode) in enumerate(
             [("dot", "global"), ("general", "global"), ("concat", "global"), ("dot", "local-m"), ("dot", "local-p")], 3
         ):
-            luong = LuongAttention(DIM, score=score, mode=mode, window=2)
+            luong = LuongAttention(DIM, score=score, mode=mode, half_width=2)
             if score == "general":
                 nn.init.eye_(luong.score_weight.weight)  # start from the dot score
             weights = _weights(luong(tgt, src))

@@ -38,7 +38,7 @@ def _mods():
     return {
         "window": (masks.window_mod(64), None),
         "longformer": (masks.longformer_mod(64, flags), B),
-        "bigbird": (masks.bigbird_mod(L, window=3, num_global=1, random_blocks=2, block=32, seed=0), None),
+        "bigbird": (masks.bigbird_mod(L, window_blocks=3, num_global=1, random_blocks=2, block=32, seed=0), None),
         "prefix-lm": (masks.prefix_lm_mod(torch.tensor([10, 150])), B),
         "documents": (masks.document_mod(ids), B),
         "dilated": (masks.dilated_window_mod(32, 2), None),

@@ -20,7 +20,7 @@ def _pair(window: int, seed: int = 0):
     config = transformers.LongformerConfig(hidden_size=D, num_attention_heads=H, attention_window=[window],
                                            attention_probs_dropout_prob=0.0, num_hidden_layers=1)
     theirs = longformer.LongformerSelfAttention(config, layer_id=0).eval()
-    ours = LongformerSelfAttention(D, H, window=window, block=8).eval()
+    ours = LongformerSelfAttention(D, H, width=window, block=8).eval()
     missing = ours.load_state_dict(theirs.state_dict(), strict=True)
     assert not missing.missing_keys and not missing.unexpected_keys
     return theirs, ours
@@ -84,5 +84,5 @@ def test_bad_inputs_are_named():
         ours(x, torch.zeros(1, 15, dtype=torch.bool))
     with pytest.raises(ValueError, match="global_tokens marks a padding position"):
         ours(x, torch.ones(1, 16, dtype=torch.bool), torch.zeros(1, 16, dtype=torch.bool))
-    with pytest.raises(ValueError, match="window must be an even int"):
-        LongformerSelfAttention(D, H, window=7)
+    with pytest.raises(ValueError, match="width must be an even int"):
+        LongformerSelfAttention(D, H, width=7)

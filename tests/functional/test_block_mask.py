@@ -58,7 +58,7 @@ def definition(name: str, L: int, S: int, B: int, extra) -> np.ndarray:
 def pattern(name: str, L: int, S: int, B: int):
     """(mask_mod, B for block_mask, extra for the definition)."""
     if name == "causal":  # bottom-right aligned: the last query sees every key
-        return masks.causal_mod(S - L), None, {"offset": S - L}
+        return masks.causal_mod(L, S, causal_align="bottom-right"), None, {"offset": S - L}
     if name == "window":
         return masks.window_mod(10), None, {"window": 10}
     if name == "longformer":
@@ -67,7 +67,7 @@ def pattern(name: str, L: int, S: int, B: int):
         flags[1, [L - 1]] = True
         return masks.longformer_mod(8, flags), B, {"window": 8, "globals": flags.numpy()}
     if name == "bigbird":
-        mod = masks.bigbird_mod(L, S, window=3, num_global=1, random_blocks=2, block=8, seed=3)
+        mod = masks.bigbird_mod(L, S, window_blocks=3, num_global=1, random_blocks=2, block=8, seed=3)
         return mod, None, {"window": 3, "num_global": 1, "block": 8, "table": mod.random_table.numpy()}
     if name == "prefix-lm":
         prefix = torch.tensor([5, 17])
@@ -78,7 +78,7 @@ def pattern(name: str, L: int, S: int, B: int):
     if name == "dilated":
         return masks.dilated_window_mod(6, 3), None, {"window": 6, "dilation": 3}
     if name == "sinks":
-        return masks.sinks_window_mod(3, 7, offset=S - L), None, {"sinks": 3, "window": 7, "offset": S - L}
+        return masks.sinks_window_mod(3, 7, L, S, causal_align="bottom-right"), None, {"sinks": 3, "window": 7, "offset": S - L}
     raise AssertionError(name)
 
 
@@ -319,9 +319,9 @@ def test_block_mask_errors_name_the_problem():
 
 
 def test_bigbird_draws_its_random_blocks_from_the_seed():
-    a = masks.bigbird_mod(256, window=3, num_global=1, random_blocks=3, block=16, seed=1)
-    b = masks.bigbird_mod(256, window=3, num_global=1, random_blocks=3, block=16, seed=1)
-    c = masks.bigbird_mod(256, window=3, num_global=1, random_blocks=3, block=16, seed=2)
+    a = masks.bigbird_mod(256, window_blocks=3, num_global=1, random_blocks=3, block=16, seed=1)
+    b = masks.bigbird_mod(256, window_blocks=3, num_global=1, random_blocks=3, block=16, seed=1)
+    c = masks.bigbird_mod(256, window_blocks=3, num_global=1, random_blocks=3, block=16, seed=2)
     assert torch.equal(a.random_table, b.random_table) and not torch.equal(a.random_table, c.random_table)
     assert (a.random_table.sum(dim=1) == 3).all()
 

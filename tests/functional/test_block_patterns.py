@@ -84,7 +84,7 @@ def test_document_ids_from_lengths():
 @pytest.mark.parametrize("name", ["causal", "window", "longformer", "documents", "prefix-lm", "sinks"])
 def test_named_patterns_use_the_closed_form_with_the_same_tiles(name, monkeypatch):
     """pattern_block_mask builds these in closed form: no mask_mod is evaluated to classify tiles."""
-    options = {"window": 40} if name in ("window", "longformer", "sinks") else {}
+    options = {"width": 40} if name in ("window", "longformer") else {"window": 40} if name == "sinks" else {}
     dense = masks.block_mask(masks.PATTERNS[name](300, 300, **options), 1, 1, 300, 300, block=32)
     monkeypatch.setattr("attnkit.functional.block_mask._classify", lambda *_: pytest.fail("evaluated densely"))
     built = masks.pattern_block_mask(name, 300, block=32, **options)

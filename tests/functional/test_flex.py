@@ -116,8 +116,8 @@ def _flex_tables(block_mask):
 def test_tables_equal_pytorch_create_block_mask(name):
     """attnkit's tables, converted, are the tables torch computes itself for the same mask_mod."""
     L = 1000
-    blocks = masks.pattern_block_mask(name, L, window=200) if name in ("longformer", "sinks") else \
-        masks.pattern_block_mask(name, L)
+    options = {"width": 200} if name == "longformer" else {"window": 200} if name == "sinks" else {}
+    blocks = masks.pattern_block_mask(name, L, **options)
     kinds = flex._tile_kinds(blocks)
     ours = flex.flex_block_mask(kinds, (L, L), blocks.mask_mod)
     theirs = create_block_mask(blocks.mask_mod, None, None, L, L, device="cpu", BLOCK_SIZE=flex.BLOCK)
@@ -132,7 +132,7 @@ def test_flex_never_materialises_a_block_mask(rng, eager, monkeypatch):
     which build boolean tiles, are never called."""
     B, H, L = 1, 2, 300
     q, k, v = (randn(B, H, L, 32, generator=rng) for _ in range(3))
-    blocks = masks.pattern_block_mask("longformer", L, window=64)
+    blocks = masks.pattern_block_mask("longformer", L, width=64)
     want = attnkit.attention(q, k, v, backend="reference", mask=blocks).output
     for name in ("tile", "to_dense"):
         monkeypatch.setattr(masks.BlockMask, name, lambda *a, **k: pytest.fail("materialised"))
@@ -167,7 +167,7 @@ def test_compiled_cpu_forward_matches_oracle_and_compiles_once_per_bucket(rng):
 
     torch._dynamo.reset()
     H = 4
-    blocks_for = {L: masks.pattern_block_mask("longformer", L, window=64) for L in (300, 350, 384, 700)}
+    blocks_for = {L: masks.pattern_block_mask("longformer", L, width=64) for L in (300, 350, 384, 700)}
     compiles = []
     with torch.no_grad():
         for L in (300, 350, 384, 700):

@@ -107,7 +107,7 @@ SYNC_FREE_CALLS = {
     "causal": lambda L: {"is_causal": True},
     "padding": lambda L: {"mask": masks.padding(torch.tensor([L, L // 2], device=CUDA), L)},
     "window": lambda L: {"window": 256},
-    "longformer": lambda L: {"mask": masks.pattern_block_mask("longformer", L, window=256, device=CUDA)},
+    "longformer": lambda L: {"mask": masks.pattern_block_mask("longformer", L, width=256, device=CUDA)},
     "score_mod": lambda L: {"is_causal": True, "score_mod": lambda s, b, h, qi, ki: 30 * torch.tanh(s / 30)},
     "sinks": lambda L: {"is_causal": True, "sinks": torch.zeros(8, device=CUDA)},
     # a score_mod reading a table on the GPU (auto probes it on the call's device)

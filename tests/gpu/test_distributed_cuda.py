@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import attnkit
 from attnkit import distributed
-from attnkit.functional import context_parallel
+from attnkit.distributed import group
 
 from helpers import free_port
 
@@ -40,7 +40,7 @@ def test_ring_step_and_merge_on_cuda_equals_attention(kwargs, dtype):
     d_out = torch.randn_like(want)
     want_grads = torch.autograd.grad(want, (q, k, v), d_out)
     qs, ks, vs = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
-    got = distributed.context_parallel_attention(qs, ks, vs, layout="contiguous", **kwargs)
+    got = distributed.context_parallel_attention(qs, ks, vs, layout="contiguous", **kwargs).output
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), want.detach(), rtol=tolerance, atol=tolerance)
     grads = torch.autograd.grad(got, (qs, ks, vs), d_out.to(dtype))
@@ -51,7 +51,7 @@ def test_ring_step_and_merge_on_cuda_equals_attention(kwargs, dtype):
 
 def test_agreement_check_runs_over_nccl(nccl_world_of_one):
     signature = {"batch": 2, "window": None, "dtype": torch.bfloat16}
-    context_parallel._check_agreement(nccl_world_of_one, 1, 0, signature, torch.device("cuda"))
+    group.check_agreement(nccl_world_of_one, 1, 0, signature, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("biased", [True, False], ids=["bias", "no-bias"])

@@ -37,8 +37,8 @@ def test_multihead_attention_on_cuda(dtype, kwargs):
     cpu, gpu = _pair(MultiHeadAttention(256, 8, num_kv_heads=2), dtype)
     x = torch.randn(2, 700, 256, dtype=torch.float64)
     if kwargs.get("mask") == "longformer":
-        call_cpu = {"mask": masks.pattern_block_mask("longformer", 700, window=64)}
-        call_gpu = {"mask": masks.pattern_block_mask("longformer", 700, window=64, device="cuda")}
+        call_cpu = {"mask": masks.pattern_block_mask("longformer", 700, width=64)}
+        call_gpu = {"mask": masks.pattern_block_mask("longformer", 700, width=64, device="cuda")}
     else:
         call_cpu = call_gpu = kwargs
     with torch.no_grad():
@@ -97,7 +97,7 @@ def test_encoder_on_cuda(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_longformer_layer_on_cuda(dtype):
     torch.manual_seed(0)
-    cpu, gpu = _pair(LongformerSelfAttention(128, 4, window=64), dtype)
+    cpu, gpu = _pair(LongformerSelfAttention(128, 4, width=64), dtype)
     x = torch.randn(2, 512, 128, dtype=torch.float64)
     flags = torch.zeros(2, 512, dtype=torch.bool)
     flags[:, :3] = True

@@ -29,7 +29,7 @@ def test_linear_attention_equals_its_formula(rng, causal):
 def test_recurrent_steps_equal_the_causal_parallel_form(rng):
     layer = LinearAttention(24, 4).double()
     x = torch.randn(2, 13, 24, dtype=torch.float64, generator=rng)
-    parallel = layer(x, is_causal=True)
+    parallel = layer(x, is_causal=True).output
     state, steps = None, []
     for t in range(13):
         out, state = layer.step(x[:, t], state)
@@ -42,7 +42,7 @@ def test_padded_keys_do_not_contribute(rng):
     layer = LinearAttention(16, 2).double()
     x = torch.randn(1, 9, 16, dtype=torch.float64, generator=rng)
     mask = torch.tensor([[True] * 6 + [False] * 3])
-    torch.testing.assert_close(layer(x[:, :4], x, key_mask=mask), layer(x[:, :4], x[:, :6]))
+    torch.testing.assert_close(layer(x[:, :4], x, key_mask=mask).output, layer(x[:, :4], x[:, :6]).output)
 
 
 def test_performer_estimates_softmax_attention_better_with_more_features(rng):
@@ -68,7 +68,7 @@ def test_linformer_with_identity_projections_is_exact_attention(rng):
     mha = MultiHeadAttention(24, 4).double()
     mha.load_state_dict({k: v for k, v in layer.state_dict().items() if "length_proj" not in k})
     x = torch.randn(2, 11, 24, dtype=torch.float64, generator=rng)
-    torch.testing.assert_close(layer(x), mha(x).output, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(layer(x).output, mha(x).output, rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="exceeds max_len=11"):
         layer(torch.randn(1, 12, 24, dtype=torch.float64))
 
@@ -76,8 +76,8 @@ def test_linformer_with_identity_projections_is_exact_attention(rng):
 def test_performer_layer_runs_causal_and_shapes(rng):
     layer = PerformerAttention(32, 4, num_features=32)
     x = torch.randn(2, 10, 32, generator=rng)
-    assert layer(x).shape == layer(x, is_causal=True).shape == (2, 10, 32)
+    assert layer(x).output.shape == layer(x, is_causal=True).output.shape == (2, 10, 32)
     # causal: changing a later token leaves earlier outputs unchanged
     y = x.clone()
     y[:, 7] += 1
-    torch.testing.assert_close(layer(x, is_causal=True)[:, :7], layer(y, is_causal=True)[:, :7])
+    torch.testing.assert_close(layer(x, is_causal=True).output[:, :7], layer(y, is_causal=True).output[:, :7])

@@ -150,3 +150,28 @@ def test_bad_arguments_raise_with_names(make, words):
     with pytest.raises((ValueError, TypeError)) as info:
         make()
     assert words in str(info.value)
+
+
+def test_key_mask_is_the_padding_of_the_keys_and_joins_the_mask(rng):
+    """key_mask (B, S), True at real keys, equals the same padding given as a (B, 1, 1, S) mask, alone
+    or beside another mask, with and without a cache; other shapes and a BlockMask beside it are
+    refused by name."""
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2).double().eval()
+    x = torch.randn(2, 7, 16, dtype=torch.float64, generator=rng)
+    real = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
+    padding = real.bool()[:, None, None, :]
+    torch.testing.assert_close(mha(x, key_mask=real, is_causal=True).output,
+                               mha(x, mask=padding, is_causal=True).output, rtol=0, atol=0)
+    causal = masks.causal(7, 7)
+    torch.testing.assert_close(mha(x, mask=causal, key_mask=real).output, mha(x, mask=causal & padding).output,
+                               rtol=0, atol=0)
+    cache = KVCache()
+    first = mha(x[:, :4], key_mask=real[:, :4], is_causal=True, cache=cache).output
+    second = mha(x[:, 4:], key_mask=real, is_causal=True, cache=cache).output
+    torch.testing.assert_close(torch.cat([first, second], 1), mha(x, key_mask=real, is_causal=True).output,
+                               rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"key_mask must be boolean \(or 0/1\) of shape \(B, S\) = \(2, 7\)"):
+        mha(x, key_mask=real[:, :5])
+    blocks = masks.block_mask(masks.causal_mod(), None, None, 7, 7)
+    with pytest.raises(ValueError, match="real_tokens_mod"):
+        mha(x, mask=blocks, key_mask=real)

@@ -71,5 +71,5 @@ def test_bad_arguments():
         LuongAttention(4, score="cosine")
     with pytest.raises(ValueError, match="mode must be one of"):
         LuongAttention(4, mode="local")
-    with pytest.raises(ValueError, match="keys must have last dim 4"):
+    with pytest.raises(ValueError, match="key must have last dim 4"):
         LuongAttention(4)(torch.randn(2, 4), torch.randn(2, 3, 5))

@@ -92,7 +92,7 @@ def add_cost_parser(commands) -> None:
     cost.add_argument("--pattern", choices=sorted(PATTERN_OPTIONS),
                       help="a sparse attention pattern on every layer: count only the pairs it allows")
     cost.add_argument("--pattern-options", nargs="+", metavar="NAME=INT",
-                      help="options of the pattern, e.g. window=512 num_global=16 (defaults: "
+                      help="options of the pattern, e.g. width=512 num_global=16 (defaults: "
                            + "; ".join(f"{k}: {', '.join(f'{n}={v}' for n, v in o.items()) or '-'}"
                                        for k, o in PATTERN_OPTIONS.items()) + ")")
     cost.set_defaults(run=_cost)

@@ -134,8 +134,8 @@ class ContextParallel:
         """The attention strategy's one call (as the caches'): ``layer``'s self attention over the whole
         sequence, ``q`` (B, H, L, E) this shard's queries, ``key`` / ``value`` (B, L, D) its inputs,
         ``call`` the layer's options (:class:`attnkit.layers.AttentionCall`): ``positions`` (L,) the
-        shard's global positions (default: the layout's), ``mask`` at most a (B, 1, 1, L) key-padding
-        mask of the shard; no bias, weights or attention dropout."""
+        shard's global positions (default: the layout's), ``key_mask`` (B, L) the shard's padding; no
+        mask, bias, weights or attention dropout."""
         B, L = q.shape[0], q.shape[2]
         if not call.self_attention:
             raise ValueError("context_parallel is for self attention: give query only")
@@ -145,13 +145,11 @@ class ContextParallel:
         if options["dropout_p"] > 0:
             raise ValueError(f"context_parallel has no attention dropout (this layer's is {options['dropout_p']}); "
                              "set it to 0 or call eval()")
-        key_mask = None
-        mask = call.mask
-        if mask is not None:
-            if not isinstance(mask, Tensor) or tuple(mask.shape) != (B, 1, 1, L) or mask.dtype != torch.bool:
-                raise ValueError(f"context_parallel takes a boolean key-padding mask (B, 1, 1, L) = ({B}, 1, 1, {L}) "
-                                 f"of this shard, got {type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}")
-            key_mask = mask[:, 0, 0, :]
+        if call.mask is not None:
+            raise ValueError(f"context_parallel takes the shard's padding as key_mask (B, L) = ({B}, {L}), not a mask "
+                             f"(got {type(call.mask).__name__} {tuple(getattr(call.mask, 'shape', ()))}): masks over "
+                             "the whole sequence follow from is_causal, window and the positions")
+        key_mask = call.key_mask
         positions = self.positions(L).to(q.device) if call.positions is None else call.positions
         if positions.shape != (L,):
             raise ValueError(f"context_parallel needs positions (L,) = ({L},) shared by the batch, got {tuple(positions.shape)}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._deprecated import UNSET, renamed
 from . import mask_mods as _mods
 from . import masks as _masks
 from .block_mask import DEFAULT_BLOCK, BlockMask, _block_sizes, block_mask, kinds_of
@@ -103,23 +104,33 @@ def causal_block_mask(L: int, S: int | None = None, *, causal_align: str = "top-
     L, S = _lengths(L, S)
     offset = _masks.causal_offset(L, S, causal_align)
     block = _block_sizes(block)
-    return _result(band_kinds(L, S, block, None, offset, device), (1, 1, L, S), block, _masks.causal_mod(offset))
+    return _result(band_kinds(L, S, block, None, offset, device), (1, 1, L, S), block,
+                   _masks.causal_mod(L, S, causal_align=causal_align))
 
 
-def window_block_mask(L: int, S: int | None = None, *, window: int, causal: bool = False, causal_align: str = "top-left",
-                      block: int | tuple[int, int] = DEFAULT_BLOCK, device=None) -> BlockMask:
-    """A sliding window as a block mask, in closed form: two-sided ``|i - j| <= window // 2``
-    (:func:`~attnkit.masks.window_mod`, encoders) or, with ``causal``, Mistral's
-    ``i + offset - window < j <= i + offset``."""
+def window_block_mask(L: int, S: int | None = None, *, width=UNSET, window: int | None = None, causal=UNSET,
+                      causal_align: str = "top-left", block: int | tuple[int, int] = DEFAULT_BLOCK,
+                      device=None) -> BlockMask:
+    """A sliding window as a block mask, in closed form: a two-sided band ``|i - j| <= width // 2``
+    (:func:`~attnkit.masks.window_mod`, encoders), or Mistral's causal ``window``,
+    ``a - window < j <= a`` with a the query's aligned position (``causal_align``).
+
+    ``window`` without ``causal=True`` is the deprecated spelling of ``width`` (it warns and stays
+    two-sided for one release); ``causal=True`` with ``window`` is the causal window."""
     L, S = _lengths(L, S)
     block = _block_sizes(block)
-    if causal:
-        check_int("window", window, 1)
-        offset = _masks.causal_offset(L, S, causal_align)
-        kinds = band_kinds(L, S, block, offset - window + 1, offset, device)
-        return _result(kinds, (1, 1, L, S), block, _masks.sinks_window_mod(0, window, offset=offset))
-    radius = _mods._non_negative("window", window) // 2
-    return _result(band_kinds(L, S, block, -radius, radius, device), (1, 1, L, S), block, _masks.window_mod(window))
+    causal = False if causal is UNSET else causal
+    if width is UNSET and window is not None and not causal:
+        width, window = renamed("window_block_mask", "window", "width", window, UNSET, None), None
+    if width is not UNSET:
+        if window is not None or causal:
+            raise TypeError("window_block_mask: width= is a two-sided band; a causal window is window= alone")
+        radius = _mods._non_negative("width", width) // 2
+        return _result(band_kinds(L, S, block, -radius, radius, device), (1, 1, L, S), block, _masks.window_mod(width))
+    check_int("window", window, 1)
+    offset = _masks.causal_offset(L, S, causal_align)
+    kinds = band_kinds(L, S, block, offset - window + 1, offset, device)
+    return _result(kinds, (1, 1, L, S), block, _masks.sinks_window_mod(0, window, L, S, causal_align=causal_align))
 
 
 def _block_reduce(values: Tensor, block: int, fill, op: str) -> Tensor:
@@ -130,14 +141,19 @@ def _block_reduce(values: Tensor, block: int, fill, op: str) -> Tensor:
     return getattr(padded, op)(dim=-1)
 
 
-def longformer_block_mask(window: int, global_tokens: Tensor, *, block: int | tuple[int, int] = DEFAULT_BLOCK) -> BlockMask:
-    """Longformer (:func:`~attnkit.masks.longformer_mod`: a two-sided window plus global tokens) as a
-    block mask, in closed form. global_tokens: (L,) or (B, L) boolean; L = S (self-attention)."""
-    mod = _masks.longformer_mod(window, global_tokens)
+def longformer_block_mask(width=UNSET, global_tokens: Tensor | None = None, *,
+                          block: int | tuple[int, int] = DEFAULT_BLOCK, window=UNSET) -> BlockMask:
+    """Longformer (:func:`~attnkit.masks.longformer_mod`: a two-sided band of ``width`` plus global
+    tokens) as a block mask, in closed form. global_tokens: (L,) or (B, L) boolean; L = S
+    (self-attention). ``window`` is the deprecated old name of ``width``."""
+    width = renamed("longformer_block_mask", "window", "width", window, width, UNSET)
+    if global_tokens is None:
+        raise TypeError("longformer_block_mask needs global_tokens, (L,) or (B, L) boolean")
+    mod = _masks.longformer_mod(width, global_tokens)
     table = _mods._per_example("global_tokens", global_tokens, "bool")
     B, L = table.shape
     block_q, block_k = _block_sizes(block)
-    radius = window // 2
+    radius = width // 2
     device = table.device
     positions = torch.arange(L, device=device, dtype=torch.int64).expand(B, L)
     grids = []
@@ -248,7 +264,7 @@ def sinks_block_mask(L: int, S: int | None = None, *, sinks: int, window: int, c
     window of ``window``) as a block mask, in closed form."""
     L, S = _lengths(L, S)
     offset = _masks.causal_offset(L, S, causal_align)
-    mod = _masks.sinks_window_mod(sinks, window, offset=offset)
+    mod = _masks.sinks_window_mod(sinks, window, L, S, causal_align=causal_align)
     block = _block_sizes(block)
     a, b = _extents(L, block[0], device)
     c, d = _extents(S, block[1], device)
@@ -270,15 +286,16 @@ def closed_form(name: str, L: int, S: int, *, block, device=None, **options) -> 
     """The block mask of :data:`attnkit.masks.PATTERNS` entry ``name`` with the same options, built
     in closed form; None for a pattern without one (bigbird, dilated: evaluated densely)."""
     block = _block_sizes(block)
+    options = _mods.pattern_options(name, options)
     if name == "causal":
-        offset = int(options.get("offset", 0))
-        return _result(band_kinds(L, S, block, None, offset, device), (1, 1, L, S), block, _masks.causal_mod(offset))
+        align = options.get("causal_align", "top-left")
+        return causal_block_mask(L, S, causal_align=align, block=block, device=device)
     if name == "window":
-        return window_block_mask(L, S, window=options.get("window", 512), block=block, device=device)
+        return window_block_mask(L, S, width=options.get("width", 512), block=block, device=device)
     if name == "longformer" and L == S:
         flags = torch.zeros(L, dtype=torch.bool, device=device)
         flags[: options.get("num_global", 16)] = True
-        return longformer_block_mask(options.get("window", 512), flags, block=block)
+        return longformer_block_mask(options.get("width", 512), flags, block=block)
     if name == "documents" and L == S:
         documents = options.get("documents", 8)
         ids = torch.arange(L, device=device) * documents // max(1, L)
@@ -305,6 +322,7 @@ def pattern_block_mask(
     if name not in _masks.PATTERNS:
         raise ValueError(f"pattern must be one of {sorted(_masks.PATTERNS)}, got {name!r}")
     S = L if S is None else S
+    options = _mods.pattern_options(name, options)
     mod = _masks.PATTERNS[name](L, S, **options)  # validates the options, and is the mask evaluated otherwise
     if B is None and H is None:
         built = closed_form(name, L, S, block=block, device=device, **options)

@@ -9,16 +9,43 @@ here is also in :mod:`attnkit.functional.masks` and :mod:`attnkit.masks`."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from .._deprecated import UNSET, renamed
 from .block_mask import MaskMod, length_bucket
 from .checks import check_int
 
-__all__ = ["causal_mod", "padding_mod", "real_tokens_mod", "window_mod", "longformer_mod", "bigbird_mod",
-           "prefix_lm_mod", "document_mod", "dilated_window_mod", "sinks_window_mod", "PATTERNS"]
+__all__ = ["ALIGNMENTS", "causal_offset", "causal_mod", "padding_mod", "real_tokens_mod", "window_mod",
+           "longformer_mod", "bigbird_mod", "prefix_lm_mod", "document_mod", "dilated_window_mod", "sinks_window_mod",
+           "PATTERNS", "pattern_options"]
+
+ALIGNMENTS = ("top-left", "bottom-right")
+"""Causal alignment when L != S: top-left (query i sees keys j <= i, PyTorch's ``is_causal``) or
+bottom-right (j <= i + S - L: the last query sees the last key, for decoding with a cache)."""
+
+
+def causal_offset(L: int, S: int, causal_align: str) -> int:
+    """Key index that query 0 is aligned with: 0 for top-left, S - L for bottom-right."""
+    if causal_align not in ALIGNMENTS:
+        raise ValueError(f"causal_align must be one of {ALIGNMENTS}, got {causal_align!r}")
+    return S - L if causal_align == "bottom-right" else 0
+
+
+def _aligned_offset(where: str, L: int | None, S: int | None, causal_align: str, offset) -> int:
+    """The offset of a causal mask_mod from ``causal_align`` (bottom-right needs L and S), or from the
+    deprecated integer ``offset``."""
+    if offset is not UNSET:
+        renamed(where, "offset", "causal_align", offset, UNSET, None)  # warns
+        if causal_align != "top-left" or L is not None or S is not None:
+            raise TypeError(f"{where}: pass causal_align= (with L and S) only; offset= is its deprecated old form")
+        return int(offset)
+    if causal_align == "bottom-right" and (L is None or S is None):
+        raise ValueError(f"{where}: causal_align='bottom-right' needs L and S (the key index query 0 sees is S - L)")
+    return 0 if L is None or S is None else causal_offset(check_int("L", L, 0), check_int("S", S, 0), causal_align)
 
 
 def _named(function: MaskMod, name: str, positions: int | None = None) -> MaskMod:
@@ -66,10 +93,14 @@ def _take(table: Tensor, b: Tensor, index: Tensor, name: str) -> Tensor:
     return table[b, index]
 
 
-def causal_mod(offset: int = 0) -> MaskMod:
-    """Causal: query i attends keys j <= i + offset (offset S - L aligns bottom-right)."""
-    offset = int(offset)
-    return _named(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + offset, f"causal_mod(offset={offset})")
+def causal_mod(L: int | None = None, S: int | None = None, *, causal_align: str = "top-left", offset=UNSET) -> MaskMod:
+    """Causal: query i attends keys j <= i (top-left) or j <= i + S - L (``causal_align="bottom-right"``,
+    which needs L and S). ``offset`` is the deprecated integer form; so is one positional int alone,
+    ``causal_mod(S - L)`` (the old signature), which is read as that offset."""
+    if L is not None and S is None and offset is UNSET:
+        L, offset = None, L  # causal_mod(offset): the only one-int call there was
+    shift = _aligned_offset("causal_mod", L, S, causal_align, offset)
+    return _named(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + shift, f"causal_mod(offset={shift})")
 
 
 def padding_mod(lengths: Tensor) -> MaskMod:
@@ -96,40 +127,47 @@ def real_tokens_mod(real: Tensor) -> MaskMod:
     return _named(mod, "real_tokens_mod", real.shape[-1])
 
 
-def window_mod(window: int) -> MaskMod:
-    """Two-sided sliding window for encoders: |i - j| <= window // 2 (``window`` is the whole
-    width, as Longformer's ``attention_window``)."""
-    radius = _non_negative("window", window) // 2
-    return _named(lambda b, h, q_idx, kv_idx: (q_idx - kv_idx).abs() <= radius, f"window_mod({window})")
+def window_mod(width=UNSET, *, window=UNSET) -> MaskMod:
+    """Two-sided sliding window for encoders: |i - j| <= width // 2 (``width`` is the whole band, as
+    Longformer's ``attention_window``; ``window`` is its deprecated old name, now kept for the causal
+    look-back of :func:`attnkit.attention`)."""
+    width = renamed("window_mod", "window", "width", window, width, UNSET)
+    radius = _non_negative("width", width) // 2
+    return _named(lambda b, h, q_idx, kv_idx: (q_idx - kv_idx).abs() <= radius, f"window_mod({width})")
 
 
-def longformer_mod(window: int, global_tokens: Tensor) -> MaskMod:
-    """Longformer (Beltagy et al. 2020): a two-sided window of ``window`` (|i - j| <= window // 2)
-    plus global tokens, which attend every key and which every query attends.
+def longformer_mod(width=UNSET, global_tokens: Tensor | None = None, *, window=UNSET) -> MaskMod:
+    """Longformer (Beltagy et al. 2020): a two-sided band of ``width`` (|i - j| <= width // 2) plus
+    global tokens, which attend every key and which every query attends (``window`` is the
+    deprecated old name of ``width``).
 
     Args:
         global_tokens: (L,) or (B, L) boolean, True at global positions (e.g. [CLS], the question).
     """
-    local = window_mod(window)
+    width = renamed("longformer_mod", "window", "width", window, width, UNSET)
+    if global_tokens is None:
+        raise TypeError("longformer_mod needs global_tokens, (L,) or (B, L) boolean")
+    local = window_mod(width)
     table = _captured(_per_example("global_tokens", global_tokens, "bool"), False)
 
     def mod(b, h, q_idx, kv_idx):
         return (local(b, h, q_idx, kv_idx) | _take(table, b, q_idx, "global_tokens")
                 | _take(table, b, kv_idx, "global_tokens"))
 
-    return _named(mod, f"longformer_mod(window={window})", global_tokens.shape[-1])
+    return _named(mod, f"longformer_mod(width={width})", global_tokens.shape[-1])
 
 
 def bigbird_mod(
-    L: int, S: int | None = None, *, window: int = 3, num_global: int = 1, random_blocks: int = 3,
-    block: int = 64, seed: int = 0,
+    L: int, S: int | None = None, *, window_blocks=UNSET, num_global: int = 1, random_blocks: int = 3,
+    block: int = 64, seed: int = 0, window=UNSET,
 ) -> MaskMod:
     """BigBird (Zaheer et al. 2020), in blocks of ``block`` tokens: ``num_global`` global blocks at
-    the start (attend and attended by all), a window of ``window`` blocks centred on the query's
-    block, and ``random_blocks`` key blocks per query block drawn with ``seed`` (the same for every
-    example and head, reproducible)."""
+    the start (attend and attended by all), a band of ``window_blocks`` blocks centred on the query's
+    block (default 3; ``window`` is its deprecated old name), and ``random_blocks`` key blocks per
+    query block drawn with ``seed`` (the same for every example and head, reproducible)."""
+    window = renamed("bigbird_mod", "window", "window_blocks", window, window_blocks, 3)
     S = L if S is None else S
-    for name, value in (("L", L), ("S", S), ("window", window), ("num_global", num_global),
+    for name, value in (("L", L), ("S", S), ("window_blocks", window), ("num_global", num_global),
                         ("random_blocks", random_blocks)):
         _non_negative(name, value)
     check_int("block", block, 1)
@@ -147,7 +185,7 @@ def bigbird_mod(
         return ((qb - kb).abs() <= radius) | (qb < num_global) | (kb < num_global) | table[qb, kb]
 
     mod.random_table = chosen  # type: ignore[attr-defined]  # (query blocks, key blocks) True where a random block was drawn
-    return _named(mod, f"bigbird_mod(window={window}, num_global={num_global}, random_blocks={random_blocks}, block={block}, seed={seed})")
+    return _named(mod, f"bigbird_mod(window_blocks={window}, num_global={num_global}, random_blocks={random_blocks}, block={block}, seed={seed})")
 
 
 def prefix_lm_mod(prefix_lengths: int | Tensor) -> MaskMod:
@@ -180,10 +218,12 @@ def document_mod(document_ids: Tensor, *, causal: bool = True) -> MaskMod:
     return _named(mod, f"document_mod(causal={causal})", document_ids.shape[-1])
 
 
-def dilated_window_mod(window: int, dilation: int, *, causal: bool = False) -> MaskMod:
+def dilated_window_mod(width=UNSET, dilation: int | None = None, *, causal: bool = False, window=UNSET) -> MaskMod:
     """Dilated sliding window (Longformer): keys at distances that are multiples of ``dilation``,
-    up to ``window // 2`` steps on each side (only the past if ``causal``)."""
-    radius = _non_negative("window", window) // 2
+    up to ``width // 2`` steps on each side (only the past if ``causal``; ``window`` is the
+    deprecated old name of ``width``)."""
+    width = renamed("dilated_window_mod", "window", "width", window, width, UNSET)
+    radius = _non_negative("width", width) // 2
     check_int("dilation", dilation, 1)
 
     def mod(b, h, q_idx, kv_idx):
@@ -191,17 +231,21 @@ def dilated_window_mod(window: int, dilation: int, *, causal: bool = False) -> M
         allowed = (distance % dilation == 0) & (distance.abs() <= radius * dilation)
         return allowed & (distance >= 0) if causal else allowed
 
-    return _named(mod, f"dilated_window_mod(window={window}, dilation={dilation}, causal={causal})")
+    return _named(mod, f"dilated_window_mod(width={width}, dilation={dilation}, causal={causal})")
 
 
-def sinks_window_mod(sinks: int, window: int, *, offset: int = 0) -> MaskMod:
-    """StreamingLLM (Xiao et al. 2023): causal, each query attends the first ``sinks`` keys and
-    the ``window`` most recent ones: ``j < sinks or i + offset - window < j``, with ``j <= i + offset``."""
+def sinks_window_mod(sinks: int, window: int, L: int | None = None, S: int | None = None, *,
+                     causal_align: str = "top-left", offset=UNSET) -> MaskMod:
+    """StreamingLLM (Xiao et al. 2023): causal, each query attends the first ``sinks`` keys and the
+    ``window`` most recent ones up to its aligned position a: ``j < sinks or a - window < j``, with
+    ``j <= a``; a = i (top-left) or i + S - L (``causal_align="bottom-right"``, which needs L and S).
+    ``offset`` is the deprecated integer form of the alignment."""
     sinks = _non_negative("sinks", sinks)
     check_int("window", window, 1)
+    shift = _aligned_offset("sinks_window_mod", L, S, causal_align, offset)
 
     def mod(b, h, q_idx, kv_idx):
-        aligned = q_idx + offset
+        aligned = q_idx + shift
         return (kv_idx <= aligned) & ((kv_idx < sinks) | (kv_idx > aligned - window))
 
     return _named(mod, f"sinks_window_mod(sinks={sinks}, window={window})")
@@ -224,22 +268,44 @@ def _combine_mods(mods, name: str, op) -> MaskMod:
     return _named(mod, f"{name}(" + ", ".join(getattr(m, "__name__", "mask_mod") for m in mods) + ")", _positions(mods))
 
 
-def _longformer_first(L: int, S: int | None = None, *, window: int = 512, num_global: int = 16) -> MaskMod:
+def _longformer_first(L: int, S: int | None = None, *, width: int = 512, num_global: int = 16) -> MaskMod:
     flags = torch.zeros(L, dtype=torch.bool)
     flags[:num_global] = True
-    return longformer_mod(window, flags)
+    return longformer_mod(width, flags)
 
 
 PATTERNS: dict[str, Callable[..., MaskMod]] = {
-    "causal": lambda L, S=None, **kw: causal_mod(**kw),
-    "window": lambda L, S=None, *, window=512: window_mod(window),
+    "causal": lambda L, S=None, **kw: causal_mod(L, S, **kw),
+    "window": lambda L, S=None, *, width=512: window_mod(width),
     "longformer": _longformer_first,
     "bigbird": lambda L, S=None, **kw: bigbird_mod(L, S, **kw),
     "prefix-lm": lambda L, S=None, *, prefix=None: prefix_lm_mod(L // 4 if prefix is None else prefix),
     "documents": lambda L, S=None, *, documents=8: document_mod(torch.arange(L) * documents // max(1, L)),
-    "dilated": lambda L, S=None, *, window=512, dilation=2: dilated_window_mod(window, dilation),
+    "dilated": lambda L, S=None, *, width=512, dilation=2: dilated_window_mod(width, dilation),
     "sinks": lambda L, S=None, *, sinks=4, window=512: sinks_window_mod(sinks, window),
 }
 """Named patterns with benchmark defaults, ``name -> factory(L, S=None, **options) -> mask_mod``:
-Longformer puts its globals at the first ``num_global`` tokens; documents splits the sequence
-into ``documents`` equal packed documents; prefix-LM takes a quarter of L as prefix."""
+the two-sided bands take ``width``, the causal look-back of sinks ``window``; Longformer puts its
+globals at the first ``num_global`` tokens; documents splits the sequence into ``documents`` equal
+packed documents; prefix-LM takes a quarter of L as prefix."""
+
+_RENAMED_OPTIONS = {("window", "window"): "width", ("longformer", "window"): "width", ("dilated", "window"): "width",
+                    ("bigbird", "window"): "window_blocks"}
+"""(pattern, old option) -> today's name: a two-sided band is ``width``; ``window`` is the causal look-back."""
+
+
+def pattern_options(pattern: str, options: dict) -> dict:
+    """``options`` of the named pattern under today's names: an old name (``window`` of a two-sided
+    band) warns with a FutureWarning naming the new one and is honoured for one release."""
+    current = {}
+    for name, value in options.items():
+        new = _RENAMED_OPTIONS.get((pattern, name))
+        if new is None:
+            current[name] = value
+            continue
+        if new in options:
+            raise TypeError(f"pattern {pattern!r}: pass {new}= only ({name}= is its deprecated old name)")
+        warnings.warn(f"pattern {pattern!r}: option {name}= is deprecated, use {new}= (same meaning); the old name "
+                      "goes in the next release", FutureWarning, stacklevel=3)
+        current[new] = value
+    return current

@@ -30,10 +30,12 @@ from .._deprecated import UNSET, alias, renamed
 from .block_mask import BlockMask, MaskMod, ScoreMod, block_mask
 from .checks import check_int
 from .mask_mods import (
+    ALIGNMENTS,
     PATTERNS,
     _combine_mods,
     bigbird_mod,
     causal_mod,
+    causal_offset,
     dilated_window_mod,
     document_mod,
     longformer_mod,
@@ -75,16 +77,6 @@ __all__ = [
     "or_mods",
     "PATTERNS",
 ]
-
-ALIGNMENTS = ("top-left", "bottom-right")
-
-
-def causal_offset(L: int, S: int, causal_align: str) -> int:
-    """Key index that query 0 is aligned with: 0 for top-left, S - L for bottom-right."""
-    if causal_align not in ALIGNMENTS:
-        raise ValueError(f"causal_align must be one of {ALIGNMENTS}, got {causal_align!r}")
-    return S - L if causal_align == "bottom-right" else 0
-
 
 def _check_length(name: str, n: int) -> None:
     check_int(name, n, 0)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .._deprecated import UNSET
 from ..functional import attend, scores
 from ..functional.attention import AttentionOutput
 from ..functional.checks import check_rank
-from ._alignment import alignment_inputs, finish
+from ._alignment import alignment_inputs, current_names, finish
 
 __all__ = ["BahdanauAttention"]
 
@@ -50,26 +51,32 @@ class BahdanauAttention(nn.Module):
     def forward(
         self,
         query: Tensor,
-        keys: Tensor,
-        values: Tensor | None = None,
-        mask: Tensor | None = None,
+        key=UNSET,
+        value: Tensor | None = UNSET,
+        key_mask: Tensor | None = UNSET,
         *,
         projected_keys: Tensor | None = None,
         temperature: float = 1.0,
+        keys=UNSET,
+        values=UNSET,
+        mask=UNSET,
     ) -> AttentionOutput:
         """Attend from decoder state(s) to the encoder annotations.
 
         Args:
             query: (B, Dq) one decoder step, or (B, L, Dq) several.
-            keys: (B, S, Dk) encoder annotations. values: (B, S, Dv), default ``keys``.
-            mask: (B, S) boolean, True = may attend (source padding).
+            key: (B, S, Dk) encoder annotations. value: (B, S, Dv), default ``key``.
+            key_mask: (B, S) boolean, True at real keys (not source padding).
             projected_keys: (B, S, A) from :meth:`project_keys`, to skip recomputing U_a h_j.
             temperature: divides the scores before the softmax.
+            keys, values, mask: the deprecated old names of ``key``, ``value``, ``key_mask``.
 
         Returns:
             :class:`~attnkit.AttentionOutput`: output = the context (B, Dv) and weights (B, S) for one
             step; (B, L, Dv) and (B, L, S) for several; lse None.
         """
+        key, value, key_mask = current_names("BahdanauAttention", key, value, key_mask, keys, values, mask)
+        keys, values, mask = key, value, key_mask
         inputs = alignment_inputs(query, keys, values, mask, self.query_dim, self.key_dim)
         if projected_keys is None:
             projected_keys = self.key_proj(inputs.keys)

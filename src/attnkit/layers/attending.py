@@ -38,7 +38,8 @@ class AttentionCall:
     ``mask``, ``is_causal``, ``window``, ``bias``, ``need_weights`` as in :func:`attnkit.attention`;
     ``causal_align`` None for the strategy's default (top-left without a cache, bottom-right with
     one); ``positions`` (L,) or (B, L) rotary positions of the new tokens, None for the strategy's;
-    ``self_attention`` whether keys and values are the queries' own inputs."""
+    ``self_attention`` whether keys and values are the queries' own inputs; ``key_mask`` (B, S)
+    True at real keys (:meth:`mask_for` joins it to ``mask``)."""
 
     mask: Tensor | BlockMask | None = None
     is_causal: bool = False
@@ -48,6 +49,26 @@ class AttentionCall:
     causal_align: str | None = None
     positions: Tensor | None = None
     self_attention: bool = True
+    key_mask: Tensor | None = None
+
+    def mask_for(self, B: int, S: int) -> Tensor | BlockMask | None:
+        """``mask`` and ``key_mask`` (B, S) as one mask for S keys: (B, 1, 1, S) where only the key mask
+        is given. A key mask of another shape is refused by name; so is one beside a BlockMask (whose
+        padding belongs in its mask_mod, :func:`attnkit.masks.real_tokens_mod`)."""
+        if self.key_mask is None:
+            return self.mask
+        key_mask = self.key_mask
+        if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, S) or key_mask.is_floating_point():
+            got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
+            raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, S) = ({B}, {S}), True at real keys, "
+                             f"got {got}")
+        keys = key_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        if self.mask is None:
+            return keys
+        if isinstance(self.mask, BlockMask):
+            raise ValueError("key_mask and a BlockMask mask: put the padding in the block mask's mask_mod "
+                             "(attnkit.masks.real_tokens_mod)")
+        return self.mask & keys
 
 
 class Attending(Protocol):
@@ -69,7 +90,8 @@ class _Plain:
         if layer.rotary is not None:
             q = layer.rotary(q, positions=call.positions)
             k = layer.rotary(k, positions=call.positions)
-        return attention(q, k, v, mask=call.mask, is_causal=call.is_causal, causal_align=call.causal_align or "top-left",
+        return attention(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
+                         causal_align=call.causal_align or "top-left",
                          window=call.window, bias=call.bias, need_weights=call.need_weights, **layer.attention_options())
 
     def __repr__(self) -> str:

@@ -99,7 +99,7 @@ class KVCache:
             if layer.rotary is not None:
                 k = layer.rotary(k, offset=offset, positions=call.positions)
             k, v = self.update(k, v)
-        return attention(q, k, v, mask=call.mask, is_causal=call.is_causal,
+        return attention(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
                          causal_align=call.causal_align or "bottom-right", window=call.window, bias=call.bias,
                          need_weights=call.need_weights, **layer.attention_options())
 
@@ -223,8 +223,8 @@ class SinkCache(KVCache):
         call over the sinks, merged by log-sum-exp). Both calls run a backend that returns the lse in
         linear memory (tiled; flex on CUDA), never an L x S matrix."""
         if (not call.is_causal or call.window is not None or call.mask is not None or call.bias is not None
-                or call.positions is not None):
-            raise ValueError("a SinkCache is for causal self attention without window, mask, bias or positions: "
+                or call.positions is not None or call.key_mask is not None):
+            raise ValueError("a SinkCache is for causal self attention without window, mask, key_mask, bias or positions: "
                              "it supplies the sinks + window pattern itself")
         if call.need_weights:
             raise ValueError("need_weights is not available with a SinkCache (the sinks are attended in a second call)")
@@ -315,7 +315,8 @@ class FixedKVCache:
             k = layer.rotary(k, positions=positions)
         k, v = self.write(k, v, columns)  # (B, Hkv, capacity, E)
         allowed = self.allowed(columns, call.window)  # (L, capacity)
-        return attention(q, k, v, mask=allowed if call.mask is None else call.mask & allowed, bias=call.bias,
+        mask = call.mask_for(k.shape[0], self.capacity)
+        return attention(q, k, v, mask=allowed if mask is None else mask & allowed, bias=call.bias,
                          need_weights=call.need_weights, **layer.attention_options())
 
     def attended_length(self, new: int) -> int:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from .._deprecated import UNSET, renamed
 from ..functional import attention
+from ..functional.attention import AttentionOutput
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
 from ..functional.linear import (
@@ -53,13 +54,14 @@ class LinearAttention(_Projections):
         super().__init__(d_model, num_heads, bias)
 
     def forward(self, query: Tensor, key: Tensor | None = None, *, is_causal=UNSET,
-                key_mask: Tensor | None = None, causal=UNSET) -> Tensor:
-        """query (B, L, D), key (= value source) (B, S, D), key_mask (B, S) True at real keys -> (B, L, D).
+                key_mask: Tensor | None = None, causal=UNSET) -> AttentionOutput:
+        """query (B, L, D), key (= value source) (B, S, D), key_mask (B, S) True at real keys ->
+        :class:`AttentionOutput` with output (B, L, D) (no weights: linear attention never forms them).
         ``causal`` is the deprecated old name of ``is_causal``."""
         is_causal = renamed("LinearAttention", "causal", "is_causal", causal, is_causal, False)
         q, k, v = self.heads(query, key)
         out = linear_attention(elu_feature_map(q), elu_feature_map(k), v, is_causal=is_causal, key_mask=key_mask)
-        return self.out_proj(merge_heads(out))
+        return AttentionOutput(output=self.out_proj(merge_heads(out)))
 
     def step(self, x: Tensor, state=None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """One token x (B, D) -> output (B, D) and the new state (causal form)."""
@@ -86,14 +88,14 @@ class PerformerAttention(_Projections):
         self.projection.copy_(orthogonal_projection(self.num_features, self.head_dim, generator=generator))
 
     def forward(self, query: Tensor, key: Tensor | None = None, *, is_causal=UNSET,
-                key_mask: Tensor | None = None, causal=UNSET) -> Tensor:
+                key_mask: Tensor | None = None, causal=UNSET) -> AttentionOutput:
         """As :meth:`LinearAttention.forward`; ``causal`` is the deprecated old name of ``is_causal``."""
         is_causal = renamed("PerformerAttention", "causal", "is_causal", causal, is_causal, False)
         q, k, v = self.heads(query, key)
         phi_q = favor_features(q, self.projection, is_query=True)
         phi_k = favor_features(k, self.projection, is_query=False, is_causal=is_causal)
         out = linear_attention(phi_q, phi_k, v, is_causal=is_causal, key_mask=key_mask)
-        return self.out_proj(merge_heads(out))
+        return AttentionOutput(output=self.out_proj(merge_heads(out)))
 
 
 class LinformerAttention(_Projections):
@@ -109,7 +111,9 @@ class LinformerAttention(_Projections):
         self.key_length_proj = nn.Parameter(torch.randn(projected_len, max_len) / max_len**0.5)  # E
         self.value_length_proj = nn.Parameter(torch.randn(projected_len, max_len) / max_len**0.5)  # F
 
-    def forward(self, query: Tensor, key: Tensor | None = None, *, key_mask: Tensor | None = None) -> Tensor:
+    def forward(self, query: Tensor, key: Tensor | None = None, *, key_mask: Tensor | None = None) -> AttentionOutput:
+        """query (B, L, D), key (B, S, D), key_mask (B, S) -> :class:`AttentionOutput` with output
+        (B, L, D) (the weights over the k projected positions are not returned)."""
         q, k, v = self.heads(query, key)
         S = k.shape[2]
         if S > self.max_len:
@@ -119,4 +123,4 @@ class LinformerAttention(_Projections):
             keep = key_mask[:, None, :, None].to(k.dtype)
             k, v = k * keep, v * keep
         k, v = E @ k, F @ v  # (B, H, k, E): length S projected to k
-        return self.out_proj(merge_heads(attention(q, k, v).output))
+        return AttentionOutput(output=self.out_proj(merge_heads(attention(q, k, v).output)))

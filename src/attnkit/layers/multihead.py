@@ -121,6 +121,7 @@ class MultiHeadAttention(nn.Module):
         value: Tensor | None = None,
         *,
         mask: Tensor | BlockMask | None = None,
+        key_mask: Tensor | None = None,
         is_causal: bool = False,
         window: int | None = None,
         bias: Tensor | None = None,
@@ -134,15 +135,16 @@ class MultiHeadAttention(nn.Module):
 
         Self attention when ``key`` and ``value`` are omitted; ``value`` defaults to ``key``.
         ``mask`` (a boolean tensor or a :class:`~attnkit.masks.BlockMask` of any sparse pattern),
-        ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in :func:`attnkit.attention`.
+        ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in :func:`attnkit.attention`;
+        ``key_mask`` (B, S) True (or 1) at real keys, S counting cached keys too (joined to ``mask``).
         ``cache``: a KV cache (:mod:`attnkit.layers.cache`); the new keys are appended and causal masks
         are aligned bottom-right unless ``causal_align`` says otherwise (S counts cached keys too).
         ``positions`` (L,) or (B, L): the rotary positions of the new tokens (default: the cache's
         position onwards), e.g. per row after left padding.
         ``context_parallel`` (:class:`attnkit.distributed.ContextParallel`): self attention over a
         sequence split across processes; ``query`` is this process's shard, ``positions`` (L,) its
-        global positions (default: the layout's), ``mask`` at most a (B, 1, 1, L) key-padding mask
-        of the shard; no cache, bias, weights or attention dropout.
+        global positions (default: the layout's), ``key_mask`` (B, L) the shard's padding; no mask,
+        cache, bias, weights or attention dropout.
 
         One path whatever the cache or strategy (:mod:`attnkit.layers.attending`): project the
         queries, let the strategy attend, project the heads back.
@@ -161,7 +163,8 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key, value)
         attending = strategy(cache, context_parallel)
         call = AttentionCall(mask=mask, is_causal=is_causal, window=window, bias=bias, need_weights=need_weights,
-                             causal_align=causal_align, positions=positions, self_attention=self_attention)
+                             causal_align=causal_align, positions=positions, self_attention=self_attention,
+                             key_mask=key_mask)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
         result = attending.attend(self, q, key, value, call)
         output = self.out_proj(merge_heads(result.output))  # (B, L, D)

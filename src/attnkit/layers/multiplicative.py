@@ -20,9 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._deprecated import UNSET, renamed
 from ..functional import attend, masks, scores
 from ..functional.attention import AttentionOutput
-from ._alignment import alignment_inputs, finish
+from ._alignment import alignment_inputs, current_names, finish
 
 __all__ = ["LuongAttention"]
 
@@ -37,24 +38,26 @@ class LuongAttention(nn.Module):
         dim: size of target and source hidden states.
         score: "dot" | "general" | "concat".
         mode: "global" | "local-m" | "local-p".
-        window: D, the half-width of the local window [p_t - D, p_t + D] (local modes only).
+        half_width: D, the half-width of the local window [p_t - D, p_t + D] (local modes only;
+            ``window`` is its deprecated old name: ``window`` is the causal look-back elsewhere).
 
     Parameters: ``score_weight`` (W_a, general), ``concat_proj`` and ``score_proj`` (W_a, v_a,
     concat), ``position_proj`` and ``position_score`` (W_p, v_p, local-p).
     """
 
-    def __init__(self, dim: int, score: str = "dot", mode: str = "global", window: int = 10):
+    def __init__(self, dim: int, score: str = "dot", mode: str = "global", half_width: int = UNSET, *, window=UNSET):
         super().__init__()
         if score not in SCORE_NAMES:
             raise ValueError(f"score must be one of {SCORE_NAMES}, got {score!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if not isinstance(window, int) or window < 0:
-            raise ValueError(f"window must be a non-negative int, got {window!r}")
+        half_width = renamed("LuongAttention", "window", "half_width", window, half_width, 10)
+        if isinstance(half_width, bool) or not isinstance(half_width, int) or half_width < 0:
+            raise ValueError(f"half_width must be a non-negative int, got {half_width!r}")
         self.dim = dim
         self.score = score
         self.mode = mode
-        self.window = window
+        self.half_width = half_width
         if score == "general":
             self.score_weight = nn.Linear(dim, dim, bias=False)
         elif score == "concat":
@@ -63,6 +66,11 @@ class LuongAttention(nn.Module):
         if mode == "local-p":
             self.position_proj = nn.Linear(dim, dim, bias=False)
             self.position_score = nn.Linear(dim, 1, bias=False)
+
+    @property
+    def window(self) -> int:
+        """Deprecated old name of :attr:`half_width` (``window`` is the causal look-back elsewhere)."""
+        return renamed("LuongAttention", "window", "half_width", self.half_width, UNSET, None)
 
     def _scores(self, query: Tensor, keys: Tensor) -> Tensor:
         if self.score == "dot":
@@ -97,29 +105,35 @@ class LuongAttention(nn.Module):
     def forward(
         self,
         query: Tensor,
-        keys: Tensor,
-        values: Tensor | None = None,
-        mask: Tensor | None = None,
+        key=UNSET,
+        value: Tensor | None = UNSET,
+        key_mask: Tensor | None = UNSET,
         *,
         position: int | Tensor | None = None,
         temperature: float = 1.0,
+        keys=UNSET,
+        values=UNSET,
+        mask=UNSET,
     ) -> AttentionOutput:
         """Attend from target state(s) to source states.
 
         Args:
             query: (B, D) one step h_t, or (B, L, D) several steps.
-            keys: (B, S, D) source states. values: (B, S, Dv), default ``keys``.
-            mask: (B, S) boolean, True = may attend (source padding); local-p takes S per example
-                from it.
+            key: (B, S, D) source states. value: (B, S, Dv), default ``key``.
+            key_mask: (B, S) boolean, True at real keys (not source padding); local-p takes S per
+                example from it.
             position: local-m only: the target position t (int, (B,) or (B, L)); with several steps
                 it defaults to 0, 1, ..., L-1.
             temperature: divides the scores before the softmax; towards 0 the weights become a
                 hard (one-hot) alignment.
+            keys, values, mask: the deprecated old names of ``key``, ``value``, ``key_mask``.
 
         Returns:
             :class:`~attnkit.AttentionOutput`: output = the context (B, Dv) and weights (B, S) for one
             step; (B, L, Dv) and (B, L, S) for several; lse None.
         """
+        key, value, key_mask = current_names("LuongAttention", key, value, key_mask, keys, values, mask)
+        keys, values, mask = key, value, key_mask
         inputs = alignment_inputs(query, keys, values, mask, self.dim, self.dim)
         energy = self._scores(inputs.query, inputs.keys)  # (B, L, S)
         if self.mode == "global":
@@ -127,12 +141,12 @@ class LuongAttention(nn.Module):
             return finish(context, weights, inputs.single_step)
         S = keys.shape[1]
         centers = self._centers(inputs.query, inputs.mask, S, position, inputs.single_step)  # (B, L)
-        allowed = masks.local(inputs.query.shape[1], S, centers, self.window)[:, 0]  # (B, L, S)
+        allowed = masks.local(inputs.query.shape[1], S, centers, self.half_width)[:, 0]  # (B, L, S)
         if inputs.mask is not None:
             allowed = allowed & inputs.mask
         prior = None
         if self.mode == "local-p":
-            sigma = self.window / 2
+            sigma = self.half_width / 2
             offsets = torch.arange(S, device=keys.device, dtype=centers.dtype) - centers[..., None]
             prior = torch.exp(-(offsets**2) / (2 * sigma**2)) if sigma > 0 else (offsets == 0).to(centers.dtype)
         context, weights = attend(energy, inputs.values, mask=allowed, temperature=temperature, prior=prior)

@@ -2,7 +2,7 @@
 
 Longformer's self-attention has two paths with their own projections:
 
-- every real token attends a two-sided window of ``window`` (|i - j| <= window / 2) plus every
+- every real token attends a two-sided band of ``width`` (|i - j| <= width / 2) plus every
   global token, with ``query``/``key``/``value``: one :func:`attnkit.attention` call with a
   :func:`~attnkit.masks.longformer_mod` block mask, so the tiled backend skips everything else;
 - global tokens attend every real token with ``query_global``/``key_global``/``value_global``
@@ -31,8 +31,8 @@ class LongformerSelfAttention(nn.Module):
 
     Args:
         d_model: D. num_heads: H (E = D / H).
-        window: the whole local window, as transformers' ``attention_window`` (even, > 0):
-            token i attends tokens j with |i - j| <= window // 2.
+        width: the whole local band, as transformers' ``attention_window`` (even, > 0):
+            token i attends tokens j with |i - j| <= width // 2 (``window`` is its deprecated old name).
         dropout: on the attention weights in training mode.
         backend: for the local path (default ``auto``: tiled whenever the block mask is sparse).
         block: tile side of the local path's block mask.
@@ -50,18 +50,20 @@ class LongformerSelfAttention(nn.Module):
     value_global: nn.Linear
 
     def __init__(
-        self, d_model: int, num_heads: int, window: int, dropout: float = 0.0, backend: str = "auto", block: int = 128
+        self, d_model: int, num_heads: int, width: int = UNSET, dropout: float = 0.0, backend: str = "auto",
+        block: int = 128, *, window=UNSET,
     ):
         super().__init__()
+        width = renamed("LongformerSelfAttention", "window", "width", window, width, UNSET)
         if d_model < 1 or num_heads < 1 or d_model % num_heads:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2:
-            raise ValueError(f"window must be an even int >= 2 (transformers' attention_window), got {window!r}")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 2 or width % 2:
+            raise ValueError(f"width must be an even int >= 2 (transformers' attention_window), got {width!r}")
         if backend not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.num_heads, self.window = d_model, num_heads, window
+        self.d_model, self.num_heads, self.width = d_model, num_heads, width
         self.dropout, self.backend, self.block = dropout, backend, block
         for name in ("query", "key", "value", "query_global", "key_global", "value_global"):
             setattr(self, name, nn.Linear(d_model, d_model))
@@ -98,7 +100,7 @@ class LongformerSelfAttention(nn.Module):
         q = split_heads(self.query(x), self.num_heads)  # (B, H, L, E)
         k = split_heads(self.key(x), self.num_heads)
         v = split_heads(self.value(x), self.num_heads)
-        local_mod = masks.and_masks(masks.longformer_mod(self.window, is_global), masks.real_tokens_mod(real))
+        local_mod = masks.and_masks(masks.longformer_mod(self.width, is_global), masks.real_tokens_mod(real))
         local = masks.block_mask(local_mod, B, None, L, L, block=self.block, device=x.device)
         result = attention(q, k, v, mask=local, dropout_p=dropout, backend=self.backend, need_weights=need_weights)
         out = result.output  # (B, H, L, E)

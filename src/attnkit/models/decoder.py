@@ -111,12 +111,14 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, cache: Attending | None = None, need_weights: bool = False,
-        positions: Tensor | None = None, context_parallel=None,
+        self, x: Tensor, mask: Tensor | BlockMask | None = None, *, key_mask: Tensor | None = None,
+        cache: Attending | None = None, need_weights: bool = False, positions: Tensor | None = None,
+        context_parallel=None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, L, D), mask (B, 1, 1, S) True at real tokens -> (B, L, D) and, with ``need_weights``,
-        the attention weights (B, H, L, S)."""
-        attended = self.self_attn(self.attn_norm(x), mask=mask, is_causal=True, window=self.window, cache=cache,
+        """x (B, L, D), key_mask (B, S) True at real tokens, mask an attention mask (packed documents'
+        BlockMask) -> (B, L, D) and, with ``need_weights``, the attention weights (B, H, L, S)."""
+        attended = self.self_attn(self.attn_norm(x), mask=mask, key_mask=key_mask, is_causal=True, window=self.window,
+                                  cache=cache,
                                   need_weights=need_weights, positions=positions, context_parallel=context_parallel)
         x = x + self.dropout(attended.output)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
@@ -224,7 +226,7 @@ class DecoderLM(nn.Module):
                                  f"{document_ids.dtype} {tuple(document_ids.shape)}")
         position_ids, rotary_positions, offset = self._positions(input_ids, first, position_ids, document_ids,
                                                                  context_parallel)
-        mask: Tensor | BlockMask | None = None
+        key_mask = None
         if attention_mask is not None:
             S = L if first is None else first.attended_length(L)
             if tuple(attention_mask.shape) != (B, S):
@@ -232,16 +234,16 @@ class DecoderLM(nn.Module):
                     f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "
                     f"got {tuple(attention_mask.shape)}"
                 )
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-        if document_ids is not None:
-            mask = document_block_mask(document_ids)  # tiles in closed form: no pass over L x L
+            key_mask = attention_mask.bool()  # (B, S)
+        mask = None if document_ids is None else document_block_mask(document_ids)  # closed form: no pass over L x L
         x = self.tokens(input_ids)
         if self.positions is not None:
             x = self.positions(x, offset) if position_ids is None else x + self.positions.embedding(position_ids)
         x = self.dropout(x)
         attentions: list[Tensor] | None = [] if need_weights else None
         for i, layer in enumerate(self.layers):
-            x, weights = layer(x, mask, cache=None if cache is None else cache[i], need_weights=need_weights,
+            x, weights = layer(x, mask, key_mask=key_mask, cache=None if cache is None else cache[i],
+                               need_weights=need_weights,
                                positions=rotary_positions, context_parallel=context_parallel)
             if attentions is not None:
                 attentions.append(weights)

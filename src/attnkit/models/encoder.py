@@ -86,17 +86,17 @@ class EncoderModel(nn.Module):
                                  f"than max_len={self.config.max_len}")
         elif L > self.config.max_len:
             raise ValueError(f"input_ids has L={L} tokens, more than max_len={self.config.max_len}")
-        mask = None
+        key_mask = None
         if attention_mask is not None:
             if tuple(attention_mask.shape) != (B, L):
                 raise ValueError(f"attention_mask must have shape (B, L) = ({B}, {L}), got {tuple(attention_mask.shape)}")
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L)
+            key_mask = attention_mask.bool()  # (B, L)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, None if position_ids is None else position_ids.expand(B, L))
         attentions: list[Tensor] | None = [] if need_weights else None
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights=need_weights, context_parallel=context_parallel)
+            x, weights = layer(x, key_mask=key_mask, need_weights=need_weights, context_parallel=context_parallel)
             if attentions is not None:
                 attentions.append(weights)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None and context_parallel is None else None

@@ -110,7 +110,7 @@ class Seq2Seq(nn.Module):
         elif self.style == "luong":
             score = "general" if c.attention == "luong-local-p" else c.attention.split("-")[1]
             mode = "local-p" if c.attention == "luong-local-p" else "global"
-            self.attention = LuongAttention(c.hidden_size, score=score, mode=mode, window=c.local_window)
+            self.attention = LuongAttention(c.hidden_size, score=score, mode=mode, half_width=c.local_window)
             if memory_dim != c.hidden_size:
                 self.key_proj = nn.Linear(memory_dim, c.hidden_size, bias=False)
             if c.input_feeding:
@@ -218,14 +218,14 @@ class Seq2Seq(nn.Module):
         weights = None
         if self.style == "bahdanau":
             context, weights, _ = self.attention(
-                self._top(state.hidden), state.memory, mask=state.mask, projected_keys=state.keys
+                self._top(state.hidden), state.memory, key_mask=state.mask, projected_keys=state.keys
             )
             output, state.hidden = self.decoder(torch.cat([embedded, context], -1)[:, None], state.hidden)
             features = torch.cat([output[:, 0], context], -1)
         elif self.style == "luong":
             inputs = embedded if state.feed is None else torch.cat([embedded, state.feed], -1)
             output, state.hidden = self.decoder(inputs[:, None], state.hidden)
-            context, weights, _ = self.attention(output[:, 0], state.keys, state.memory, mask=state.mask)
+            context, weights, _ = self.attention(output[:, 0], state.keys, state.memory, key_mask=state.mask)
             features = torch.cat([output[:, 0], context], -1)
         else:
             output, state.hidden = self.decoder(embedded[:, None], state.hidden)
@@ -242,7 +242,7 @@ class Seq2Seq(nn.Module):
         output, state.hidden = self.decoder(self.dropout(self.target_embedding(target_in)), state.hidden)
         weights = None
         if self.style == "luong":
-            context, weights, _ = self.attention(output, state.keys, state.memory, mask=state.mask)  # (B, T, .)
+            context, weights, _ = self.attention(output, state.keys, state.memory, key_mask=state.mask)  # (B, T, .)
             output = torch.cat([output, context], -1)
         return self._outputs(output, weights)
 

@@ -58,18 +58,20 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
-                context_parallel=None) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, D), mask (B, 1, 1, S) True at real tokens -> (B, S, D) and, with
-        ``need_weights``, the attention weights (B, H, S, S). ``context_parallel``: x is this
-        process's shard of a sequence split across processes (see :class:`attnkit.distributed.ContextParallel`)."""
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, key_mask: Tensor | None = None,
+                need_weights: bool = False, context_parallel=None) -> tuple[Tensor, Tensor | None]:
+        """x (B, S, D), mask an attention mask (e.g. (B, 1, 1, S) of an encoder-decoder's source),
+        key_mask (B, S) True at real tokens -> (B, S, D) and, with ``need_weights``, the attention
+        weights (B, H, S, S). ``context_parallel``: x is this process's shard of a sequence split
+        across processes (see :class:`attnkit.distributed.ContextParallel`)."""
         if self.norm_first:
-            attended = self.self_attn(self.attn_norm(x), mask=mask, need_weights=need_weights,
+            attended = self.self_attn(self.attn_norm(x), mask=mask, key_mask=key_mask, need_weights=need_weights,
                                       context_parallel=context_parallel)
             x = x + self.dropout(attended.output)
             x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
         else:
-            attended = self.self_attn(x, mask=mask, need_weights=need_weights, context_parallel=context_parallel)
+            attended = self.self_attn(x, mask=mask, key_mask=key_mask, need_weights=need_weights,
+                                      context_parallel=context_parallel)
             x = self.attn_norm(x + self.dropout(attended.output))
             x = self.ff_norm(x + self.dropout(self.feed_forward(x)))
         return x, attended.weights
