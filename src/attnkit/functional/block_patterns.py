@@ -127,7 +127,7 @@ def window_block_mask(L: int, S: int | None = None, *, width=UNSET, window: int 
             raise TypeError("window_block_mask: width= is a two-sided band; a causal window is window= alone")
         radius = _mods._non_negative("width", width) // 2
         return _result(band_kinds(L, S, block, -radius, radius, device), (1, 1, L, S), block, _masks.window_mod(width))
-    check_int("window", window, 1)
+    window = check_int("window", window, 1)
     offset = _masks.causal_offset(L, S, causal_align)
     kinds = band_kinds(L, S, block, offset - window + 1, offset, device)
     return _result(kinds, (1, 1, L, S), block, _masks.sinks_window_mod(0, window, L, S, causal_align=causal_align))

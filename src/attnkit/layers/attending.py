@@ -29,7 +29,7 @@ from torch import Tensor
 from ..functional.attention import AttentionOutput, attention
 from ..functional.block_mask import BlockMask
 
-__all__ = ["AttentionCall", "Attending", "PLAIN", "strategy"]
+__all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "strategy"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,20 @@ class Attending(Protocol):
     output (B, H, L, Ev) with weights and lse where asked for and available."""
 
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput: ...
+
+
+class Cache(Attending, Protocol):
+    """What a model asks of a KV cache besides :meth:`~Attending.attend` (:mod:`attnkit.layers.cache`):
+    ``attended_length(new)`` (the S of an attention mask for ``new`` more tokens),
+    ``new_positions(new, device)`` (their positions when the cache dictates them, on the device, as
+    a fixed-size cache does; else None) and, only where that is None, ``position`` (positions
+    appended so far: the new tokens continue from it)."""
+
+    position: int
+
+    def attended_length(self, new: int) -> int: ...
+
+    def new_positions(self, new: int, device) -> Tensor | None: ...
 
 
 class _Plain:

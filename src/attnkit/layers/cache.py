@@ -316,6 +316,7 @@ class FixedKVCache:
         k, v = self.write(k, v, columns)  # (B, Hkv, capacity, E)
         allowed = self.allowed(columns, call.window)  # (L, capacity)
         mask = call.mask_for(k.shape[0], self.capacity)
+        assert not isinstance(mask, BlockMask)  # refused above
         return attention(q, k, v, mask=allowed if mask is None else mask & allowed, bias=call.bias,
                          need_weights=call.need_weights, **layer.attention_options())
 

@@ -45,7 +45,7 @@ class LuongAttention(nn.Module):
     concat), ``position_proj`` and ``position_score`` (W_p, v_p, local-p).
     """
 
-    def __init__(self, dim: int, score: str = "dot", mode: str = "global", half_width: int = UNSET, *, window=UNSET):
+    def __init__(self, dim: int, score: str = "dot", mode: str = "global", half_width=UNSET, *, window=UNSET):
         super().__init__()
         if score not in SCORE_NAMES:
             raise ValueError(f"score must be one of {SCORE_NAMES}, got {score!r}")
@@ -106,8 +106,8 @@ class LuongAttention(nn.Module):
         self,
         query: Tensor,
         key=UNSET,
-        value: Tensor | None = UNSET,
-        key_mask: Tensor | None = UNSET,
+        value=UNSET,
+        key_mask=UNSET,
         *,
         position: int | Tensor | None = None,
         temperature: float = 1.0,

@@ -23,7 +23,7 @@ class SelfAttention(nn.Module):
         backend: attention backend, see :func:`attnkit.attention`.
     """
 
-    def __init__(self, d_model: int, head_dim: int | None = UNSET, *, bias: bool = False, backend: str = "auto",
+    def __init__(self, d_model: int, head_dim=UNSET, *, bias: bool = False, backend: str = "auto",
                  d_k=UNSET):
         super().__init__()
         head_dim = renamed("SelfAttention", "d_k", "head_dim", d_k, head_dim, None)

@@ -50,7 +50,7 @@ class LongformerSelfAttention(nn.Module):
     value_global: nn.Linear
 
     def __init__(
-        self, d_model: int, num_heads: int, width: int = UNSET, dropout: float = 0.0, backend: str = "auto",
+        self, d_model: int, num_heads: int, width=UNSET, dropout: float = 0.0, backend: str = "auto",
         block: int = 128, *, window=UNSET,
     ):
         super().__init__()

@@ -23,7 +23,7 @@ from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
 from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
-from ..layers.attending import Attending
+from ..layers.attending import Attending, Cache
 from .blocks import FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
 from .outputs import LMOutput
@@ -182,7 +182,7 @@ class DecoderLM(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         *,
-        cache: Sequence[Attending] | None = None,
+        cache: Sequence[Cache] | None = None,
         need_weights: bool = False,
         last_only: bool = False,
         position_ids: Tensor | None = None,
