@@ -83,11 +83,11 @@ def test_huge_sequences_are_closed_form_and_bounded():
 # ---------------------------------------------------------------------------------------------- sparse patterns
 
 PATTERN_CASES = [
-    ("causal", {}), ("window", {"window": 6}), ("window", {"window": 300}),
-    ("longformer", {"window": 6, "num_global": 3}), ("longformer", {"window": 8, "num_global": 0}),
-    ("longformer", {"window": 200, "num_global": 70}), ("sinks", {"sinks": 3, "window": 5}),
+    ("causal", {}), ("window", {"width": 6}), ("window", {"width": 300}),
+    ("longformer", {"width": 6, "num_global": 3}), ("longformer", {"width": 8, "num_global": 0}),
+    ("longformer", {"width": 200, "num_global": 70}), ("sinks", {"sinks": 3, "window": 5}),
     ("sinks", {"sinks": 0, "window": 1}), ("documents", {"documents": 3}), ("documents", {"documents": 7}),
-    ("prefix-lm", {"prefix": 4}), ("dilated", {"window": 6, "dilation": 3}), ("dilated", {"window": 10, "dilation": 1}),
+    ("prefix-lm", {"prefix": 4}), ("dilated", {"width": 6, "dilation": 3}), ("dilated", {"width": 10, "dilation": 1}),
 ]
 
 
@@ -99,11 +99,11 @@ def _dense_pattern(name, n, options):
     if name == "causal":
         mod = masks.causal_mod()
     elif name == "window":
-        mod = masks.window_mod(options["window"])
+        mod = masks.window_mod(options["width"])
     elif name == "longformer":
         flags = torch.zeros(n, dtype=torch.bool)
         flags[: options["num_global"]] = True
-        mod = masks.longformer_mod(options["window"], flags)
+        mod = masks.longformer_mod(options["width"], flags)
     elif name == "sinks":
         mod = masks.sinks_window_mod(options["sinks"], options["window"])
     elif name == "documents":
@@ -111,7 +111,7 @@ def _dense_pattern(name, n, options):
     elif name == "prefix-lm":
         mod = masks.prefix_lm_mod(options["prefix"])
     else:
-        mod = masks.dilated_window_mod(options["window"], options["dilation"])
+        mod = masks.dilated_window_mod(options["width"], options["dilation"])
     return masks.block_mask(mod, None, None, n, n, block=16).to_dense()[0, 0]
 
 
@@ -135,7 +135,7 @@ def test_bigbird_pairs_are_an_upper_bound():
 
     n = 1024
     dense = masks.block_mask(masks.bigbird_mod(n, window_blocks=3, num_global=1, random_blocks=3, block=64), None, None, n, n).to_dense()
-    pairs, _, exact = pattern_pairs("bigbird", n, window=3, num_global=1, random_blocks=3, block=64)
+    pairs, _, exact = pattern_pairs("bigbird", n, window_blocks=3, num_global=1, random_blocks=3, block=64)
     assert not exact and int(dense.sum()) <= pairs <= 1.5 * int(dense.sum())
 
 
@@ -143,7 +143,7 @@ def test_cost_cli_with_a_pattern(capsys):
     from attnkit.cli import main
 
     assert main(["cost", "--model", "smollm2-135m", "--seq", "131072", "--pattern", "longformer",
-                 "--pattern-options", "window=512", "num_global=16"]) == 0
+                 "--pattern-options", "width=512", "num_global=16"]) == 0
     out = capsys.readouterr().out
     assert "pattern longformer: 71,359,984 of 17,179,869,184 pairs" in out and "BlockMask 1.000 MiB" in out
     assert main(["cost", "--model", "smollm2-135m", "--pattern-options", "window=3"]) == 2

@@ -1,16 +1,18 @@
 """The functional core: pure functions on tensors, no parameters.
 
+Masks have one public home, :mod:`attnkit.masks`; :mod:`attnkit.functional.masks` is its
+implementation, not re-exported here.
+
 Every mechanism is three steps: score (:mod:`.scores`), normalise (:mod:`.softmax`), combine;
 :func:`attention` runs all three for scaled dot-product attention with a choice of backends.
 """
 
-from . import masks, scores
+from . import scores
 from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend, nan_rule
 from .heads import merge_heads, split_heads
 from .softmax import masked_logsumexp, masked_softmax
 
 __all__ = [
-    "masks",
     "scores",
     "attention",
     "attend",

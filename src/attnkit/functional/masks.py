@@ -1,4 +1,5 @@
-"""Boolean attention masks. **True means "may attend"** (PyTorch SDPA's convention).
+"""Boolean attention masks. **True means "may attend"** (PyTorch SDPA's convention). The public home
+of these names, with a smaller ``__all__``, is :mod:`attnkit.masks`; this module is its implementation.
 
 Every function returns a mask already shaped for :func:`attnkit.attention`: ``(L, S)`` for masks
 that are the same for the whole batch, ``(B, 1, 1, S)`` for key padding and ``(B, 1, L, S)`` for

@@ -1,6 +1,7 @@
 """Layers: ``nn.Module``s that own parameters and call the functional core."""
 
 from .additive import BahdanauAttention
+from .attending import PLAIN, Attending, AttentionCall, Cache
 from .cache import FixedKVCache, KVCache, SinkCache
 from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .multihead import MultiHeadAttention
@@ -23,6 +24,10 @@ __all__ = [
     "LuongAttention",
     "SelfAttention",
     "MultiHeadAttention",
+    "AttentionCall",
+    "Attending",
+    "Cache",
+    "PLAIN",
     "KVCache",
     "FixedKVCache",
     "SinkCache",
