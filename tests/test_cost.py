@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit.cli import main
 from attnkit.cost import estimate, parameter_breakdown
 from attnkit.models import build_model, count_parameters, preset
 from attnkit.models.config import DecoderConfig, TransformerConfig
@@ -48,14 +47,6 @@ def test_pinned_values():
     assert gpt2.flops_per_token_rest == 2 * (124_439_808 - 1024 * 768 - 38_400)  # all but positions and norms
     assert gpt2.flops_per_token_attention == 4 * 12 * 768 * 1024
     assert gpt2.flops_per_sequence_attention == 4 * 12 * 768 * 1024 * 1025 // 2
-
-
-def test_cost_cli(capsys, tmp_path):
-    assert main(["cost", "--model", "gpt2-small", "--seq", "4096", "--dtype", "bf16"]) == 0
-    out = capsys.readouterr().out
-    assert "parameters: 124,439,808" in out and "16,777,216 entries per head per layer" in out
-    assert main(["cost", "--model", "nope", "--seq", "10"]) == 2
-    assert "--model must be a preset" in capsys.readouterr().err
 
 
 def test_notes_past_the_trained_length_and_windowed_figures_with_the_dense_one():
@@ -139,12 +130,3 @@ def test_bigbird_pairs_are_an_upper_bound():
     assert not exact and int(dense.sum()) <= pairs <= 1.5 * int(dense.sum())
 
 
-def test_cost_cli_with_a_pattern(capsys):
-    from attnkit.cli import main
-
-    assert main(["cost", "--model", "smollm2-135m", "--seq", "131072", "--pattern", "longformer",
-                 "--pattern-options", "width=512", "num_global=16"]) == 0
-    out = capsys.readouterr().out
-    assert "pattern longformer: 71,359,984 of 17,179,869,184 pairs" in out and "BlockMask 1.000 MiB" in out
-    assert main(["cost", "--model", "smollm2-135m", "--pattern-options", "window=3"]) == 2
-    assert main(["cost", "--model", "smollm2-135m", "--pattern", "window", "--pattern-options", "globals=3"]) == 2

@@ -91,3 +91,11 @@ def test_a_reorder_within_each_source_leaves_the_same_state_as_a_full_one(rng, m
 
     for a, b in zip(tensors(states[0]), tensors(states[1]), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_tiny_top_p_keeps_the_most_likely_token():
+    from attnkit.decoding import sample_next
+
+    logits = torch.tensor([[0.1, 3.0, 0.2, 2.9]])
+    for _ in range(5):
+        assert sample_next(logits, temperature=1.0, top_p=1e-300).item() == 1

@@ -10,7 +10,6 @@ import torch
 import attnkit
 from attnkit import bench, masks
 from attnkit.bench.attention import _History, _skip_reason
-from attnkit.cli import main
 
 TINY = dict(sizes=(64, 128), impls=("torch-sdpa", "naive", "tiled"), repeats=1, min_seconds=0.0)
 
@@ -89,61 +88,6 @@ def test_run_times_and_measures_every_point_in_fresh_processes(tmp_path):
 def test_a_failing_worker_comes_back_as_an_error_not_an_exception():
     result = bench.run_worker("attnkit.bench.attention", {"task": "time"}, timeout=120)
     assert "error" in result and "KeyError" in result["error"]
-
-
-@pytest.mark.slow
-def test_cli_writes_json_and_plots_and_renders_markdown(tmp_path, capsys):
-    out = tmp_path / "bench"
-    code = main(["bench", "--out", str(out), "--sizes", "64", "128", "--masks", "causal", "padding",
-                 "--impls", "torch-sdpa", "auto", "--repeats", "1", "--min-seconds", "0", "--no-memory", "--quiet"])
-    assert code == 0
-    report = json.loads((out / "attention.json").read_text())
-    assert {(r["mask"], r["n"], r["impl"]) for r in report["results"]} == {
-        (m, n, i) for m in ("causal", "padding") for n in (64, 128) for i in ("torch-sdpa", "auto")
-    }
-    assert (out / "attention_time_fwd_float32.png").exists()
-    printed = capsys.readouterr().out
-    assert "x sdpa" in printed and "causal" in printed
-    assert main(["bench", "--render", str(out / "attention.json")]) == 0
-    markdown = capsys.readouterr().out
-    assert markdown.startswith("| mode | dtype | mask | n | torch-sdpa | auto |")
-    assert "| fwd | float32 | padding | 128 |" in markdown
-
-
-def test_cli_bad_size_is_a_one_line_error(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit:  # refused by argparse, before any work
-        main(["bench", "--out", str(tmp_path), "--sizes", "0", "--quiet"])
-    assert exit.value.code == 2
-    err = capsys.readouterr().err
-    assert "argument --sizes: expected an integer in [1, 16,777,216], got 0" in err and "Traceback" not in err
-
-
-@pytest.mark.slow
-def test_cli_json_records_machine_and_config(tmp_path):
-    out = tmp_path / "bench"
-    assert main(["bench", "--out", str(out), "--sizes", "32", "--masks", "dense", "--impls", "torch-sdpa",
-                 "--repeats", "1", "--min-seconds", "0", "--no-memory", "--quiet", "--heads", "2"]) == 0
-    report = json.loads((out / "attention.json").read_text())
-    assert report["machine"]["threads"] == torch.get_num_threads() and report["config"]["heads"] == 2
-
-
-@pytest.mark.slow
-def test_context_parallel_bench_counts_bytes_and_balance(tmp_path, capsys):
-    from attnkit.cli import main
-
-    assert main(["bench", "--context-parallel", "64", "--worlds", "1", "2", "--heads", "2", "--head-dim", "8",
-                 "--out", str(tmp_path), "--quiet"]) == 0
-    assert "| W | layout |" in capsys.readouterr().out
-    rows = json.loads((tmp_path / "context_parallel.json").read_text())["results"]
-    assert [(r["world"], r["layout"]) for r in rows] == [(1, "zigzag"), (2, "zigzag"), (2, "contiguous")]
-    assert rows[0]["rank_sent_bytes"] == [0] and rows[0]["formula_sent_bytes"] == 0
-    for row in rows[1:]:  # one hop of k, v (2 x 32 x 8 float32 each) and 32 int64 positions
-        assert row["rank_sent_bytes"] == [row["formula_sent_bytes"]] * 2 == [2 * 2 * 32 * 8 * 4 + 32 * 8] * 2
-    zigzag, contiguous = rows[1], rows[2]
-    assert zigzag["pair_balance"] == 1.0  # chunks 0 + 3 and 1 + 2 of 16: 1,040 causal pairs each
-    assert contiguous["pair_balance"] == sum(range(33, 65)) / sum(range(1, 33))
-    assert main(["bench", "--context-parallel", "60", "--worlds", "4", "--out", str(tmp_path)]) == 2
-    assert "multiple of 2 x W = 8" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -131,3 +131,12 @@ def test_the_tokenisers_pad_id_is_the_models():
     from attnkit.models.config import PAD_ID
 
     assert PAD == PAD_ID
+
+
+def test_a_pairs_file_with_a_byte_order_mark(tmp_path):
+    from attnkit.data import read_pairs
+
+    path = tmp_path / "bom.tsv.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\ufeffhello\tbonjour\n")
+    assert read_pairs(path)[0].source == "hello"

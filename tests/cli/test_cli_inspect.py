@@ -1,5 +1,5 @@
-"""`attnkit inspect` end to end: MiniLM with the report, viewer and pictures; a translation
-checkpoint trained on the bundled Greek -> English corpus, with --aer; clear errors."""
+"""``attnkit inspect`` end to end: MiniLM with the report, viewer and pictures; a translation
+checkpoint trained on the bundled Greek -> English corpus, with --aer; Hugging Face folders; clear errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,26 @@ import pytest
 
 from attnkit.cli import main
 
-PNG = b"\x89PNG\r\n\x1a\n"
+from cli_helpers import PNG, assert_probe, broken_hf_folder, fill, hf_folder, probe_ids, refused, run_cli
+
+
+@pytest.fixture(scope="module")
+def greek_checkpoint(tmp_path_factory):
+    run = tmp_path_factory.mktemp("grc") / "run"
+    assert main(["train", "--data", "grc-en", "--out", str(run), "--max-steps", "2", "--epochs", "1",
+                 "--embedding-dim", "8", "--hidden-size", "16", "--vocab-size", "300", "--quiet"]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def phrase_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tf")
+    data = folder / "pairs.tsv"
+    data.write_text("three red cats\ttrois chats rouges\ntwo red dogs\tdeux chiens rouges\n" * 20, encoding="utf-8")
+    assert main(["train", "--data", str(data), "--out", str(folder / "run"), "--arch", "transformer", "--max-steps", "1",
+                 "--epochs", "1", "--tokenizer", "word", "--vocab-size", "50", "--quiet"]) == 0
+    return folder / "run"
+
 
 
 @pytest.mark.slow
@@ -28,14 +47,6 @@ def test_inspect_minilm_writes_report_viewer_and_pictures(tmp_path, capsys):
     assert "suitcase" in page and "<b>" not in page.split("<body>")[1]
     results = json.loads((out / "results.json").read_text())
     assert len(results["roles"]) == 6 * 12 and results["texts"] == [text]
-
-
-@pytest.fixture(scope="module")
-def greek_checkpoint(tmp_path_factory):
-    run = tmp_path_factory.mktemp("grc") / "run"
-    assert main(["train", "--data", "grc-en", "--out", str(run), "--max-steps", "2", "--epochs", "1",
-                 "--embedding-dim", "8", "--hidden-size", "16", "--vocab-size", "300", "--quiet"]) == 0
-    return run
 
 
 @pytest.mark.slow
@@ -77,16 +88,6 @@ def test_bad_inspect_arguments_are_clear_errors(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def phrase_checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tf")
-    data = folder / "pairs.tsv"
-    data.write_text("three red cats\ttrois chats rouges\ntwo red dogs\tdeux chiens rouges\n" * 20, encoding="utf-8")
-    assert main(["train", "--data", str(data), "--out", str(folder / "run"), "--arch", "transformer", "--max-steps", "1",
-                 "--epochs", "1", "--tokenizer", "word", "--vocab-size", "50", "--quiet"]) == 0
-    return folder / "run"
-
-
 def test_coref_on_a_translation_checkpoint_is_a_clear_error(phrase_checkpoint, capsys):
     assert main(["inspect", "--model", str(phrase_checkpoint), "--coref", "--quiet"]) == 2
     assert "--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation" in capsys.readouterr().err
@@ -113,3 +114,49 @@ def test_a_file_mixing_plain_and_tab_lines_is_refused(tmp_path, capsys):
     mixed.write_text("a sentence\nsource\treference\n", encoding="utf-8")
     assert main(["inspect", "--model", "minilm", "--file", str(mixed)]) == 2
     assert "either every line is 'source<TAB>reference' or none" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how, words", [
+    ("pickle-only", ["no model.safetensors"]),
+    ("pickle-named-safetensors", ["cannot load its weights"]),
+    ("truncated", ["cannot load its weights"]),
+    ("bad-tokenizer", ["tokenizer.json"]),
+    ("other-sizes", ["weights"]),
+])
+def test_a_broken_hugging_face_folder_is_named_not_a_traceback(how, words, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    folder = broken_hf_folder(tmp_path, how)
+    capsys.readouterr()  # transformers' own progress bars while saving the folder
+    refused(["inspect", "--model", folder, "--out", tmp_path / "out", "the cat sat"], capsys, str(folder), *words)
+
+
+@pytest.mark.slow
+def test_a_working_hugging_face_folder_inspects(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    folder = hf_folder(tmp_path)
+    capsys.readouterr()
+    code, _, err, _ = run_cli(["inspect", "--model", folder, "--out", tmp_path / "out", "--steps", "2", "--quiet",
+                            "the cat sat down"], capsys)
+    assert code == 0, err
+
+
+PROBES = [
+    # (argv with {placeholders}, words the message must contain)
+    (["inspect", "--model", "{run}", "--file", "{empty.tsv}"], ["--file", "no texts"]),
+    (["inspect", "--model", "{run}", "--aer", "--limit", "3"], ["--aer", "grc-en"]),
+    (["inspect", "--model", "{run}", "--out", "/proc/attnkit-probe", "one"], ["--out", "cannot write"]),
+    (["inspect", "--model", "{run}", "--file", "{dir}"], ["--file", "folder"]),
+]
+
+
+@pytest.mark.parametrize("argv, words", PROBES, ids=probe_ids(PROBES))
+def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, capsys):
+    assert_probe(argv, world, words, capsys)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["inspect", "--model", "minilm", "--coref", "the cat sat"], ["--coref", "reads no texts"]),
+])
+def test_an_option_that_would_do_nothing_is_refused(argv, words, run, phrase_file, tmp_path, capsys):
+    files = {"pairs": phrase_file, "run": run, "tmp": tmp_path}
+    refused(fill(argv, files), capsys, *words)

@@ -1,4 +1,4 @@
-"""The main job's report, on a small slice of the bundled corpus."""
+"""``attnkit demo``: the main job's report, on a small slice of the bundled corpus."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import pytest
 
 from attnkit.cli import main
+
+from cli_helpers import assert_probe, probe_ids
 
 
 @pytest.mark.slow
@@ -55,3 +57,15 @@ def test_a_budget_too_small_to_train_is_refused(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--minutes", "0.5", "--train-limit", "20", "--quiet"]) == 2
     assert "a budget of 0.5 minutes leaves" in capsys.readouterr().err
 
+
+PROBES = [
+    # (argv with {placeholders}, words the message must contain)
+    (["demo", "--out", "/proc/attnkit-probe", "--train-limit", "10"], ["--out", "cannot write"]),
+    (["demo", "--beam", "0"], ["--beam"]),
+    (["demo", "--epochs", "-1"], ["--epochs"]),
+]
+
+
+@pytest.mark.parametrize("argv, words", PROBES, ids=probe_ids(PROBES))
+def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, capsys):
+    assert_probe(argv, world, words, capsys)

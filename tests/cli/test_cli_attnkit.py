@@ -1,0 +1,145 @@
+"""The ``attnkit`` command itself, whatever the sub-command: its parser and help, the error policy (a user
+mistake is one line and exit 2, a bug keeps its traceback), Ctrl-C, --device cuda without a GPU, and
+the output folders a command owns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnkit.cli import main
+
+from cli_helpers import TINY, refused, run_cli, snapshot
+
+
+def test_unknown_command_exits_with_usage(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["nope"])
+    assert exit.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_every_option_of_every_command_has_help_text():
+    import argparse
+
+    from attnkit.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = {name: [a.dest for a in parser._actions if not a.help] for name, parser in commands.choices.items()}
+    assert not any(missing.values()), missing
+
+
+@pytest.mark.slow
+def test_version_and_python_dash_m(capsys):
+
+    from attnkit import __version__
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0 and capsys.readouterr().out.strip() == f"attnkit {__version__}"
+    result = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == f"attnkit {__version__}"
+
+
+def test_user_mistakes_are_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    """Error policy: a UsageError / InputError / OSError ends with one line and exit 2; any other
+    exception (a ValueError from a bug included) propagates with its traceback; --debug shows the
+    traceback of a user mistake too."""
+    import attnkit.cli.language_models as lm
+    from attnkit.cli import UsageError
+
+    assert main(["cost", "--model", "gpt2-small", "--seq", "1024", "--pattern", "window",
+                 "--pattern-options", "globals=3"]) == 2
+    assert "--pattern-options" in capsys.readouterr().err  # the library's ValueError, named by option
+    with pytest.raises(UsageError):
+        main(["--debug", "cost", "--model", "gpt2-small", "--seq", "1024", "--pattern", "window",
+              "--pattern-options", "globals=3"])
+
+    def bug(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(lm, "_model_config", bug)  # outside the call that receives the user's values
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["cost", "--model", "gpt2-small", "--seq", "1024"])
+
+
+def test_ctrl_c_while_starting_is_a_clean_exit(monkeypatch, capsys):
+    import attnkit.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnkit.cli, "build_parser", interrupted)
+    code, _, err, _ = run_cli(["tour"], capsys)
+    assert code == 130 and "interrupted" in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_torch_imports_is_a_clean_exit(monkeypatch, capsys):
+    """The console script's entry imports attnkit inside a guard (src/_attnkit_entry.py)."""
+    import builtins
+
+    import _attnkit_entry
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name == "attnkit.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    assert _attnkit_entry.main() == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_device_cuda_is_refused_with_the_reason_without_a_gpu(capsys, tmp_path):
+    """``--device cuda`` (generate, bench, train, inspect) on a machine without CUDA: one line, exit 2, before any
+    model is loaded or folder made."""
+    refused(["generate", "--prompt", "hi", "--device", "cuda"], capsys, "--device cuda", "no usable CUDA GPU")
+    refused(["bench", "--device", "cuda", "--sizes", "256", "--out", tmp_path / "b"], capsys, "--device cuda")
+    refused(["train", "--device", "cuda", *TINY, "--out", tmp_path / "t"], capsys, "--device cuda")
+    refused(["inspect", "--model", "minilm", "--device", "cuda", "--out", tmp_path / "i"], capsys, "--device cuda")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "t").exists() and not (tmp_path / "i").exists()
+    code, _, err, _ = run_cli(["generate", "--prompt", "hi", "--device", "tpu"], capsys)  # argparse: usage + error
+    assert code == 2 and "argument --device: invalid choice: 'tpu'" in err
+
+
+@pytest.mark.parametrize("command", [["demo", "--train-limit", "10"], ["tour"], ["bench", "--sizes", "8"],
+                                     ["inspect", "--model", "minilm"]])
+def test_a_folder_with_the_users_files_is_refused_and_left_alone(command, tmp_path, capsys):
+    out = tmp_path / "mine"
+    (out / "runs" / "bahdanau").mkdir(parents=True)
+    (out / "runs" / "bahdanau" / "attnkit-run.json").write_text("my own run")
+    (out / "report").mkdir()
+    (out / "report" / "report.md").write_text("my report")
+    (out / "attention.json").write_text("my numbers")
+    before = snapshot(out)
+    refused([*command, "--out", out], capsys, "--out", "attnkit did not write")
+    assert snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_a_command_may_write_again_over_its_own_output_but_not_beside_a_users_file(tmp_path, capsys):
+    out = tmp_path / "tour"
+    assert run_cli(["tour", "--out", out], capsys)[0] == 0
+    marker = json.loads((out / "attnkit-output.json").read_text())
+    assert marker["command"] == "tour" and marker["files"]
+    assert run_cli(["tour", "--out", out], capsys)[0] == 0  # its own files: written again
+    (out / "notes.txt").write_text("mine")
+    refused(["tour", "--out", out], capsys, "notes.txt")
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_an_input_is_never_an_output(run, phrase_file, tmp_path, capsys):
+    data = tmp_path / "pairs.tsv"
+    data.write_bytes(phrase_file.read_bytes())
+    before = data.read_bytes()
+    refused(["evaluate", "--checkpoint", run, "--data", data, "--json", data], capsys, "--json", "--data input")
+    refused(["align", "--data", data, "--aligner", "ibm1", "--out", data, "--quiet"], capsys, "--out", "--data")
+    assert data.read_bytes() == before

@@ -1,0 +1,56 @@
+"""``attnkit cost``: patterns, checkpoint configs, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.cli import main
+
+from cli_helpers import assert_probe, fill, probe_ids, refused
+
+
+def test_cost_cli_with_a_pattern(capsys):
+    from attnkit.cli import main
+
+    assert main(["cost", "--model", "smollm2-135m", "--seq", "131072", "--pattern", "longformer",
+                 "--pattern-options", "width=512", "num_global=16"]) == 0
+    out = capsys.readouterr().out
+    assert "pattern longformer: 71,359,984 of 17,179,869,184 pairs" in out and "BlockMask 1.000 MiB" in out
+    assert main(["cost", "--model", "smollm2-135m", "--pattern-options", "window=3"]) == 2
+    assert main(["cost", "--model", "smollm2-135m", "--pattern", "window", "--pattern-options", "globals=3"]) == 2
+
+
+def test_cost_of_a_translation_checkpoint_config(run, capsys):
+    refused(["cost", "--model", run / "last" / "config.json"], capsys, "--model", "RNN translation model")
+
+
+PROBES = [
+    # (argv with {placeholders}, words the message must contain)
+    (["cost", "--model", "{list.json}"], ["--model", "JSON object"]),
+    (["cost", "--model", "{partial.json}"], ["required key"]),
+    (["cost", "--model", "{stringy.json}"], ["d_model", "'wide'"]),
+    (["cost", "--model", "gpt2-small", "--seq", "99999999999999"], ["--seq"]),
+    (["cost", "--model", "gpt2-small", "--seq", "nan"], ["--seq"]),
+]
+
+
+@pytest.mark.parametrize("argv, words", PROBES, ids=probe_ids(PROBES))
+def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, capsys):
+    assert_probe(argv, world, words, capsys)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["cost", "--model", "gpt2-small", "--pattern", "bigbird", "--pattern-options", "block=0"], ["block", ">= 1"]),
+    (["cost", "--model", "gpt2-small", "--pattern", "dilated", "--pattern-options", "dilation=0"], ["dilation"]),
+])
+def test_an_option_that_would_do_nothing_is_refused(argv, words, run, phrase_file, tmp_path, capsys):
+    files = {"pairs": phrase_file, "run": run, "tmp": tmp_path}
+    refused(fill(argv, files), capsys, *words)
+
+
+def test_cost_cli(capsys, tmp_path):
+    assert main(["cost", "--model", "gpt2-small", "--seq", "4096", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 124,439,808" in out and "16,777,216 entries per head per layer" in out
+    assert main(["cost", "--model", "nope", "--seq", "10"]) == 2
+    assert "--model must be a preset" in capsys.readouterr().err

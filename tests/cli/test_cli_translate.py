@@ -1,0 +1,86 @@
+"""``attnkit translate``: heatmaps, beams, stdin, broken and missing checkpoints."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+import torch
+
+from attnkit.cli import main
+
+from cli_helpers import assert_probe, probe_ids, refused, rehash
+
+
+def test_numbered_heatmaps_never_replace_a_users_file(run, tmp_path, capsys):
+    (tmp_path / "pic-2.png").write_bytes(b"my picture")
+    refused(["translate", "--checkpoint", run, "--heatmap", tmp_path / "pic.png", "one two", "three"], capsys,
+             "--heatmap", "pic-2.png")
+    assert (tmp_path / "pic-2.png").read_bytes() == b"my picture" and not (tmp_path / "pic-1.png").exists()
+
+
+def test_a_wide_beam_on_a_long_sentence_is_refused_quickly(run, capsys):
+    sentence = " ".join(["one two three four five six seven eight nine ten"] * 19)[:959]
+    refused(["translate", "--checkpoint", run, "--beam", "30", sentence], capsys, "--beam 30", "beam x tokens")
+
+
+@pytest.mark.parametrize("data, code, words", [(b"caf\xe9 au lait\n", 2, ["stdin", "not UTF-8"]),
+                                               (b"\n   \n", 2, ["no text"]),
+                                               (b"\xef\xbb\xbfthree red cats\n\nfive cats\n", 0, [])])
+def test_translate_reads_stdin_as_utf8(world, monkeypatch, capsys, data, code, words):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["translate", "--checkpoint", str(world["run"]), "--beam", "1"]) == code
+    captured = capsys.readouterr()
+    for word in words:
+        assert word in captured.err
+    if code == 0:
+        assert len(captured.out.strip().splitlines()) == 2  # two sentences, the BOM not part of the first
+
+
+@pytest.mark.parametrize("how", ["nan", "integer"])
+def test_a_checkpoint_with_broken_weights_is_refused(how, run, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "broken"
+    shutil.copytree(run, copy)
+    weights = copy / "last" / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(iter(tensors))
+    tensors[name] = tensors[name].fill_(float("nan")) if how == "nan" else tensors[name].to(torch.int32)
+    save_file(tensors, str(weights))
+    rehash(copy / "last")
+    shutil.rmtree(copy / "best", ignore_errors=True)
+    refused(["translate", "--checkpoint", copy / "last", "one"], capsys, name)
+
+
+@pytest.mark.parametrize("command", [["translate", "--checkpoint", "missing-run", "x"],
+                                     ["evaluate", "--checkpoint", "missing-run"]])
+def test_missing_checkpoint_is_a_clear_error(command, capsys):
+    assert main(command) == 2
+    assert "checkpoint folder not found" in capsys.readouterr().err
+
+
+PROBES = [
+    # (argv with {placeholders}, words the message must contain)
+    (["translate", "--checkpoint", "{run}", "--heatmap", "{dir}", "three cats"], ["--heatmap", "folder"]),
+    (["translate", "--checkpoint", "{run}", "--beam", "1000000", "one"], ["--beam"]),
+    (["translate", "--checkpoint", "{run}", "--beam", "99", "one"], ["--beam", "vocabulary"]),
+    (["translate", "--checkpoint", "{run}", "   "], ["text", "whitespace"]),
+    (["translate", "--checkpoint", "{run}", "caf\udce9"], ["text", "UTF-8"]),
+    (["translate", "--checkpoint", "{run}", "x" * 3000], ["text", "3,000 characters"]),
+    (["translate", "--checkpoint", "{root}/missing", "one"], ["not found"]),
+    (["translate", "--checkpoint", "{absurd}", "one"], ["too large to exist"]),
+    (["translate", "--checkpoint", "{bigger}", "one"], ["does not match", "expected shape"]),
+    (["translate", "--checkpoint", "{typed}", "one"], ["bidirectional"]),
+    (["translate", "--checkpoint", "{manifest-list}", "one"], ["manifest"]),
+    (["translate", "--checkpoint", "{manifest-empty}", "one"], ["does not list"]),
+    (["translate", "--checkpoint", "{run}", "--heatmap", "/proc/attnkit-probe/a.png", "one"], ["--heatmap"]),
+]
+
+
+@pytest.mark.parametrize("argv, words", PROBES, ids=probe_ids(PROBES))
+def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, capsys):
+    assert_probe(argv, world, words, capsys)
