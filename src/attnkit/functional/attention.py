@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -17,13 +16,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import masks as _masks
-from .backends import BACKENDS, flex
+from .backends import BACKENDS, flex, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
 from .softmax import masked_softmax
 
-__all__ = ["AttentionOutput", "attention", "attend", "choose_backend", "lse_backend", "BACKEND_NAMES"]
+__all__ = ["AttentionOutput", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
+           "BACKEND_NAMES"]
 
 BACKEND_NAMES = ("auto", *BACKENDS)
 
@@ -101,6 +101,10 @@ AUTO_CLASSIFY_MIN_ENTRIES = 1 << 22
 2K): below that SDPA's dense time is a few milliseconds and the skipping cannot pay."""
 
 
+AUTO_SINKS_SDPA_MAX_ENTRIES = 1 << 16
+"""On the CPU, learned sinks up to L x S = 64K scores (256 x 256) go to SDPA with the sink as one more
+key (its mask materialised), above to the tiled loop: SDPA 30.6 / 66.4 / 502 us against tiled 90.1 /
+126.8 / 519.5 us at L = S = 16 / 64 / 256 (H 4, E 32, one thread), tiled ahead from 512."""
 AUTO_FLEX_MIN_ENTRIES = 1 << 22
 """On CUDA, windows, block masks, sinks and bottom-right causal calls with L != S (KV-cache
 prefills) go to flex from L x S >= 4M scores (2K x 2K); below that SDPA with the materialised mask
@@ -111,7 +115,8 @@ def choose_backend(problem: Problem) -> str:
     """The backend ``"auto"`` runs: :func:`_choose_on_cuda` on CUDA, else the CPU rules:
 
     - a ``score_mod``: tiled (reference if it reads tensors that need gradients);
-    - learned ``sinks``: tiled (its lse carries them without materialising a mask);
+    - learned ``sinks``: SDPA up to AUTO_SINKS_SDPA_MAX_ENTRIES scores, else tiled (its lse carries
+      them without materialising a mask);
     - a block mask with at most AUTO_TILED_MAX_OCCUPANCY of its tiles non-empty: tiled;
     - a sliding window long enough that block skipping wins (S >= AUTO_TILED_MIN_KEYS_PER_WINDOW
       x window): tiled;
@@ -128,7 +133,7 @@ def choose_backend(problem: Problem) -> str:
     if learned_bias:
         return "sdpa"
     if problem.sinks is not None:
-        return "tiled"
+        return "sdpa" if problem.dims.L * problem.dims.S <= AUTO_SINKS_SDPA_MAX_ENTRIES else "tiled"
     if problem.block_mask is not None and problem.block_mask.occupancy() <= AUTO_TILED_MAX_OCCUPANCY:
         return "tiled"
     window = problem.window
@@ -268,49 +273,38 @@ def attention(
         A query row with no allowed key gets zero weights and a zero output, never NaN.
         The returned weights are those before dropout.
     """
-    dims: Dims = check_qkv(q, k, v)
-    block_mask = None
-    if isinstance(mask, BlockMask):
-        check_block_mask(mask, dims, q.device)
-        block_mask, mask = mask, None
-    check_mask(mask, dims, q.device)
-    if score_mod is not None and not callable(score_mod):
-        raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
-    check_bias(bias, dims, q)
-    check_sinks(sinks, dims, q)
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
-    if causal_align not in _masks.ALIGNMENTS:
-        raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-        raise ValueError(f"window must be a positive int or None, got {window!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(dims.E) if dims.E > 0 else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0 (or None for 1/sqrt(E)), got {scale!r}")
-    elif scale * max(1, dims.E) > torch.finfo(q.dtype).max:
-        raise ValueError(f"scale={scale!r} overflows {q.dtype}: scale x E = {scale * dims.E:.3g} is beyond its largest "
-                         f"value {torch.finfo(q.dtype).max:.3g}, so the scores of unit-size q and k would be inf")
-    if bias is not None:
-        mask = _with_bias_keys(mask, bias)
-    heads = _heads(need_weights, dims.H)
-    problem = Problem(
-        dims=dims,
-        scale=float(scale),
-        mask=mask,
-        bias=bias,
-        is_causal=bool(is_causal) or window is not None,
-        causal_align=causal_align,
-        window=window,
-        dropout_p=float(dropout_p),
-        block_mask=block_mask,
-        score_mod=score_mod,
-        sinks=sinks,
-        device=q.device,
-        dtype=q.dtype,
-    )
+    return _attention(q, k, v, check_qkv(q, k, v), mask, is_causal, causal_align, window, bias, scale, dropout_p,
+                      backend, need_weights, score_mod, sinks)
+
+
+def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask | None = None,
+                      is_causal: bool = False, causal_align: str = "top-left", window: int | None = None,
+                      bias: Tensor | None = None, scale: float | None = None, dropout_p: float = 0.0,
+                      backend: str = "auto", need_weights: bool | Sequence[int] = False,
+                      score_mod: ScoreMod | None = None, sinks: Tensor | None = None) -> AttentionOutput:
+    """:func:`attention` for callers that built q, k and v themselves from inputs they checked (the
+    layers' attention strategies): the shapes, dtypes and devices of q, k and v are not checked again;
+    every other argument is. The arguments may go by position, in this order (a layer's call costs
+    microseconds, and keywords a quarter of one each)."""
+    B, H, L, E = q.shape
+    dims = tuple.__new__(Dims, (B, H, k.shape[1], L, k.shape[2], E, v.shape[3]))
+    return _attention(q, k, v, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
+                      need_weights, score_mod, sinks)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
+               dropout_p, backend, need_weights, score_mod, sinks) -> AttentionOutput:
+    """:func:`attention` once q, k and v are known to fit ``dims``."""
+    given_scale = scale
+    scale = _checked_scale(scale, dims, q.dtype)
+    if (mask is None and bias is None and score_mod is None and sinks is None and window is None
+            and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S):
+        causal = _plain_causal(bool(is_causal), causal_align, dims.L, dims.S)
+        if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
+            output = _plain(q, k, v, dims, given_scale, causal)
+            return tuple.__new__(AttentionOutput, (output, None, None))  # AttentionOutput(output), without __new__
+    problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
+                              need_weights, score_mod, sinks)
     if backend == "auto":
         problem = _classified(problem)
         name = choose_backend(problem)
@@ -335,6 +329,52 @@ def attention(
         if weights is not None:
             weights = torch.where(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan, weights)
     return AttentionOutput(output=output, weights=weights, lse=lse)
+
+
+_PLAIN_BACKENDS = ("auto", "sdpa")
+"""Backends under which a plain call (no mask, bias, window, score_mod, sinks, weights or dropout) goes
+straight to SDPA: ``auto`` picks it for such a call on every device."""
+
+
+def _checked_scale(scale, dims: Dims, dtype: torch.dtype) -> float:
+    """The call's scale: 1/sqrt(E) by default; a given one finite, > 0, and not overflowing the dtype."""
+    if scale is None:
+        return 1.0 / math.sqrt(dims.E) if dims.E > 0 else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 (or None for 1/sqrt(E)), got {scale!r}")
+    if scale * max(1, dims.E) > torch.finfo(dtype).max:
+        raise ValueError(f"scale={scale!r} overflows {dtype}: scale x E = {scale * dims.E:.3g} is beyond its largest "
+                         f"value {torch.finfo(dtype).max:.3g}, so the scores of unit-size q and k would be inf")
+    return float(scale)
+
+
+def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale: float, dropout_p, backend,
+             need_weights, score_mod, sinks) -> tuple[Problem, list[int] | None]:
+    """Every other argument of :func:`attention` validated (each error names it), as a :class:`Problem`
+    and the heads whose weights are asked for."""
+    block_mask = None
+    if isinstance(mask, BlockMask):
+        check_block_mask(mask, dims, q.device)
+        block_mask, mask = mask, None
+    check_mask(mask, dims, q.device)
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
+    check_bias(bias, dims, q)
+    check_sinks(sinks, dims, q)
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
+    if causal_align not in _masks.ALIGNMENTS:
+        raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    if bias is not None:
+        mask = _with_bias_keys(mask, bias)
+    problem = Problem(dims=dims, scale=scale, mask=mask, bias=bias, is_causal=bool(is_causal) or window is not None,
+                      causal_align=causal_align, window=window, dropout_p=float(dropout_p), block_mask=block_mask,
+                      score_mod=score_mod, sinks=sinks, device=q.device, dtype=q.dtype)
+    return problem, _heads(need_weights, dims.H)
 
 
 _nan_rule_on = True
@@ -362,6 +402,41 @@ def nan_rule(enabled: bool):
         _nan_rule_on = previous
 
 
+def _plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:
+    """SDPA's output for a plain call, with the NaN rule: where some query sees every key (not causal,
+    or causal with L >= S), one look at the output on the CPU settles the common case (:func:`_with_nan_rows`)."""
+    output = sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
+    if not _nan_rule_on:
+        return output
+    if (not causal or dims.L >= dims.S) and output.is_cpu and dims.Ev and not torch.compiler.is_compiling():
+        return _with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax()) else output
+    return _with_nan_rows(q, k, v, dims, output)
+
+
+def _plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:
+    """The ``is_causal`` SDPA takes for a plain call, or None where the alignment needs a mask: top-left
+    as given; bottom-right is top-left when L = S, and no mask at all for a single query (a decoding
+    step sees every key)."""
+    if not is_causal or causal_align == "top-left":
+        return is_causal if causal_align in _masks.ALIGNMENTS else None  # (a bad alignment: named below)
+    if causal_align == "bottom-right" and (L == S or L == 1):
+        return L == S
+    return None
+
+
+def _with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
+    """``output`` with the rows the NaN rule poisons set to NaN. A plain call on the CPU comes here only
+    when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
+    L >= S), SDPA's CPU kernels carry any NaN of q, k or v into the output (checked over dtypes, shapes
+    and positions: tests/functional/test_attention.py), so that one look settles the common case."""
+    poisoned = _nan_rows(q, k, v, dims)
+    return output if poisoned is None else torch.where(poisoned, math.nan, output)
+
+
+_maxima = getattr(torch, "_foreach_max", None) or (lambda tensors: [x.amax() for x in tensors])
+"""Whole-tensor maxima of a list of tensors: torch's foreach form where this PyTorch has it."""
+
+
 def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     """(B, H, L, 1) True where NaN must propagate, or None when q, k and v hold no NaN.
 
@@ -370,12 +445,13 @@ def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     head) makes every row of the query heads that read it NaN, whatever the mask says."""
     if dims.E == 0:
         return None
-    # amax propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool copy
-    # of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN at
-    # all, is settled by three whole-tensor maxima and one look at their maximum (NaN iff one is).
+    # A maximum propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool
+    # copy of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN
+    # at all, is settled on the CPU by three whole-tensor maxima in one foreach call (2.6 us for a tiny
+    # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py) and a look.
     if q.device.type == "cpu" and not torch.compiler.is_compiling():
-        maxima = [x.amax() for x in (q, k, v) if x.numel()]
-        if not maxima or not bool(torch.isnan(functools.reduce(torch.maximum, maxima))):
+        present = [x for x in (q, k, v) if x.numel()]
+        if not present or not any(map(math.isnan, _maxima(present))):  # one dispatch for the three maxima, then three floats
             return None
     q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
     kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values

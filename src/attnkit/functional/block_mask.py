@@ -126,11 +126,19 @@ class BlockMask:
         return self.kinds.device
 
     def occupancy(self) -> float:
-        """Fraction of tiles that some (batch, head) must compute: the work relative to dense."""
-        if self.kinds.numel() == 0:
-            return 0.0
-        nonempty = _merged_kinds(self.kinds) != EMPTY
-        return int(torch.count_nonzero(nonempty)) / nonempty.numel()
+        """Fraction of tiles that some (batch, head) must compute: the work relative to dense. Counted
+        once per tile table (``auto`` asks on every call)."""
+        kinds = self.kinds
+        cached = self.__dict__.get("_occupancy")
+        if cached is not None and cached[0] is kinds:
+            return cached[1]
+        if kinds.numel() == 0:
+            share = 0.0
+        else:
+            nonempty = _merged_kinds(kinds) != EMPTY
+            share = int(torch.count_nonzero(nonempty)) / nonempty.numel()
+        self._occupancy = (kinds, share)
+        return share
 
     def counts(self) -> dict[str, int]:
         """Tiles of each kind over all (batch, head) entries."""

@@ -21,19 +21,18 @@ cache is a new object answering the same call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+import torch
 from torch import Tensor
 
-from ..functional.attention import AttentionOutput, attention
+from ..functional.attention import AttentionOutput, attention_trusted
 from ..functional.block_mask import BlockMask
 
 __all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "strategy"]
 
 
-@dataclass(frozen=True)
-class AttentionCall:
+class AttentionCall(NamedTuple):
     """The options of one layer call, as :meth:`MultiHeadAttention.forward` received them:
     ``mask``, ``is_causal``, ``window``, ``bias``, ``need_weights`` as in :func:`attnkit.attention`;
     ``causal_align`` None for the strategy's default (top-left without a cache, bottom-right with
@@ -62,13 +61,25 @@ class AttentionCall:
             got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
             raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, S) = ({B}, {S}), True at real keys, "
                              f"got {got}")
-        keys = key_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        keys = _as_keys(key_mask)  # (B, 1, 1, S)
         if self.mask is None:
             return keys
         if isinstance(self.mask, BlockMask):
             raise ValueError("key_mask and a BlockMask mask: put the padding in the block mask's mask_mod "
                              "(attnkit.masks.real_tokens_mod)")
         return self.mask & keys
+
+
+def _as_keys(key_mask: Tensor) -> Tensor:
+    """``key_mask`` (B, S) as a boolean (B, 1, 1, S) mask, built once per tensor and version: every layer
+    of a model gets the same key mask, and the same mask back (whose own checks are then kept on it)."""
+    if torch.compiler.is_compiling():  # a compiled graph builds it in place (no version counter to read)
+        return key_mask.bool()[:, None, None, :]
+    built = getattr(key_mask, "_attnkit_keys", None)
+    if built is None or built[0] != key_mask._version:
+        built = (key_mask._version, key_mask.bool()[:, None, None, :])
+        key_mask._attnkit_keys = built  # type: ignore[attr-defined]  # kept on the tensor
+    return built[1]
 
 
 class Attending(Protocol):
@@ -104,9 +115,9 @@ class _Plain:
         if layer.rotary is not None:
             q = layer.rotary(q, positions=call.positions)
             k = layer.rotary(k, positions=call.positions)
-        return attention(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
-                         causal_align=call.causal_align or "top-left",
-                         window=call.window, bias=call.bias, need_weights=call.need_weights, **layer.attention_options())
+        mask = call.mask if call.key_mask is None else call.mask_for(k.shape[0], k.shape[2])
+        return attention_trusted(q, k, v, mask, call.is_causal, call.causal_align or "top-left", call.window, call.bias,
+                                 layer.scale, layer.dropout if layer.training else 0.0, layer.backend, call.need_weights)
 
     def __repr__(self) -> str:
         return "PLAIN"
@@ -119,6 +130,8 @@ PLAIN = _Plain()
 def strategy(cache, context_parallel) -> Attending:
     """The one strategy a call runs: its ``cache``, its ``context_parallel``, or :data:`PLAIN`; each
     must answer ``attend`` (a TypeError names the argument otherwise)."""
+    if cache is None and context_parallel is None:
+        return PLAIN
     if cache is not None and context_parallel is not None:
         raise ValueError("context_parallel takes no cache: the sequence is split across processes, not decoded")
     for name, chosen in (("cache", cache), ("context_parallel", context_parallel)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional.attention import AttentionOutput, attention, lse_backend
+from ..functional.attention import AttentionOutput, attention_trusted, lse_backend
 from ..functional.block_mask import BlockMask
 from ..functional.checks import check_int, check_rank, check_same
 from ..functional.masks import causal_positions
@@ -98,8 +98,8 @@ class KVCache:
             k, v = layer.project_kv(key, value)  # (B, Hkv, S, E)
             if layer.rotary is not None:
                 k = layer.rotary(k, offset=offset, positions=call.positions)
-            k, v = self.update(k, v)
-        return attention(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
+            k, v = self._append(k, v)  # the layer built them: update()'s checks would only repeat its own
+        return attention_trusted(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
                          causal_align=call.causal_align or "bottom-right", window=call.window, bias=call.bias,
                          need_weights=call.need_weights, **layer.attention_options())
 
@@ -114,8 +114,6 @@ class KVCache:
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, Hkv, S_new, E) keys and (B, Hkv, S_new, Ev) values; return all held ones
         (for a rolling cache: the last ``window`` before this step, plus the new ones)."""
-        if self.static and self.length:
-            raise ValueError("this static (cross-attention) cache is already filled; reset() it first")
         check_rank("keys", keys, 4, "(B, Hkv, S_new, E)")
         check_rank("values", values, 4, "(B, Hkv, S_new, Ev)")
         check_same("keys", keys, values=values)
@@ -123,6 +121,13 @@ class KVCache:
             raise ValueError(
                 f"keys and values must agree in (B, Hkv, S_new), got {tuple(keys.shape)} and {tuple(values.shape)}"
             )
+        return self._append(keys, values)
+
+    def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`update` without the checks of ``keys`` and ``values`` themselves, for a pair a layer
+        built; what the cache holds from earlier calls is still compared with them."""
+        if self.static and self.length:
+            raise ValueError("this static (cross-attention) cache is already filled; reset() it first")
         if self._keys is not None and self._values is not None:
             expected_k = (self._keys.shape[0], self._keys.shape[1], self._keys.shape[3])
             expected_v = (self._values.shape[0], self._values.shape[1], self._values.shape[3])
@@ -244,11 +249,11 @@ class SinkCache(KVCache):
         options = layer.attention_options()
         if options["backend"] in ("sdpa", "auto"):  # both calls need the lse
             options["backend"] = lse_backend(q, options["dropout_p"])
-        main = attention(q_main, keys, values, mask=allowed, **options)
+        main = attention_trusted(q_main, keys, values, mask=allowed, **options)
         output = main.output
         if bool(late.any()) and sinks:
             q_sink = q if rotary is None else rotary(q, positions=index.clamp(max=self.limit))
-            part = attention(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=late[:, None].expand(L, sinks),
+            part = attention_trusted(q_sink, keys[:, :, :sinks], values[:, :, :sinks], mask=late[:, None].expand(L, sinks),
                              **options)
             assert main.lse is not None and part.lse is not None  # the backends used here return it
             merged, _ = merge_partial(main.output.to(main.lse.dtype), main.lse, part.output, part.lse)
@@ -317,7 +322,7 @@ class FixedKVCache:
         allowed = self.allowed(columns, call.window)  # (L, capacity)
         mask = call.mask_for(k.shape[0], self.capacity)
         assert not isinstance(mask, BlockMask)  # refused above
-        return attention(q, k, v, mask=allowed if mask is None else mask & allowed, bias=call.bias,
+        return attention_trusted(q, k, v, mask=allowed if mask is None else mask & allowed, bias=call.bias,
                          need_weights=call.need_weights, **layer.attention_options())
 
     def attended_length(self, new: int) -> int:

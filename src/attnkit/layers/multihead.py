@@ -16,6 +16,7 @@ from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
+from ._linear import project
 from .attending import Attending, AttentionCall, strategy
 from .positional import RotaryEmbedding
 
@@ -91,6 +92,14 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias if out_bias is None else out_bias)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        try:  # the common case in a few comparisons; anything else gets the checks that name it
+            B, _, D = query.shape
+            Bk, S, Dk = key.shape
+            Bv, Sv, Dv = value.shape
+            if B == Bk == Bv and S == Sv and D == self.d_model and Dk == self.kdim and Dv == self.vdim:
+                return
+        except (AttributeError, TypeError, ValueError):
+            pass
         check_rank("query", query, 3, "(B, L, D)")
         check_rank("key", key, 3, "(B, S, kdim)")
         check_rank("value", value, 3, "(B, S, vdim)")
@@ -107,7 +116,8 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (B, Hkv, S, E) and values (B, Hkv, S, E) from the inputs (B, S, kdim|vdim): what an
         attention strategy calls when it needs new ones."""
-        return split_heads(self.k_proj(key), self.num_kv_heads), split_heads(self.v_proj(value), self.num_kv_heads)
+        return (split_heads(project(self.k_proj, key), self.num_kv_heads),
+                split_heads(project(self.v_proj, value), self.num_kv_heads))
 
     def attention_options(self) -> dict:
         """The keyword arguments of :func:`attnkit.attention` this layer fixes: scale, dropout (in
@@ -162,10 +172,9 @@ class MultiHeadAttention(nn.Module):
             value = key
         self._check_inputs(query, key, value)
         attending = strategy(cache, context_parallel)
-        call = AttentionCall(mask=mask, is_causal=is_causal, window=window, bias=bias, need_weights=need_weights,
-                             causal_align=causal_align, positions=positions, self_attention=self_attention,
-                             key_mask=key_mask)
-        q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, L, E)
+        call = AttentionCall._make((mask, is_causal, window, bias, need_weights, causal_align, positions,
+                                    self_attention, key_mask))  # _make: the fields in order, without __new__'s cost
+        q = split_heads(project(self.q_proj, query), self.num_heads)  # (B, H, L, E)
         result = attending.attend(self, q, key, value, call)
-        output = self.out_proj(merge_heads(result.output))  # (B, L, D)
-        return AttentionOutput(output=output, weights=result.weights, lse=result.lse)
+        output = project(self.out_proj, merge_heads(result.output))  # (B, L, D)
+        return AttentionOutput(output, result.weights, result.lse)

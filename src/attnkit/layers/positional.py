@@ -212,8 +212,8 @@ class RotaryEmbedding(nn.Module):
         device and dtype and grown by doubling (decoding one token at a time would otherwise
         recompute them in every layer at every step)."""
         cached = self._cached
-        if (cached is None or cached[0].shape[0] < length or cached[0].device != torch.device(device)
-                or cached[0].dtype != dtype):
+        if (cached is None or cached[0].shape[0] < length or cached[0].dtype != dtype
+                or cached[0].device != (device if isinstance(device, torch.device) else torch.device(device))):
             size = max(length, 2 * (0 if cached is None else cached[0].shape[0]), 256)
             angles = self.angles(torch.arange(size, device=device), dtype=dtype)
             cached = self._cached = _full_width(*angles, self.interleaved)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple, overload
 
@@ -26,9 +27,10 @@ class BackendResult(NamedTuple):
     weights: Tensor | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Problem:
-    """One validated attention call, minus q, k, v.
+    """One validated attention call, minus q, k, v: read, never changed (a slotted, non-frozen
+    dataclass, because a frozen one costs microseconds per call to build).
 
     ``mask`` and ``bias`` have one of the shapes accepted by :func:`attnkit.attention`:
     (L, S) or (B|1, H|1, L|1, S). ``is_causal`` / ``window`` are the structural masks, which the
@@ -56,7 +58,7 @@ class Problem:
 
     def __post_init__(self) -> None:
         # Computed once per call; the tiled backend reads it per block without validating again.
-        object.__setattr__(self, "offset", _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align))
+        self.offset = _masks.causal_offset(self.dims.L, self.dims.S, self.causal_align)
 
     @property
     def device_type(self) -> str:
@@ -89,13 +91,28 @@ class Problem:
 
     def dense_mask(self, device) -> Tensor | None:
         """The whole boolean mask, user mask and structure combined; None if nothing is masked."""
-        L, S = self.dims.L, self.dims.S
-        parts = [m for m in (self.mask, self.structural_block(0, L, 0, S, device)) if m is not None]
+        parts = [m for m in (self.mask, self._whole_structure(device)) if m is not None]
         if self.block_mask is not None:
             parts.append(self.block_mask.to_dense())
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else _masks.and_masks(*parts)
+
+    def _whole_structure(self, device) -> Tensor | None:
+        """The structural (causal / window) mask of the whole call, (L, S); small ones (decoding steps,
+        short prefills, where a call costs microseconds) built once per shape and kept (read-only)."""
+        L, S = self.dims.L, self.dims.S
+        if not self.structured or L * S > STRUCTURE_CACHE_ENTRIES:
+            return self.structural_block(0, L, 0, S, device)
+        key = (L, S, self.offset, self.window, device)
+        found = _structures.get(key, _MISSING)
+        if found is _MISSING:
+            found = _structures[key] = self.structural_block(0, L, 0, S, device)
+            if len(_structures) > STRUCTURE_CACHE_SIZE:
+                _structures.popitem(last=False)
+        else:
+            _structures.move_to_end(key)
+        return found
 
     def modify_scores(self, scores: Tensor, q0: int, k0: int, heads: Tensor | None = None) -> Tensor:
         """Apply ``score_mod`` to scores (B, H', bq, bk) of rows q0.. and keys k0.. (H' = all heads,
@@ -112,6 +129,14 @@ class Problem:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(f"score_mod must return a tensor of the score's shape {tuple(scores.shape)}, got {got}")
         return out
+
+
+STRUCTURE_CACHE_ENTRIES = 1 << 20
+"""Whole structural masks up to this many entries (1 MiB of booleans) are kept for reuse."""
+STRUCTURE_CACHE_SIZE = 32
+"""At most this many kept (a bounded LRU: 32 MiB at most)."""
+_structures: OrderedDict = OrderedDict()
+_MISSING = object()
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

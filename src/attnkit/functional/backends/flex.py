@@ -212,13 +212,15 @@ def flex_block_mask(kinds: Tensor, seq_lengths: tuple[int, int], mask_mod):
 
 
 TABLE_CACHE = 64
-"""Converted tables kept for calls without a boolean mask (the structure alone, or a BlockMask, at
-one bucket): the layers of a model, and the steps of a training loop, convert once."""
+"""Converted tables, and prepared calls (their scalars and torch BlockMask), kept for calls without a
+boolean mask (the structure alone, or a BlockMask, at one bucket): the layers of a model, and the
+steps of a training loop, convert and prepare once."""
 _structure_tables: OrderedDict = OrderedDict()
 
 
-def _cached_tables(problem: Problem, key: tuple, build) -> dict[str, Tensor]:
-    """The tables of ``key`` from the block mask's own cache (or the structure's, bounded LRU)."""
+def _cached_tables(problem: Problem, key: tuple, build):
+    """What ``build`` makes for ``key``, from the block mask's own cache (or the structure's, a bounded
+    LRU): the tables of a pattern, and the prepared call."""
     owner = problem.block_mask
     cache = _structure_tables if owner is None else owner.__dict__.setdefault("_flex_tables", {})
     found = cache.get(key)
@@ -314,13 +316,20 @@ def _needs_grad(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> bool:
 
 @contextlib.contextmanager
 def _loud_recompiles():
-    """Raise past RECOMPILE_LIMIT compiles instead of PyTorch's silent switch to eager."""
+    """Raise past RECOMPILE_LIMIT compiles instead of PyTorch's silent switch to eager. The two
+    settings are set and restored directly: ``config.patch`` built a class on every call."""
     config = torch._dynamo.config
-    limit = max(RECOMPILE_LIMIT, getattr(config, "recompile_limit", 0))  # never lower a user's own limit
-    options = {name: value for name, value in (("recompile_limit", limit),
-                                               ("fail_on_recompile_limit_hit", True)) if hasattr(config, name)}
-    with config.patch(**options):
+    wanted = (("recompile_limit", max(RECOMPILE_LIMIT, getattr(config, "recompile_limit", 0))),  # never lower a user's
+              ("fail_on_recompile_limit_hit", True))
+    saved = {name: getattr(config, name) for name, _ in wanted if hasattr(config, name)}
+    try:
+        for name, value in wanted:
+            if name in saved:
+                setattr(config, name, value)
         yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
 
 
 SMALL_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 1,
@@ -379,9 +388,6 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
     L, S = dims.L, dims.S
     Lp, Sp = (length_bucket(L), length_bucket(S)) if compiled else (L, S)
-    # Compiled calls always clamp the indices, padded or not, so that a bucket's exact length shares
-    # its graph with the lengths padded up to it.
-    call = _Call(problem, padded=compiled or (Lp, Sp) != (L, S), device=q.device)
     num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
 
     def build() -> dict[str, Tensor]:
@@ -395,12 +401,22 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             parts.append(_pad_kinds(_tile_kinds(problem.block_mask), num_q, num_k))
         return _tables(_combine(parts, num_q, num_k, q.device), (Lp, Sp))
 
-    if problem.mask is None:  # the tables depend on these numbers only
-        key = (q.device, L, S, Lp, Sp, problem.structured, problem.offset, problem.window)
-        tables = _cached_tables(problem, key, build)
-    else:
-        tables = build()
-    block_mask = module.BlockMask(seq_lengths=(Lp, Sp), **tables, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=call.mask_mod)
+    def prepare() -> tuple[_Call, object]:
+        # Compiled calls always clamp the indices, padded or not, so that a bucket's exact length
+        # shares its graph with the lengths padded up to it.
+        call = _Call(problem, padded=compiled or (Lp, Sp) != (L, S), device=q.device)
+        if problem.mask is None:  # the tables depend on these numbers only
+            tables = _cached_tables(problem, ("tables", q.device, L, S, Lp, Sp, problem.structured, problem.offset,
+                                              problem.window), build)
+        else:
+            tables = build()
+        return call, module.BlockMask(seq_lengths=(Lp, Sp), **tables, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=call.mask_mod)
+
+    if problem.mask is None and problem.bias is None:  # the call's scalars and torch BlockMask: once per pattern
+        call, block_mask = _cached_tables(problem, ("call", q.device, L, S, Lp, Sp, problem.structured, problem.offset,
+                                                    problem.window, problem.score_mod, compiled), prepare)
+    else:  # a per-call tensor (mask, bias) is read by the mask_mod or score_mod: prepared per call
+        call, block_mask = prepare()
     if (Lp, Sp) != (L, S):
         q = F.pad(q, (0, 0, 0, Lp - L))
         k, v = F.pad(k, (0, 0, 0, Sp - S)), F.pad(v, (0, 0, 0, Sp - S))
