@@ -1,7 +1,10 @@
 """The core on a GPU: attnkit against PyTorch's fused kernels on the same inputs (issue 23's table).
 
-Every row is timed in this one process with CUDA events (median of ``--repeats`` calls after a
-warm-up that includes any compile), bf16, B = 1, H = 16, E = 128:
+Every row is timed in this one process with CUDA events, bf16, B = 1, H = 16, E = 128 unless
+``--batch`` / ``--heads`` / ``--head-dim`` say otherwise, two ways: single-call latency (median of
+``--repeats`` calls, each between its own events, after a warm-up that includes any compile) and
+back-to-back throughput (``--repeats`` calls issued between two events, per call: what a model sees,
+the host's per-call work overlapping earlier kernels):
 
 - dense and causal: ``F.scaled_dot_product_attention`` against ``attnkit.attention`` (auto);
 - causal window 1024 and Longformer (two-sided window 512 + 16 global tokens): compiled
@@ -17,6 +20,7 @@ CUDA versions, and prints a markdown table with the ratios (>1: attnkit faster).
     python benchmarks/gpu.py                  # 4K, 16K, 64K, 128K (an H100: a few minutes)
     python benchmarks/gpu.py --sizes 4096     # one size
     python benchmarks/gpu.py --sizes 4096 16384 --patterns dense causal --mask-sizes --nan-rule off
+    python benchmarks/gpu.py --sizes 4096 --batch 8 --heads 32 --patterns dense causal --mask-sizes
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from tqdm.auto import tqdm
 
 import attnkit
 from attnkit._files import write_json
-from attnkit.bench.harness import cuda_median_ms, peak_extra_mb
+from attnkit.bench.harness import cuda_back_to_back_ms, cuda_median_ms, peak_extra_mb
 from attnkit.functional.backends import flex
 from attnkit.functional.block_patterns import longformer_block_mask
 
@@ -91,11 +95,14 @@ def _chosen(q, k, v, kwargs) -> str:
     return chosen[0]
 
 
-def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, patterns=PATTERNS) -> list[dict]:
+def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, patterns=PATTERNS,
+                   shape=(B, H, E)) -> list[dict]:
     rows = [] if rows is None else rows
+    batch, heads, head_dim = shape
     for n in sizes:
         torch.manual_seed(0)
-        q, k, v = (torch.randn(B, H, n, E, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
         d_out = torch.randn_like(q)
         for name, theirs, kwargs in _cases(n, patterns):
             ours = lambda q, k, v, kw=kwargs: attnkit.attention(q, k, v, **kw).output  # noqa: E731
@@ -110,7 +117,10 @@ def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, 
                         def run(call=call):
                             call(q, k, v).backward(d_out)
                     row[f"{label}_{mode}_ms"] = cuda_median_ms(run, repeats)
+                    row[f"{label}_{mode}_back_to_back_ms"] = cuda_back_to_back_ms(run, repeats)
                 row[f"ratio_{mode}"] = row[f"torch_{mode}_ms"] / row[f"attnkit_{mode}_ms"]
+                row[f"ratio_{mode}_back_to_back"] = (row[f"torch_{mode}_back_to_back_ms"]
+                                                     / row[f"attnkit_{mode}_back_to_back_ms"])
             rows.append(row)
             save()  # a run cut short keeps its finished rows
             progress.update()
@@ -159,12 +169,13 @@ def block_mask_rows(sizes, progress) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| n | pattern | attnkit backend | torch fwd ms | attnkit fwd ms | ratio fwd | torch fwd+bwd ms | "
-             "attnkit fwd+bwd ms | ratio fwd+bwd |", "|" + "---|" * 9]
+    lines = ["| n | pattern | attnkit backend | torch fwd ms | attnkit fwd ms | ratio fwd (back to back) | "
+             "torch fwd+bwd ms | attnkit fwd+bwd ms | ratio fwd+bwd (back to back) |", "|" + "---|" * 9]
     for r in report["attention"]:
         lines.append(f"| {r['n']} | {r['pattern']} | {r['attnkit_backend']} | {r['torch_fwd_ms']:.3f} | "
-                     f"{r['attnkit_fwd_ms']:.3f} | {r['ratio_fwd']:.2f}x | {r['torch_fwd+bwd_ms']:.3f} | "
-                     f"{r['attnkit_fwd+bwd_ms']:.3f} | {r['ratio_fwd+bwd']:.2f}x |")
+                     f"{r['attnkit_fwd_ms']:.3f} | {r['ratio_fwd']:.2f}x ({r['ratio_fwd_back_to_back']:.2f}x) | "
+                     f"{r['torch_fwd+bwd_ms']:.3f} | {r['attnkit_fwd+bwd_ms']:.3f} | {r['ratio_fwd+bwd']:.2f}x "
+                     f"({r['ratio_fwd+bwd_back_to_back']:.2f}x) |")
     labels = ("torch_compiled", "attnkit", "attnkit_flex_tables")
     lines += ["", "| n | block mask | " + " | ".join(f"{label} s | {label} peak MB" for label in labels) + " |",
               "|" + "---|" * (2 + 2 * len(labels))]
@@ -177,6 +188,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _driver() -> str | None:
+    """The NVIDIA driver's version, from nvidia-smi where it is on the PATH."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                          text=True, timeout=30)
+    return done.stdout.strip() or None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
@@ -184,7 +207,10 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=PATTERNS)
     parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
                         help="off: attnkit's calls run inside attnkit.nan_rule(False) (what the rule costs)")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20, help="calls per measure (each alone; then back to back)")
+    parser.add_argument("--batch", type=int, default=B)
+    parser.add_argument("--heads", type=int, default=H)
+    parser.add_argument("--head-dim", type=int, default=E)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "core.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -192,8 +218,15 @@ def main(argv=None) -> int:
         return 2
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "shape": {"B": B, "H": H, "E": E, "dtype": "bfloat16"}, "repeats": args.repeats, "nan_rule": args.nan_rule,
+        "shape": {"B": args.batch, "H": args.heads, "E": args.head_dim, "dtype": "bfloat16"}, "repeats": args.repeats,
+        "nan_rule": args.nan_rule, "driver": _driver(),
     }
+    try:
+        import triton
+
+        report["triton"] = triton.__version__
+    except ImportError:
+        pass
     try:
         import transformers
 
@@ -208,7 +241,7 @@ def main(argv=None) -> int:
     with tqdm(total=len(args.patterns) * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress, \
             attnkit.nan_rule(args.nan_rule == "on"):
         attention_rows(args.sizes, args.repeats, progress, save=lambda: write_json(args.out, report),
-                       rows=report["attention"], patterns=args.patterns)
+                       rows=report["attention"], patterns=args.patterns, shape=(args.batch, args.heads, args.head_dim))
         report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
     write_json(args.out, report)
     print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")

@@ -175,3 +175,47 @@ def test_key_mask_is_the_padding_of_the_keys_and_joins_the_mask(rng):
     blocks = masks.block_mask(masks.causal_mod(), None, None, 7, 7)
     with pytest.raises(ValueError, match="real_tokens_mod"):
         mha(x, mask=blocks, key_mask=real)
+
+
+def test_hooks_and_replaced_projections_still_run(rng):
+    """The layer calls a plain nn.Linear as F.linear; a module with a hook, or a projection replaced by
+    another module (a LoRA-style wrapper), is called as a module, and so is every projection while a
+    global module hook is registered."""
+    layer = MultiHeadAttention(16, 4).double().eval()
+    x = torch.randn(1, 5, 16, dtype=torch.float64, generator=rng)
+    want = layer(x).output
+    seen = []
+    handle = layer.q_proj.register_forward_hook(lambda module, args, out: seen.append("q") or out * 2)
+    doubled = layer(x).output
+    assert seen == ["q"] and not torch.allclose(doubled, want)
+    handle.remove()
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            seen.append("wrapped")
+            return self.inner(x)
+
+    layer.v_proj = Scaled(layer.v_proj)
+    torch.testing.assert_close(layer(x).output, want, rtol=0, atol=0)
+    assert seen[-1] == "wrapped"
+    global_handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
+    try:
+        layer(x)
+    finally:
+        global_handle.remove()
+    assert seen.count("Linear") == 4
+
+
+def test_a_key_mask_changed_in_place_is_read_again(rng):
+    mha = MultiHeadAttention(16, 4).double().eval()
+    x = torch.randn(1, 6, 16, dtype=torch.float64, generator=rng)
+    real = torch.ones(1, 6, dtype=torch.bool)
+    first = mha(x, key_mask=real).output
+    real[0, 4:] = False
+    second = mha(x, key_mask=real).output
+    torch.testing.assert_close(second, mha(x, mask=real[:, None, None, :].clone()).output, rtol=0, atol=0)
+    assert not torch.allclose(first, second)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["time_round_robin", "cuda_median_ms", "peak_extra_mb", "run_worker", "machine_info"]
+__all__ = ["time_round_robin", "cuda_median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "machine_info"]
 
 
 def time_round_robin(
@@ -78,6 +78,22 @@ def cuda_median_ms(run: Callable[[], object], repeats: int, warmup: int = 2) -> 
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def cuda_back_to_back_ms(run: Callable[[], object], calls: int, warmup: int = 2) -> float:
+    """Milliseconds per call of ``calls`` calls of ``run()`` issued back to back between two CUDA events,
+    as a model issues them: the host's per-call work overlaps the kernels of earlier calls, so this is
+    the throughput a layer sees, where :func:`cuda_median_ms` times one call alone (its latency)."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
 
 
 def _status_mb(key: str) -> float:

@@ -296,10 +296,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
                dropout_p, backend, need_weights, score_mod, sinks) -> AttentionOutput:
     """:func:`attention` once q, k and v are known to fit ``dims``."""
     given_scale = scale
-    scale = _checked_scale(scale, dims, q.dtype)
+    scale = _checked_scale(scale, dims, q.dtype) if scale is not None else _default_scale(dims.E)
     if (mask is None and bias is None and score_mod is None and sinks is None and window is None
             and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S):
-        causal = _plain_causal(bool(is_causal), causal_align, dims.L, dims.S)
+        causal = (False if not is_causal and causal_align == "top-left"  # the commonest call, decided inline
+                  else _plain_causal(bool(is_causal), causal_align, dims.L, dims.S))
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
             output = _plain(q, k, v, dims, given_scale, causal)
             return tuple.__new__(AttentionOutput, (output, None, None))  # AttentionOutput(output), without __new__
@@ -336,10 +337,14 @@ _PLAIN_BACKENDS = ("auto", "sdpa")
 straight to SDPA: ``auto`` picks it for such a call on every device."""
 
 
+def _default_scale(E: int) -> float:
+    return 1.0 / math.sqrt(E) if E > 0 else 1.0
+
+
 def _checked_scale(scale, dims: Dims, dtype: torch.dtype) -> float:
     """The call's scale: 1/sqrt(E) by default; a given one finite, > 0, and not overflowing the dtype."""
     if scale is None:
-        return 1.0 / math.sqrt(dims.E) if dims.E > 0 else 1.0
+        return _default_scale(dims.E)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite number > 0 (or None for 1/sqrt(E)), got {scale!r}")
     if scale * max(1, dims.E) > torch.finfo(dtype).max:

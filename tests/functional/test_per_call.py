@@ -1,0 +1,122 @@
+"""What attention() keeps between calls to cost nothing per call, and the shortcuts it takes, each
+held to the same numbers as the long way: the one look at a plain call's output for the NaN rule (and
+the premise it rests on: SDPA carries every NaN of q, k or v into that output), a mask's empty-row look
+kept on the mask (an in-place change looks again), small structural masks kept per shape, a
+BlockMask's occupancy, flex's prepared calls, and attention_trusted for the layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit import masks
+from attnkit.functional.attention import attention_trusted
+from attnkit.functional.backends import _common, flex
+
+from helpers import randn
+
+SHAPES = [(1, 4, 4, 16, 16, 32), (2, 8, 2, 33, 97, 64), (1, 4, 1, 1, 128, 32), (1, 2, 2, 300, 300, 64),
+          (1, 2, 2, 128, 40, 16)]
+
+
+def _expected_nan_rows(where: str, index: int, B: int, H: int, Hkv: int, L: int) -> torch.Tensor:
+    """The rows the NaN rule poisons for one NaN at batch B-1, head (or key head) last, position index."""
+    rows = torch.zeros(B, H, L, dtype=torch.bool)
+    if where == "q":
+        rows[-1, -1, index] = True
+    else:
+        group = H // Hkv
+        rows[-1, H - group:] = True
+    return rows
+
+
+# Causal calls with L < S have keys no query sees: the rule reads the inputs there (the test below).
+PLAIN_CALLS = [(shape, causal) for shape in SHAPES for causal in (False, True) if not (causal and shape[3] < shape[4])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape, is_causal", PLAIN_CALLS, ids=[f"{s}-{'causal' if c else 'full'}" for s, c in PLAIN_CALLS])
+def test_a_plain_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtype, shape, is_causal):
+    """The premise of the one-look NaN rule of a plain call (no mask; not causal, or causal with L >= S):
+    SDPA's CPU kernels carry any NaN of q, k or v into the output; and attention() then poisons exactly
+    the rule's rows. If a PyTorch release stops carrying it, this fails before a NaN goes unseen."""
+    B, H, Hkv, L, S, E = shape
+    generator = torch.Generator().manual_seed(1)
+    for where in ("q", "k", "v"):
+        for position in ("first", "middle", "last"):
+            q, k, v = (randn(B, n, m, E, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S)))
+            target = {"q": q, "k": k, "v": v}[where]
+            index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
+            target[-1, -1, index, 3] = float("nan")
+            raw = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != Hkv)
+            assert torch.isnan(raw).any(), (where, position)
+            out = attnkit.attention(q, k, v, is_causal=is_causal).output
+            assert torch.equal(out.isnan().any(-1), _expected_nan_rows(where, index, B, H, Hkv, L)), (where, position)
+
+
+def test_causal_with_fewer_queries_than_keys_reads_the_inputs():
+    """A NaN at a key no query of a causal top-left call sees (L < S): the output shows nothing, the
+    rule (which reads q, k, v there) still poisons the key head's rows."""
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    k[0, 1, 8, 0] = float("nan")
+    assert not F.scaled_dot_product_attention(q, k, v, is_causal=True).isnan().any()
+    out = attnkit.attention(q, k, v, is_causal=True).output
+    assert out[0, 1].isnan().all() and not out[0, 0].isnan().any()
+
+
+def test_a_mask_changed_in_place_is_looked_at_again():
+    """The empty-row look is kept on the mask with its version: emptying a row in place is seen."""
+    q = k = v = torch.randn(1, 2, 6, 8)
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    before = attnkit.attention(q, k, v, mask=mask, backend="sdpa").output
+    assert not (before == 0).all(-1).any()
+    mask[2] = False
+    after = attnkit.attention(q, k, v, mask=mask, backend="sdpa").output
+    assert (after[:, :, 2] == 0).all() and torch.equal(after[:, :, :2], before[:, :, :2])
+
+
+def test_small_structural_masks_are_kept_per_shape_and_bounded(monkeypatch):
+    monkeypatch.setattr(_common, "_structures", type(_common._structures)())
+    q = torch.randn(1, 2, 16, 8)
+    for window in range(1, 3 * _common.STRUCTURE_CACHE_SIZE):
+        got = attnkit.attention(q, q, q, window=window, backend="sdpa").output
+        want = attnkit.attention(q, q, q, mask=masks.sliding_window(16, 16, window), backend="sdpa").output
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(_common._structures) == _common.STRUCTURE_CACHE_SIZE
+
+
+def test_a_block_masks_occupancy_follows_its_table():
+    blocks = masks.causal_block_mask(64, block=16)
+    first = blocks.occupancy()
+    assert first == blocks.occupancy() == 10 / 16
+    blocks.kinds = torch.full_like(blocks.kinds, 2)  # a new table: counted again
+    assert blocks.occupancy() == 1.0
+
+
+def test_flex_keeps_one_prepared_call_per_pattern_and_score_mod(monkeypatch):
+    """Two score_mods on the same structure do not share a prepared call; each equals the reference."""
+    monkeypatch.setattr(flex, "COMPILE_ON_CPU", False)
+    q = torch.randn(1, 2, 40, 16)
+
+    def double(score, b, h, q_idx, kv_idx):
+        return 2 * score
+
+    def capped(score, b, h, q_idx, kv_idx):
+        return 5 * torch.tanh(score / 5)
+
+    with torch.no_grad():
+        for score_mod in (double, capped, double):
+            got = attnkit.attention(q, q, q, window=7, score_mod=score_mod, backend="flex").output
+            want = attnkit.attention(q, q, q, window=7, score_mod=score_mod, backend="reference").output
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"window": 3, "need_weights": [1]},
+                                    {"mask": masks.padding(torch.tensor([5, 7]), 7)}])
+def test_attention_trusted_equals_attention(kwargs):
+    q, k, v = torch.randn(2, 4, 7, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 6)
+    got, want = attention_trusted(q, k, v, **kwargs), attnkit.attention(q, k, v, **kwargs)
+    torch.testing.assert_close(got.output, want.output, rtol=0, atol=0)
+    assert (got.weights is None) == (want.weights is None)
