@@ -9,12 +9,14 @@ from torch.nn.modules import module as _module
 __all__ = ["project"]
 
 
-def project(layer: nn.Module, x: Tensor) -> Tensor:
+def project(layer: nn.Module | None, x: Tensor) -> Tensor:
     """``layer(x)``. A plain ``nn.Linear`` with no hooks of its own and no global module hooks is
     called as ``F.linear(x, weight, bias)``, the same arithmetic without the module call (1.5-2 us a
     projection on tiny inputs: four of them were most of what MultiHeadAttention cost over its
     projections and SDPA written out, benchmarks/overhead.py). Anything else (a subclass, a LoRA or
-    quantised replacement, a module with hooks) is called as a module."""
+    quantised replacement, a module with hooks) is called as a module. (``None`` only to take an entry
+    of ``nn.Module._modules`` as typed; a layer's projections are never None.)"""
+    assert layer is not None
     if (type(layer) is nn.Linear and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
                                           or layer._backward_pre_hooks)
             and not (_module._global_forward_hooks or _module._global_forward_pre_hooks
