@@ -215,7 +215,7 @@ def measure(case: dict, calls: int, rounds: int) -> dict:
             return ours()
 
     fns = {"attnkit": ours, "attnkit, NaN rule off": without_rule, "torch": case["torch"], **case.get("extra", {})}
-    us = per_call_us(fns, calls if "decode step (" not in case["case"] else max(1, calls // 10), rounds)
+    us = per_call_us(fns, calls if "decode step (" not in case["case"] else max(1, calls // 3), rounds)
     row = {"case": case["case"], "baseline": case["baseline"], "attnkit_us": us["attnkit"],
            "torch_us": us["torch"], "ratio": us["attnkit"] / us["torch"],
            "nan_rule_off_us": us["attnkit, NaN rule off"],
