@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 import attnkit
 from attnkit._files import write_json
 from attnkit.bench.harness import cuda_back_to_back_ms, cuda_median_ms, peak_extra_mb
-from attnkit.functional.backends import flex
+from attnkit.functional.backends import flex, flex_tables
 from attnkit.functional.block_patterns import longformer_block_mask
 
 attention_module = importlib.import_module("attnkit.functional.attention")  # the module, not the function
@@ -151,7 +151,7 @@ def block_mask_rows(sizes, progress) -> list[dict]:
 
         def with_tables():
             blocks = longformer_block_mask(LONGFORMER_WINDOW, flags)
-            return flex.flex_block_mask(flex._tile_kinds(blocks), (n, n), blocks.mask_mod)
+            return flex.flex_block_mask(flex_tables.tile_kinds(blocks), (n, n), blocks.mask_mod)
 
         row = {"n": n, "pattern": "Longformer"}
         for label, build in (("torch_compiled", lambda: create_block_mask(mods["longformer"], None, None, n, n,

@@ -11,7 +11,7 @@ Each step yields a :class:`Stop` that the CLI prints; each writes one heatmap PN
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,108 +91,119 @@ def run_tour(out_dir: str | Path, seed: int = 0) -> Iterator[Stop]:
     torch.manual_seed(seed)
     src = _embed(SOURCE)  # (1, S, D) encoder states h_j
     tgt = _embed(TARGET, GOLD)  # (1, L, D) decoder states
-    S, L = src.shape[1], tgt.shape[1]
     labels: dict[str, Any] = {"x_labels": SOURCE, "y_labels": TARGET}
 
     def picture(name: str) -> Path:
         return out_dir / f"{name}.png"
 
     with torch.no_grad():
-        # Scaled dot-product attention, every backend.
-        q, k = tgt[:, None], src[:, None]  # (B=1, H=1, L, E), (1, 1, S, E)
-        results = {b: AF.attention(q, k, k, backend=b, need_weights=True) for b in ("reference", "sdpa", "tiled")}
-        weights = _weights(results["reference"])[0, 0]
-        spread = max((r.output - results["reference"].output).abs().max().item() for r in results.values())
-        plot_heatmap(weights, picture("01_scaled_dot"), title="scaled dot-product attention", **labels)
-        yield Stop("scaled dot-product attention", {
-            "q": tuple(q.shape), "k": tuple(k.shape), "weights": tuple(weights.shape),
-            "weight sums": _sums(weights), "max |backend - reference|": f"{spread:.2e}",
-            "argmax = gold alignment": f"{_agreement(weights)}/{L}",
-        }, picture("01_scaled_dot"))
+        yield from _alignment_stops(src, tgt, picture, labels)
+        yield from _self_attention_stops(src, picture)
 
-        bahdanau = BahdanauAttention(DIM, DIM, 16)
-        projected = bahdanau.project_keys(src)
-        steps = [bahdanau(tgt[:, t], src, projected_keys=projected) for t in range(L)]
-        contexts = [step.output for step in steps]
-        weights = torch.stack([_weights(step) for step in steps], 1)[0]
-        plot_heatmap(weights, picture("02_bahdanau"), title="Bahdanau (additive), untrained", **labels)
-        yield Stop("Bahdanau additive attention", {
-            "parameters": _params(bahdanau), "context per step": tuple(contexts[0].shape),
-            "weights": tuple(weights.shape), "weight sums": _sums(weights),
-        }, picture("02_bahdanau"))
 
-        for index, (score, mode) in enumerate(
-            [("dot", "global"), ("general", "global"), ("concat", "global"), ("dot", "local-m"), ("dot", "local-p")], 3
-        ):
-            luong = LuongAttention(DIM, score=score, mode=mode, half_width=2)
-            if score == "general":
-                nn.init.eye_(luong.score_weight.weight)  # start from the dot score
-            weights = _weights(luong(tgt, src))
-            name = f"{index:02d}_luong_{score}_{mode}"
-            plot_heatmap(weights[0], picture(name), title=f"Luong {score}, {mode}", **labels)
-            facts = {"parameters": _params(luong), "weights": tuple(weights.shape), "weight sums": _sums(weights)}
-            if mode == "global" and score != "concat":
-                facts["argmax = gold alignment"] = f"{_agreement(weights[0])}/{L}"
-            yield Stop(f"Luong {score} ({mode})", facts, picture(name))
+def _alignment_stops(src: Tensor, tgt: Tensor, picture: Callable[[str], Path], labels: dict[str, Any]) -> Iterator[Stop]:
+    """Target words attending to source words: scaled dot-product (every backend), Bahdanau, Luong."""
+    L = tgt.shape[1]
+    # Scaled dot-product attention, every backend.
+    q, k = tgt[:, None], src[:, None]  # (B=1, H=1, L, E), (1, 1, S, E)
+    results = {b: AF.attention(q, k, k, backend=b, need_weights=True) for b in ("reference", "sdpa", "tiled")}
+    weights = _weights(results["reference"])[0, 0]
+    spread = max((r.output - results["reference"].output).abs().max().item() for r in results.values())
+    plot_heatmap(weights, picture("01_scaled_dot"), title="scaled dot-product attention", **labels)
+    yield Stop("scaled dot-product attention", {
+        "q": tuple(q.shape), "k": tuple(k.shape), "weights": tuple(weights.shape),
+        "weight sums": _sums(weights), "max |backend - reference|": f"{spread:.2e}",
+        "argmax = gold alignment": f"{_agreement(weights)}/{L}",
+    }, picture("01_scaled_dot"))
 
-        self_attention = SelfAttention(DIM, 16)
-        result = self_attention(src, is_causal=True, need_weights=True)
-        result_weights = _weights(result)
-        plot_heatmap(result_weights[0], picture("08_self_attention_causal"), title="single-head causal self attention",
-                     x_labels=SOURCE, y_labels=SOURCE, x_title="keys", y_title="queries")
-        yield Stop("single-head causal self attention", {
-            "parameters": _params(self_attention), "output": tuple(result.output.shape),
-            "weight sums": _sums(result_weights), "future weight": result_weights[0].triu(1).sum().item(),
-        }, picture("08_self_attention_causal"))
+    bahdanau = BahdanauAttention(DIM, DIM, 16)
+    projected = bahdanau.project_keys(src)
+    steps = [bahdanau(tgt[:, t], src, projected_keys=projected) for t in range(L)]
+    contexts = [step.output for step in steps]
+    weights = torch.stack([_weights(step) for step in steps], 1)[0]
+    plot_heatmap(weights, picture("02_bahdanau"), title="Bahdanau (additive), untrained", **labels)
+    yield Stop("Bahdanau additive attention", {
+        "parameters": _params(bahdanau), "context per step": tuple(contexts[0].shape),
+        "weights": tuple(weights.shape), "weight sums": _sums(weights),
+    }, picture("02_bahdanau"))
 
-        mha = MultiHeadAttention(DIM, 8, num_kv_heads=2, rotary=RotaryEmbedding(DIM // 8)).eval()
-        full = mha(src, is_causal=True, need_weights=True)
-        cache = KVCache()
-        decoded = torch.cat([mha(src[:, t : t + 1], is_causal=True, cache=cache).output for t in range(S)], 1)
-        full_weights = _weights(full)
-        plot_heads(full_weights[0], picture("09_multihead_gqa_rope"), x_labels=SOURCE, y_labels=SOURCE,
-                   title="8 query heads sharing 2 key/value heads, RoPE, causal")
-        yield Stop("multi-head attention (GQA 8/2, RoPE, KV cache)", {
-            "parameters": _params(mha), "weights": tuple(full_weights.shape), "weight sums": _sums(full_weights),
-            "cached keys": tuple(cache.keys.shape) if cache.keys is not None else None,
-            "max |cached decoding - full|": f"{(decoded - full.output).abs().max().item():.2e}",
-        }, picture("09_multihead_gqa_rope"))
+    for index, (score, mode) in enumerate(
+        [("dot", "global"), ("general", "global"), ("concat", "global"), ("dot", "local-m"), ("dot", "local-p")], 3
+    ):
+        luong = LuongAttention(DIM, score=score, mode=mode, half_width=2)
+        if score == "general":
+            nn.init.eye_(luong.score_weight.weight)  # start from the dot score
+        weights = _weights(luong(tgt, src))
+        name = f"{index:02d}_luong_{score}_{mode}"
+        plot_heatmap(weights[0], picture(name), title=f"Luong {score}, {mode}", **labels)
+        facts = {"parameters": _params(luong), "weights": tuple(weights.shape), "weight sums": _sums(weights)}
+        if mode == "global" and score != "concat":
+            facts["argmax = gold alignment"] = f"{_agreement(weights[0])}/{L}"
+        yield Stop(f"Luong {score} ({mode})", facts, picture(name))
 
-        window = AF.attention(k, k, k, window=4, backend="tiled", need_weights=True)
-        window_weights = _weights(window)
-        plot_heatmap(window_weights[0, 0], picture("10_sliding_window"), title="sliding window 4 (tiled backend)",
-                     x_labels=SOURCE, y_labels=SOURCE, x_title="keys", y_title="queries")
-        yield Stop("sliding-window attention (window 4, tiled)", {
-            "keys per query": window_weights[0, 0].count_nonzero(-1).tolist(),
-            "weight sums": _sums(window_weights),
-        }, picture("10_sliding_window"))
 
-        padded = masks.and_masks(masks.causal(S, S), masks.padding(torch.tensor([8]), S))
-        result = AF.attention(k, k, k, mask=padded, need_weights=True)
-        padded_weights = _weights(result)
-        plot_heatmap(padded_weights[0, 0], picture("11_causal_padding"), title="causal + padding after 8 tokens",
-                     x_labels=SOURCE, y_labels=SOURCE, x_title="keys", y_title="queries")
-        yield Stop("causal + padding mask", {
-            "mask": tuple(padded.shape), "weight on padding": padded_weights[0, 0, :, 8:].sum().item(),
-        }, picture("11_causal_padding"))
+def _self_attention_stops(src: Tensor, picture: Callable[[str], Path]) -> Iterator[Stop]:
+    """A sentence attending to itself: one head, many heads with a cache, a window, padding, positions."""
+    S = src.shape[1]
+    k = src[:, None]
+    self_attention = SelfAttention(DIM, 16)
+    result = self_attention(src, is_causal=True, need_weights=True)
+    result_weights = _weights(result)
+    plot_heatmap(result_weights[0], picture("08_self_attention_causal"), title="single-head causal self attention",
+                 x_labels=SOURCE, y_labels=SOURCE, x_title="keys", y_title="queries")
+    yield Stop("single-head causal self attention", {
+        "parameters": _params(self_attention), "output": tuple(result.output.shape),
+        "weight sums": _sums(result_weights), "future weight": result_weights[0].triu(1).sum().item(),
+    }, picture("08_self_attention_causal"))
 
-        table = sinusoidal_table(64, DIM)
-        plot_heatmap(table, picture("12_sinusoidal"), title="sinusoidal positions (64 x 32)",
-                     x_title="feature", y_title="position", cmap="RdBu")
-        yield Stop("sinusoidal positional encoding", {
-            "table": tuple(table.shape), "range": f"[{table.min().item():.3f}, {table.max().item():.3f}]",
-        }, picture("12_sinusoidal"))
+    mha = MultiHeadAttention(DIM, 8, num_kv_heads=2, rotary=RotaryEmbedding(DIM // 8)).eval()
+    full = mha(src, is_causal=True, need_weights=True)
+    cache = KVCache()
+    decoded = torch.cat([mha(src[:, t : t + 1], is_causal=True, cache=cache).output for t in range(S)], 1)
+    full_weights = _weights(full)
+    plot_heads(full_weights[0], picture("09_multihead_gqa_rope"), x_labels=SOURCE, y_labels=SOURCE,
+               title="8 query heads sharing 2 key/value heads, RoPE, causal")
+    yield Stop("multi-head attention (GQA 8/2, RoPE, KV cache)", {
+        "parameters": _params(mha), "weights": tuple(full_weights.shape), "weight sums": _sums(full_weights),
+        "cached keys": tuple(cache.keys.shape) if cache.keys is not None else None,
+        "max |cached decoding - full|": f"{(decoded - full.output).abs().max().item():.2e}",
+    }, picture("09_multihead_gqa_rope"))
 
-        alibi = ALiBi(8)
-        bias = alibi(S, S)
-        result = AF.attention(k.expand(1, 8, S, DIM), k, k, bias=bias, is_causal=True, need_weights=True)
-        alibi_weights = _weights(result)
-        plot_heads(alibi_weights[0], picture("13_alibi"), x_labels=SOURCE, y_labels=SOURCE,
-                   title="ALiBi: one slope per head, causal")
-        yield Stop("ALiBi attention bias", {
-            "slopes": [round(s, 4) for s in alibi.slopes.tolist()], "bias": tuple(bias.shape),
-            "weight sums": _sums(alibi_weights),
-        }, picture("13_alibi"))
+    window = AF.attention(k, k, k, window=4, backend="tiled", need_weights=True)
+    window_weights = _weights(window)
+    plot_heatmap(window_weights[0, 0], picture("10_sliding_window"), title="sliding window 4 (tiled backend)",
+                 x_labels=SOURCE, y_labels=SOURCE, x_title="keys", y_title="queries")
+    yield Stop("sliding-window attention (window 4, tiled)", {
+        "keys per query": window_weights[0, 0].count_nonzero(-1).tolist(),
+        "weight sums": _sums(window_weights),
+    }, picture("10_sliding_window"))
+
+    padded = masks.and_masks(masks.causal(S, S), masks.padding(torch.tensor([8]), S))
+    result = AF.attention(k, k, k, mask=padded, need_weights=True)
+    padded_weights = _weights(result)
+    plot_heatmap(padded_weights[0, 0], picture("11_causal_padding"), title="causal + padding after 8 tokens",
+                 x_labels=SOURCE, y_labels=SOURCE, x_title="keys", y_title="queries")
+    yield Stop("causal + padding mask", {
+        "mask": tuple(padded.shape), "weight on padding": padded_weights[0, 0, :, 8:].sum().item(),
+    }, picture("11_causal_padding"))
+
+    table = sinusoidal_table(64, DIM)
+    plot_heatmap(table, picture("12_sinusoidal"), title="sinusoidal positions (64 x 32)",
+                 x_title="feature", y_title="position", cmap="RdBu")
+    yield Stop("sinusoidal positional encoding", {
+        "table": tuple(table.shape), "range": f"[{table.min().item():.3f}, {table.max().item():.3f}]",
+    }, picture("12_sinusoidal"))
+
+    alibi = ALiBi(8)
+    bias = alibi(S, S)
+    result = AF.attention(k.expand(1, 8, S, DIM), k, k, bias=bias, is_causal=True, need_weights=True)
+    alibi_weights = _weights(result)
+    plot_heads(alibi_weights[0], picture("13_alibi"), x_labels=SOURCE, y_labels=SOURCE,
+               title="ALiBi: one slope per head, causal")
+    yield Stop("ALiBi attention bias", {
+        "slopes": [round(s, 4) for s in alibi.slopes.tolist()], "bias": tuple(bias.shape),
+        "weight sums": _sums(alibi_weights),
+    }, picture("13_alibi"))
 
 
 def _agreement(weights: Tensor) -> int:

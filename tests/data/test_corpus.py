@@ -37,7 +37,18 @@ def test_long_splits_hold_the_long_verses_of_the_held_out_books_only():
     from attnkit.data import aligned_corpus
 
     with pytest.raises(ValueError, match="split must be one of"):
-        aligned_corpus("test-long")  # only the Bible corpus has long splits
+        aligned_corpus("test-long")
+
+
+def test_train_long_holds_the_training_books_verses_of_26_to_50_words():
+    """Figure 2's "-50" models train on train + train-long; no held-out book leaks into it."""
+    train, long = bible_corpus("train"), bible_corpus("train-long")
+    assert len(long) == 12_322
+    held_out = {p.reference.split(":")[0] for name in ("valid", "test") for p in bible_corpus(name)}
+    assert not {p.reference.split(":")[0] for p in long} & held_out
+    assert not {p.reference for p in long} & {p.reference for p in train}
+    lengths = [max(len(p.source.split()), len(p.target.split())) for p in long]
+    assert min(lengths) == 26 and max(lengths) == 50  # only the Bible corpus has long splits
 
 
 def test_bible_direction_swaps_sides():

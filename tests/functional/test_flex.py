@@ -21,7 +21,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 import attnkit
 from attnkit import masks
 from attnkit.functional.attention import choose_backend
-from attnkit.functional.backends import flex
+from attnkit.functional.backends import flex, flex_tables
 from attnkit.functional.backends._common import Problem
 from attnkit.functional.block_mask import length_bucket
 from attnkit.functional.checks import Dims
@@ -118,7 +118,7 @@ def test_tables_equal_pytorch_create_block_mask(name):
     L = 1000
     options = {"width": 200} if name == "longformer" else {"window": 200} if name == "sinks" else {}
     blocks = masks.pattern_block_mask(name, L, **options)
-    kinds = flex._tile_kinds(blocks)
+    kinds = flex_tables.tile_kinds(blocks)
     ours = flex.flex_block_mask(kinds, (L, L), blocks.mask_mod)
     theirs = create_block_mask(blocks.mask_mod, None, None, L, L, device="cpu", BLOCK_SIZE=flex.BLOCK)
     for got, want in zip(_flex_tables(ours), _flex_tables(theirs)):
@@ -240,8 +240,8 @@ def test_tables_are_converted_once_per_block_mask_and_length(rng, eager, monkeyp
     """The layers of a model share one block mask: its tables are converted on the first call only;
     a boolean mask (a new tensor each call) is converted every time."""
     built = []
-    real = flex._tables
-    monkeypatch.setattr(flex, "_tables", lambda *a: built.append(1) or real(*a))
+    real = flex_tables.tables
+    monkeypatch.setattr(flex_tables, "tables", lambda *a: built.append(1) or real(*a))
     q, k, v = (randn(1, 2, 300, 32, generator=rng) for _ in range(3))
     blocks = masks.pattern_block_mask("documents", 300)
     for _ in range(3):

@@ -67,13 +67,17 @@ def test_resume_continues_bit_identically(phrases, tmp_path, kind):
     first = train(model(), source, target, train_pairs, valid, TrainingConfig(**{**config.__dict__, "max_steps": 17}),
                   tmp_path / "split", **quiet)
     assert first.stopped == "max-steps" and first.steps == 17
+    # The stop is validated (its weights may be the best), as a partial record; the epoch stays open.
+    assert [(e["step"], e.get("partial", False)) for e in first.history["epochs"]][-1] == (17, True)
+    assert first.epochs_done == 1
     fresh = model()  # resume restores weights, optimiser moments, RNG (dropout) and the batch position
     rest = train(fresh, source, target, train_pairs, valid, config, tmp_path / "split", resume=True, **quiet)
     assert rest.steps == whole.steps
     assert [s["loss"] for s in rest.history["steps"]] == [s["loss"] for s in whole.history["steps"]]
     assert rest.history["epochs"][-1]["valid_loss"] == whole.history["epochs"][-1]["valid_loss"]
     # Step 17 is halfway through epoch 2: its train loss still counts the batches before the stop.
-    assert [e["train_loss"] for e in rest.history["epochs"]] == [e["train_loss"] for e in whole.history["epochs"]]
+    whole_epochs = [e for e in rest.history["epochs"] if not e.get("partial")]
+    assert [e["train_loss"] for e in whole_epochs] == [e["train_loss"] for e in whole.history["epochs"]]
     ours, theirs = load_checkpoint(tmp_path / "split" / "last").model, load_checkpoint(tmp_path / "whole" / "last").model
     for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
         assert torch.equal(a, b), name

@@ -14,9 +14,10 @@ from ..errors import InputError
 __all__ = ["Pair", "bible_corpus", "aligned_corpus", "read_pairs", "read_texts", "SPLITS", "LONG_SPLITS", "CorefItem", "winograd_pairs"]
 
 SPLITS = ("train", "valid", "test")
-LONG_SPLITS = ("valid-long", "test-long")
-"""The bundled Bible corpus's verses of 26 to 80 words (per side) from the valid and test books;
-train, valid and test hold verses of at most 25 words."""
+LONG_SPLITS = ("valid-long", "test-long", "train-long")
+"""The bundled Bible corpus's longer verses: 26 to 80 words (on the longer side) from the valid and
+test books, and 26 to 50 words from the training books (``train-long``: with ``train`` it trains
+Figure 2's "-50" models); train, valid and test hold verses of at most 25 words."""
 MAX_LINE_CHARS = 10_000
 """Longest line a pairs file may have: a sentence pair, not a document (a longer line is almost
 certainly a broken file, and tokenising megabytes as one sentence exhausts memory)."""
@@ -58,7 +59,8 @@ def _bundled_rows(name: str, columns: list[str], split: str, splits: tuple[str, 
 
 def bible_corpus(split: str, *, direction: str = "en-fr") -> list[Pair]:
     """The bundled KJV / Louis Segond verse pairs of one split: "train", "valid", "test" (at most 25
-    words per side), or "valid-long", "test-long" (26 to 80 words, the same held-out books).
+    words per side), "valid-long", "test-long" (26 to 80 words, the same held-out books), or
+    "train-long" (26 to 50 words from the training books).
 
     ``direction`` is "en-fr" or "fr-en". Provenance and licence: ``attnkit/data/corpora/README.md``.
     """

@@ -8,8 +8,9 @@ Every mechanism is three steps: score (:mod:`.scores`), normalise (:mod:`.softma
 """
 
 from . import scores
-from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend, nan_rule
+from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend
 from .heads import merge_heads, split_heads
+from .nan import nan_rule
 from .softmax import masked_logsumexp, masked_softmax
 
 __all__ = [

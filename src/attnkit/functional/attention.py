@@ -5,7 +5,6 @@ The one place where a backend is chosen. Layers call this function and never bra
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import masks as _masks
+from . import nan as _nan
 from .backends import BACKENDS, flex, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
 from .block_mask import BlockMask, ScoreMod
@@ -323,7 +323,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         else:
             weights = head_weights(q, k, problem, heads)
     output, lse = result.output, result.lse
-    poisoned = _nan_rows(q, k, v, dims) if _nan_rule_on else None
+    poisoned = _nan.poisoned_rows(q, k, v, dims) if _nan.on() else None
     if poisoned is not None:  # where(): one kernel (masked_fill is a copy and a fill)
         output = torch.where(poisoned, math.nan, output)
         lse = None if lse is None else torch.where(poisoned[..., 0], math.nan, lse)
@@ -382,40 +382,9 @@ def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias,
     return problem, _heads(need_weights, dims.H)
 
 
-_nan_rule_on = True
-
-
-@contextlib.contextmanager
-def nan_rule(enabled: bool):
-    """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
-
-    The rule (docs/semantics.md) makes NaN propagate the same way in every backend. It reads
-    q, k and v once more and writes the output once more; on CUDA that is seven kernels per
-    call, whose cost shows where the attention itself is short: measured on an H100, 0.1-0.2 ms
-    a call when decoding and 0.15-0.27 ms a call of a 4K-16K bf16 causal forward (about what
-    separates attnkit from SDPA there; docs/performance.md).
-    ``nan_rule(False)`` skips it: NaN then spreads as each backend's kernel lets it (a NaN in a
-    masked key, for instance, may change nothing). The setting is global (every thread), restored
-    on exit, and read at trace time by ``torch.compile`` (a change recompiles)."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"nan_rule(enabled) takes True or False, got {type(enabled).__name__} {enabled!r}")
-    global _nan_rule_on
-    previous, _nan_rule_on = _nan_rule_on, enabled
-    try:
-        yield
-    finally:
-        _nan_rule_on = previous
-
-
 def _plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:
-    """SDPA's output for a plain call, with the NaN rule: where some query sees every key (not causal,
-    or causal with L >= S), one look at the output on the CPU settles the common case (:func:`_with_nan_rows`)."""
-    output = sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
-    if not _nan_rule_on:
-        return output
-    if (not causal or dims.L >= dims.S) and output.is_cpu and dims.Ev and not torch.compiler.is_compiling():
-        return _with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax()) else output
-    return _with_nan_rows(q, k, v, dims, output)
+    """SDPA's output for a plain call, with the NaN rule (:func:`.nan.plain_output`)."""
+    return _nan.plain_output(q, k, v, dims, sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv), causal)
 
 
 def _plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:
@@ -427,47 +396,3 @@ def _plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:
     if causal_align == "bottom-right" and (L == S or L == 1):
         return L == S
     return None
-
-
-def _with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
-    """``output`` with the rows the NaN rule poisons set to NaN. A plain call on the CPU comes here only
-    when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
-    L >= S), SDPA's CPU kernels carry any NaN of q, k or v into the output (checked over dtypes, shapes
-    and positions: tests/functional/test_attention.py), so that one look settles the common case."""
-    poisoned = _nan_rows(q, k, v, dims)
-    return output if poisoned is None else torch.where(poisoned, math.nan, output)
-
-
-_maxima = getattr(torch, "_foreach_max", None) or (lambda tensors: [x.amax() for x in tensors])
-"""Whole-tensor maxima of a list of tensors: torch's foreach form where this PyTorch has it."""
-
-
-def _nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
-    """(B, H, L, 1) True where NaN must propagate, or None when q, k and v hold no NaN.
-
-    One rule for every backend (fused kernels differ: SDPA turns a NaN query into a zero output):
-    a NaN in query row i makes row i NaN; a NaN anywhere in the keys or values of a (batch, key
-    head) makes every row of the query heads that read it NaN, whatever the mask says."""
-    if dims.E == 0:
-        return None
-    # A maximum propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool
-    # copy of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN
-    # at all, is settled on the CPU by three whole-tensor maxima in one foreach call (2.6 us for a tiny
-    # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py) and a look.
-    if q.device.type == "cpu" and not torch.compiler.is_compiling():
-        present = [x for x in (q, k, v) if x.numel()]
-        if not present or not any(map(math.isnan, _maxima(present))):  # one dispatch for the three maxima, then three floats
-            return None
-    q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
-    kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
-    for x in (k, v):
-        if x.numel():
-            m = x.amax(dim=(2, 3))  # one stage: two (over E, then S) measured 2.2-2.6x slower on an H100
-            kv_max = m if kv_max is None else torch.maximum(kv_max, m)
-    if kv_max is None:
-        return torch.isnan(q_max)
-    # Query head h reads key head h // groups: the groups are consecutive, so a view lines them up,
-    # and one more maximum is NaN exactly where the query row or its keys and values hold a NaN.
-    B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_max.shape[2]
-    poisoned = torch.isnan(torch.maximum(q_max.view(B, Hkv, G, L, 1), kv_max.view(B, Hkv, 1, 1, 1)))
-    return poisoned.view(B, Hkv * G, L, 1)  # on accelerators and compiled always (no device sync): 6 small ops

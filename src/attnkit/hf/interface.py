@@ -103,31 +103,8 @@ def attnkit_attention_forward(
     ``softcap`` (Gemma 2) becomes a score_mod; ``s_aux`` / ``sinks`` (gpt-oss) attnkit's sinks.
     Rows with no allowed key follow eager (:mod:`attnkit.hf.rows`)."""
     _check_module(module)
-    owner = type(module).__name__
-    L, S = query.shape[2], key.shape[2]
-    mask = bias = empty = None
-    causal, window, align = False, None, "top-left"
-    if isinstance(attention_mask, StructuredMask):
-        structure = attention_mask.structure
-        if structure is None:
-            raise UnsupportedFeature(f"{owner}: the model changed the mask attnkit built before passing it to attention "
-                                     "(sliced, combined or concatenated it), so attnkit cannot prove what it holds")
-        if attention_mask.shape[-1] != S:
-            raise UnsupportedFeature(_keys_mismatch(owner, attention_mask.shape[-1], S, structure.window))
-        mask = attention_mask.as_subclass(Tensor) if structure.padded else None
-        causal, window, align = structure.is_causal, structure.window, structure.causal_align
-        empty = attention_mask.empty_rows(L, S)
-    elif attention_mask is not None:
-        if attention_mask.shape[-1] < S:
-            raise UnsupportedFeature(f"{owner}: a mask over {attention_mask.shape[-1]} keys for {S} keys")
-        attention_mask = attention_mask[..., :S]  # as eager: a mask as long as a static cache is cut to the keys
-        if attention_mask.dtype == torch.bool:
-            mask = attention_mask
-        else:
-            bias = attention_mask.to(query.dtype)
-        empty = mask_empty_rows(mask, bias)
-    else:  # transformers' SDPA semantics for "no mask": causal (top-left) where the module is
-        causal = L > 1 and bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    S = key.shape[2]
+    mask, bias, empty, causal, window, align = _read_mask(module, attention_mask, query, S, is_causal)
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:  # T5: relative position bias, (1|B, H, L, S), added to the scores
         position_bias = position_bias[..., :S].to(query.dtype)
@@ -173,6 +150,36 @@ def attnkit_attention_forward(
         recording.store(module, weights)
         weights = weights if _weights_requested(kwargs) else None
     return output.transpose(1, 2).contiguous(), weights
+
+
+def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, S: int, is_causal: bool | None):
+    """What the call's ``attention_mask`` means to attnkit: (mask, bias, empty rows, is_causal, window,
+    causal_align), as :func:`attnkit_attention_forward` describes."""
+    owner, L = type(module).__name__, query.shape[2]
+    mask = bias = empty = None
+    causal, window, align = False, None, "top-left"
+    if isinstance(attention_mask, StructuredMask):
+        structure = attention_mask.structure
+        if structure is None:
+            raise UnsupportedFeature(f"{owner}: the model changed the mask attnkit built before passing it to attention "
+                                     "(sliced, combined or concatenated it), so attnkit cannot prove what it holds")
+        if attention_mask.shape[-1] != S:
+            raise UnsupportedFeature(_keys_mismatch(owner, attention_mask.shape[-1], S, structure.window))
+        mask = attention_mask.as_subclass(Tensor) if structure.padded else None
+        causal, window, align = structure.is_causal, structure.window, structure.causal_align
+        empty = attention_mask.empty_rows(L, S)
+    elif attention_mask is not None:
+        if attention_mask.shape[-1] < S:
+            raise UnsupportedFeature(f"{owner}: a mask over {attention_mask.shape[-1]} keys for {S} keys")
+        attention_mask = attention_mask[..., :S]  # as eager: a mask as long as a static cache is cut to the keys
+        if attention_mask.dtype == torch.bool:
+            mask = attention_mask
+        else:
+            bias = attention_mask.to(query.dtype)
+        empty = mask_empty_rows(mask, bias)
+    else:  # transformers' SDPA semantics for "no mask": causal (top-left) where the module is
+        causal = L > 1 and bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    return mask, bias, empty, causal, window, align
 
 
 def _weights_requested(kwargs: dict) -> bool:

@@ -255,6 +255,7 @@ class _Trainer:
         self.rank, self.world_size = world()
         self.main = is_main()
         self.on_epoch = on_epoch
+        self._epoch_length = 0  # batches in the epoch running now
         self.guides = None
         if config.alignment_weight > 0:
             if alignments is None:
@@ -330,6 +331,8 @@ class _Trainer:
                     break  # (time ran out before a step of this epoch: nothing new to validate)
                 self._validate(started)
                 self._checkpoint("last")
+            if self.state.stopped == "max-steps" and self.state.batch:  # weights no validation has seen yet
+                self._validate(started, whole_epoch=self.state.batch >= self._epoch_length)
             if self.state.stopped in ("interrupted", "max-steps"):
                 self._checkpoint("last")
                 if self.state.stopped == "interrupted" and self.main:
@@ -343,6 +346,7 @@ class _Trainer:
         config, state = self.config, self.state
         epoch = state.epoch
         batches = self.sampler.epoch(epoch, rank=self.rank, world_size=self.world_size)
+        self._epoch_length = len(batches)
         bar = None
         if self.progress and self.main:
             bar = progress_bar(total=len(batches), initial=state.batch, desc=f"epoch {epoch + 1}/{config.epochs}",
@@ -404,8 +408,11 @@ class _Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss, int(global_tokens), global_tokens / max(time.perf_counter() - tick, 1e-9)
 
-    def _validate(self, started: float) -> None:
-        """Validation loss at the end of an epoch: history, best/ checkpoint, early stopping."""
+    def _validate(self, started: float, whole_epoch: bool = True) -> None:
+        """Validation loss at the end of an epoch: history, best/ checkpoint, early stopping. A run that
+        stops at ``max_steps`` partway through an epoch is validated too (``whole_epoch=False``): its
+        record says ``"partial": True``, its weights can become best/, and the epoch stays open (a
+        resumed run finishes it and validates again), with no early-stopping count."""
         state, epoch = self.state, self.state.epoch
         tick = time.perf_counter()
         valid_loss = evaluate_loss(self.model, self.valid_data, self.config.eval_batch_size)
@@ -415,7 +422,7 @@ class _Trainer:
         steps = [s for s in self.history["steps"] if s["epoch"] == epoch + 1]
         train_loss = sum(s["loss"] * s["tokens"] for s in steps) / max(sum(s["tokens"] for s in steps), 1)
         record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss, "valid_loss": valid_loss,
-                  "seconds": seconds, "train_seconds": state.seconds}
+                  "seconds": seconds, "train_seconds": state.seconds, **({} if whole_epoch else {"partial": True})}
         if self.on_epoch is not None and self.main:
             was_training = self.model.training
             self.model.eval()
@@ -424,16 +431,18 @@ class _Trainer:
             self.model.train(was_training)
         self.history["epochs"].append(record)
         improved = valid_loss < state.best_valid_loss - 1e-4
-        state.epoch, state.batch = epoch + 1, 0
+        if whole_epoch:
+            state.epoch, state.batch = epoch + 1, 0
         if improved:
-            state.best_valid_loss, state.bad_epochs = valid_loss, 0
+            state.best_valid_loss = valid_loss
+            state.bad_epochs = 0 if whole_epoch else state.bad_epochs
             self._checkpoint("best")
-        else:
+        elif whole_epoch:
             state.bad_epochs += 1
         if self.main:
-            self.log(f"epoch {epoch + 1}: train loss {train_loss:.3f}, valid loss {valid_loss:.3f} "
+            self.log(f"epoch {epoch + 1}{'' if whole_epoch else f' (step {state.step}, partial)'}: train loss {train_loss:.3f}, valid loss {valid_loss:.3f} "
                      f"(ppl {math.exp(min(valid_loss, 50)):.1f}){' *' if improved else ''}, {seconds:.0f}s")
-        if self.config.patience and state.bad_epochs >= self.config.patience:
+        if whole_epoch and self.config.patience and state.bad_epochs >= self.config.patience:
             state.stopped = "early-stopping"
 
     def _checkpoint(self, name: str) -> None:

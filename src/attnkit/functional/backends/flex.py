@@ -34,22 +34,20 @@ import contextlib
 import inspect
 import math
 import warnings
-from collections import OrderedDict
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..block_mask import EMPTY, FULL, PARTIAL, BlockMask, _classify, kinds_of, length_bucket
-from ..block_patterns import BAND_TILES, band_kinds
+from ..block_mask import length_bucket
+from . import flex_tables
 from ._common import BackendResult, Problem, compute_dtype, score_mod_needs_grad
+from .flex_tables import BLOCK
 
 __all__ = ["forward", "FlexUnavailable", "FlexRecompileLimit", "available", "flex_block_mask", "BLOCK",
            "COMPILE_ON_CPU", "CPU_COMPILED_DTYPES", "RECOMPILE_LIMIT"]
 
-BLOCK = 128
-"""FlexAttention's sparse block size, the side of every tile attnkit gives it."""
 COMPILE_ON_CPU = True
 """Run the compiled CPU forward where PyTorch has one (no gradients, no lse); False: always flex's
 eager implementation on the CPU (tests of the semantics compile nothing)."""
@@ -97,140 +95,12 @@ def _compiled():
     return torch.compile(module.flex_attention, dynamic=False)
 
 
-# ---------------------------------------------------------------------------------------- the tables
-def _pad_kinds(kinds: Tensor, num_q: int, num_k: int) -> Tensor:
-    """Kinds padded with EMPTY tiles up to (num_q, num_k) tiles."""
-    return F.pad(kinds, (0, num_k - kinds.shape[-1], 0, num_q - kinds.shape[-2]), value=EMPTY)
-
-
-def _tile_kinds(mask: BlockMask) -> Tensor:
-    """An attnkit block mask's kinds on BLOCK x BLOCK tiles, from its own table when its tiles
-    divide BLOCK (a tile is empty iff all its sub-tiles are, full iff all are), else reclassified
-    from its mask once. Kept on the block mask."""
-    cached = getattr(mask, "_flex_kinds", None)
-    if cached is not None:
-        return cached
-    block_q, block_k = mask.block_size
-    if (block_q, block_k) == (BLOCK, BLOCK):
-        kinds = mask.kinds
-    elif BLOCK % block_q == 0 and BLOCK % block_k == 0:
-        rq, rk = BLOCK // block_q, BLOCK // block_k
-        B, H, nq, nk = mask.kinds.shape
-        grid = F.pad(mask.kinds, (0, -nk % rk, 0, -nq % rq), value=-1)  # -1: no tile there
-        grid = grid.view(B, H, grid.shape[2] // rq, rq, grid.shape[3] // rk, rk)
-        present = grid >= 0
-        nonempty = ((grid != EMPTY) & present).any(dim=5).any(dim=3)
-        full = ((grid == FULL) | ~present).all(dim=5).all(dim=3)
-        kinds = kinds_of(nonempty, full)
-    else:
-        # One source for the copy: the dense mask where one is cached (to_dense() keeps it beside the
-        # mask_mod), else the mask_mod.
-        copy = BlockMask(torch.empty(0, device=mask.device), mask.shape, (BLOCK, BLOCK),
-                         mask_mod=None if mask._dense is not None else mask.mask_mod, dense=mask._dense)
-        kinds = _classify(copy)
-    mask._flex_kinds = kinds
-    return kinds
-
-
-def _structural_kinds(problem: Problem, Lp: int, Sp: int, device) -> Tensor | None:
-    if not problem.structured:
-        return None
-    hi = problem.offset
-    lo = None if problem.window is None else problem.offset - problem.window + 1
-    return band_kinds(Lp, Sp, (BLOCK, BLOCK), lo, hi, device)
-
-
-def _padding_kinds(L: int, S: int, Lp: int, Sp: int, device) -> Tensor | None:
-    """Tiles of padded keys: empty beyond S, partial where a tile straddles S. Padded query rows need
-    no masking (their outputs are dropped) but tiles of padded rows only are empty."""
-    if (Lp, Sp) == (L, S):
-        return None
-    num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
-    columns = torch.full((num_k,), FULL, dtype=torch.int8, device=device)
-    columns[S // BLOCK:] = EMPTY
-    if S % BLOCK:
-        columns[S // BLOCK] = PARTIAL
-    rows = torch.full((num_q, 1), FULL, dtype=torch.int8, device=device)
-    rows[-(-L // BLOCK):] = EMPTY
-    return torch.minimum(rows, columns[None, :])[None, None]
-
-
-def _combine(parts: list[Tensor], num_q: int, num_k: int, device) -> Tensor:
-    if not parts:
-        return torch.full((1, 1, num_q, num_k), FULL, dtype=torch.int8, device=device)
-    kinds = parts[0]
-    for part in parts[1:]:  # min over EMPTY 0 < PARTIAL 1 < FULL 2: empty if any is, full if all are
-        kinds = torch.minimum(kinds, part)
-    return kinds.contiguous()
-
-
-def _ordered(flags: Tensor) -> tuple[Tensor, Tensor]:
-    """torch's table format: per row the count of True tiles (int32) and their column indices first,
-    ascending (int32, the rest of the row unspecified). Sorted a band of rows at a time."""
-    counts = flags.sum(dim=-1, dtype=torch.int32)
-    indices = torch.empty(flags.shape, dtype=torch.int32, device=flags.device)
-    rows = max(1, BAND_TILES // max(1, flags.shape[-1]))
-    flat_flags, flat_indices = flags.flatten(0, -2), indices.view(-1, flags.shape[-1])
-    for r0 in range(0, flat_flags.shape[0], rows):
-        chunk = (~flat_flags[r0:r0 + rows]).to(torch.uint8)  # 0 for True: stable sort puts them first
-        flat_indices[r0:r0 + rows] = torch.argsort(chunk, dim=-1, stable=True).to(torch.int32)
-    return counts, indices
-
-
-def _ragged_edges_partial(kinds: Tensor, seq_lengths: tuple[int, int]) -> Tensor:
-    """A last row or column of tiles cut short by the length holds no full tile, as in torch's own
-    ``create_block_mask`` (its kernel then masks positions past the length itself)."""
-    L, S = seq_lengths
-    if L % BLOCK == 0 and S % BLOCK == 0:
-        return kinds
-    kinds = kinds.clone()
-    if L % BLOCK:
-        kinds[..., -1, :].masked_fill_(kinds[..., -1, :] == FULL, PARTIAL)
-    if S % BLOCK:
-        kinds[..., -1].masked_fill_(kinds[..., -1] == FULL, PARTIAL)
-    return kinds
-
-
-def _tables(kinds: Tensor, seq_lengths: tuple[int, int]) -> dict[str, Tensor]:
-    """torch's eight tables from attnkit kinds: partial tiles in ``kv_indices``, full ones in
-    ``full_kv_indices``, and the transposed tables for the backward pass, all from the one table."""
-    kinds = _ragged_edges_partial(kinds, seq_lengths)
-    partial, full = kinds == PARTIAL, kinds == FULL
-    tables = {}
-    for prefix, flags in (("", partial), ("full_", full)):
-        tables[f"{prefix}kv_num_blocks"], tables[f"{prefix}kv_indices"] = _ordered(flags)
-        tables[f"{prefix}q_num_blocks"], tables[f"{prefix}q_indices"] = _ordered(flags.transpose(-1, -2))
-    return tables
-
-
 def flex_block_mask(kinds: Tensor, seq_lengths: tuple[int, int], mask_mod):
     """A ``torch.nn.attention.flex_attention.BlockMask`` from attnkit kinds (B|1, H|1, nQ, nK) on
-    BLOCK x BLOCK tiles (:func:`_tables`), with ``mask_mod`` for the partial tiles."""
+    BLOCK x BLOCK tiles (:func:`.flex_tables.tables`), with ``mask_mod`` for the partial tiles."""
     module, _ = _flex()
-    return module.BlockMask(seq_lengths=seq_lengths, **_tables(kinds, seq_lengths), BLOCK_SIZE=(BLOCK, BLOCK),
+    return module.BlockMask(seq_lengths=seq_lengths, **flex_tables.tables(kinds, seq_lengths), BLOCK_SIZE=(BLOCK, BLOCK),
                             mask_mod=mask_mod)
-
-
-TABLE_CACHE = 64
-"""Converted tables, and prepared calls (their scalars and torch BlockMask), kept for calls without a
-boolean mask (the structure alone, or a BlockMask, at one bucket): the layers of a model, and the
-steps of a training loop, convert and prepare once."""
-_structure_tables: OrderedDict = OrderedDict()
-
-
-def _cached_tables(problem: Problem, key: tuple, build):
-    """What ``build`` makes for ``key``, from the block mask's own cache (or the structure's, a bounded
-    LRU): the tables of a pattern, and the prepared call."""
-    owner = problem.block_mask
-    cache = _structure_tables if owner is None else owner.__dict__.setdefault("_flex_tables", {})
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = build()
-        if owner is None and len(cache) > TABLE_CACHE:
-            cache.popitem(last=False)
-    elif owner is None:
-        cache.move_to_end(key)
-    return found
 
 
 # ------------------------------------------------------------------------ mask_mod and score_mod
@@ -388,32 +258,23 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
     L, S = dims.L, dims.S
     Lp, Sp = (length_bucket(L), length_bucket(S)) if compiled else (L, S)
-    num_q, num_k = -(-Lp // BLOCK), -(-Sp // BLOCK)
 
     def build() -> dict[str, Tensor]:
-        parts = [x for x in (_structural_kinds(problem, Lp, Sp, q.device), _padding_kinds(L, S, Lp, Sp, q.device))
-                 if x is not None]
-        if problem.mask is not None:
-            mask = _as_4d(problem.mask)
-            mask = mask.expand(*mask.shape[:2], L, S)
-            parts.append(_pad_kinds(BlockMask.from_dense(mask, BLOCK).kinds, num_q, num_k))
-        if problem.block_mask is not None:
-            parts.append(_pad_kinds(_tile_kinds(problem.block_mask), num_q, num_k))
-        return _tables(_combine(parts, num_q, num_k, q.device), (Lp, Sp))
+        return flex_tables.tables(flex_tables.call_kinds(problem, L, S, Lp, Sp, q.device), (Lp, Sp))
 
     def prepare() -> tuple[_Call, object]:
         # Compiled calls always clamp the indices, padded or not, so that a bucket's exact length
         # shares its graph with the lengths padded up to it.
         call = _Call(problem, padded=compiled or (Lp, Sp) != (L, S), device=q.device)
         if problem.mask is None:  # the tables depend on these numbers only
-            tables = _cached_tables(problem, ("tables", q.device, L, S, Lp, Sp, problem.structured, problem.offset,
+            tables = flex_tables.cached(problem, ("tables", q.device, L, S, Lp, Sp, problem.structured, problem.offset,
                                               problem.window), build)
         else:
             tables = build()
         return call, module.BlockMask(seq_lengths=(Lp, Sp), **tables, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=call.mask_mod)
 
     if problem.mask is None and problem.bias is None:  # the call's scalars and torch BlockMask: once per pattern
-        call, block_mask = _cached_tables(problem, ("call", q.device, L, S, Lp, Sp, problem.structured, problem.offset,
+        call, block_mask = flex_tables.cached(problem, ("call", q.device, L, S, Lp, Sp, problem.structured, problem.offset,
                                                     problem.window, problem.score_mod, compiled), prepare)
     else:  # a per-call tensor (mask, bias) is read by the mask_mod or score_mod: prepared per call
         call, block_mask = prepare()

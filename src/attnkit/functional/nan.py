@@ -1,0 +1,101 @@
+"""The NaN rule (docs/semantics.md): NaN propagates one way in every backend.
+
+A NaN in query row i makes that row's output, weights and lse NaN; a NaN anywhere in the keys or
+values of a (batch, key/value head) makes every row of the query heads reading it NaN, whatever the
+mask says. Fused kernels differ on their own (SDPA turns a NaN query into a zero output), so
+:func:`attnkit.attention` finds the rows here and sets them after any backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import Tensor
+
+from .checks import Dims
+
+_on = True
+
+
+@contextlib.contextmanager
+def nan_rule(enabled: bool):
+    """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
+
+    The rule (docs/semantics.md) makes NaN propagate the same way in every backend. It reads
+    q, k and v once more and writes the output once more; on CUDA that is seven kernels per
+    call, whose cost shows where the attention itself is short: measured on an H100, 0.1-0.2 ms
+    a call when decoding and 0.15-0.27 ms a call of a 4K-16K bf16 causal forward (about what
+    separates attnkit from SDPA there; docs/performance.md).
+    ``nan_rule(False)`` skips it: NaN then spreads as each backend's kernel lets it (a NaN in a
+    masked key, for instance, may change nothing). The setting is global (every thread), restored
+    on exit, and read at trace time by ``torch.compile`` (a change recompiles)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"nan_rule(enabled) takes True or False, got {type(enabled).__name__} {enabled!r}")
+    global _on
+    previous, _on = _on, enabled
+    try:
+        yield
+    finally:
+        _on = previous
+
+
+def on() -> bool:
+    """Whether the rule applies now (:func:`nan_rule`)."""
+    return _on
+
+
+def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, causal: bool) -> Tensor:
+    """SDPA's ``output`` of a plain call (no mask, bias, window, score_mod or sinks) with the rule: where
+    some query sees every key (not causal, or causal with L >= S), one look at the output on the CPU
+    settles the common case (:func:`with_nan_rows`)."""
+    if not _on:
+        return output
+    if (not causal or dims.L >= dims.S) and output.is_cpu and dims.Ev and not torch.compiler.is_compiling():
+        return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
+    return with_nan_rows(q, k, v, dims, output)
+
+
+def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
+    """``output`` with the rows the NaN rule poisons set to NaN. A plain call on the CPU comes here only
+    when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
+    L >= S), SDPA's CPU kernels carry any NaN of q, k or v into the output (checked over dtypes, shapes
+    and positions: tests/functional/test_attention.py), so that one look settles the common case."""
+    poisoned = poisoned_rows(q, k, v, dims)
+    return output if poisoned is None else torch.where(poisoned, math.nan, output)
+
+
+_MAXIMA = getattr(torch, "_foreach_max", None) or (lambda tensors: [x.amax() for x in tensors])
+"""Whole-tensor maxima of a list of tensors: torch's foreach form where this PyTorch has it."""
+
+
+def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
+    """(B, H, L, 1) True where NaN must propagate, or None when q, k and v hold no NaN.
+
+    One rule for every backend (fused kernels differ: SDPA turns a NaN query into a zero output):
+    a NaN in query row i makes row i NaN; a NaN anywhere in the keys or values of a (batch, key
+    head) makes every row of the query heads that read it NaN, whatever the mask says."""
+    if dims.E == 0:
+        return None
+    # A maximum propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool
+    # copy of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN
+    # at all, is settled on the CPU by three whole-tensor maxima in one foreach call (2.6 us for a tiny
+    # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py) and a look.
+    if q.device.type == "cpu" and not torch.compiler.is_compiling():
+        present = [x for x in (q, k, v) if x.numel()]
+        if not present or not any(map(math.isnan, map(Tensor.item, _MAXIMA(present)))):  # one dispatch, three floats (item: no grad warning)
+            return None
+    q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
+    kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
+    for x in (k, v):
+        if x.numel():
+            m = x.amax(dim=(2, 3))  # one stage: two (over E, then S) measured 2.2-2.6x slower on an H100
+            kv_max = m if kv_max is None else torch.maximum(kv_max, m)
+    if kv_max is None:
+        return torch.isnan(q_max)
+    # Query head h reads key head h // groups: the groups are consecutive, so a view lines them up,
+    # and one more maximum is NaN exactly where the query row or its keys and values hold a NaN.
+    B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_max.shape[2]
+    poisoned = torch.isnan(torch.maximum(q_max.view(B, Hkv, G, L, 1), kv_max.view(B, Hkv, 1, 1, 1)))
+    return poisoned.view(B, Hkv * G, L, 1)  # on accelerators and compiled always (no device sync): 6 small ops
