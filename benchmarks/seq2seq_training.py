@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     from attnkit.data.batching import BatchSampler, collate
     from attnkit.data.corpus import bible_corpus
     from attnkit.models import Seq2Seq, Seq2SeqConfig
-    from attnkit.training.loop import encode_pairs
+    from attnkit.training.losses import encode_pairs
     from attnkit.training.setup import build_tokenizers
     from attnkit.workbench import DEMO_MODEL, DEMO_RECIPE
 

@@ -34,8 +34,8 @@ def test_demo_writes_the_report(tmp_path, capsys):
         ((seconds, bleu),) = result["valid_bleu_by_epoch"]
         assert 0 < seconds and 0 <= bleu <= 100
     assert results["settings"]["minutes"] is None and results["settings"]["steps"] == {"bottleneck": 5, "bahdanau": 5}
-    assert results["settings"]["epochs"] == 1
-    assert "Mode: a fixed amount of training" in text
+    assert results["settings"]["epochs"] == 1 and not results["settings"]["figure2"]
+    assert "Mode: a fixed amount of training" in text and "the same numbers on the same machine" in text
     five = text.split("## Five test verses")[1].split("## Alignments")[0]
     assert five.count("- reference: ") == 5 and five.count("- bottleneck: ") == 5 and five.count("- bahdanau: ") == 5
     # Quality against length: test + test-long (limited to 60 each), buckets with paired-bootstrap intervals,
@@ -51,6 +51,35 @@ def test_demo_writes_the_report(tmp_path, capsys):
         assert 0 <= row["systems"]["bahdanau"]["bleu_p"] <= 1
     assert "## Quality against sentence length" in text and "bahdanau BLEU [95%]" in text
     assert "BLEU on the longest sources (41-80 words) over BLEU on 11-20-word sources" in text
+
+
+@pytest.mark.slow
+def test_figure2_trains_four_models_for_the_same_steps_and_judges_them(tmp_path, capsys):
+    assert main(["demo", "--figure2", "--out", str(tmp_path), "--epochs", "1", "--train-limit", "100",
+                 "--test-limit", "40", "--beam", "1", "--quiet"]) == 0
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert list(results["results"]) == ["bottleneck-25", "bahdanau-25", "bottleneck-50", "bahdanau-50"]
+    assert results["settings"]["figure2"] and results["settings"]["train_long_pairs"] == 100
+    # The same optimiser steps for all four; the long models see 200 pairs, so they stop partway (and are
+    # validated there: their best/ is what was tested).
+    assert set(results["settings"]["steps"].values()) == {4}
+    for name in ("bottleneck-50", "bahdanau-50"):
+        result = results["results"][name]
+        assert result["stopped"] == "max-steps" and result["max_train_words"] == 50
+        assert (tmp_path / "runs" / name / "best" / "model.safetensors").is_file()
+    figure2 = results["quality_by_length"]["figure2"]
+    assert [row["bucket"] for row in figure2["long_vs_short"]] == ["31-40", "41-50", "51-80"]
+    assert all(0 <= row["p"] <= 1 for row in figure2["long_vs_short"])
+    text = (tmp_path / "report" / "README.md").read_text()
+    assert "### Targets of the four-model run" in text and "| bahdanau-50 | bahdanau | <= 50 words |" in text
+    assert text.count("**met**") + text.count("**missed**") == 5
+
+
+def test_figure2_takes_no_models_or_minutes(tmp_path, capsys):
+    assert main(["demo", "--figure2", "--models", "bahdanau", "--out", str(tmp_path)]) == 2
+    assert "--figure2 trains its own four models" in capsys.readouterr().err
+    assert main(["demo", "--figure2", "--minutes", "5", "--out", str(tmp_path)]) == 2
+    assert "leave out --minutes" in capsys.readouterr().err
 
 
 def test_a_budget_too_small_to_train_is_refused(tmp_path, capsys):

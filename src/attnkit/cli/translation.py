@@ -89,7 +89,11 @@ def _demo(args: argparse.Namespace) -> int:
 
     device = check_device(args.device)
     with owned_folder(args.out, "demo"):
-        run_demo(args.out, models=args.models, minutes=args.minutes, epochs=args.epochs,
+        if args.figure2 and (args.models is not None or args.minutes is not None):
+            raise UsageError("--figure2 trains its own four models for the same optimiser steps: leave out "
+                             + " and ".join(o for o, v in (("--models", args.models), ("--minutes", args.minutes))
+                                            if v is not None))
+        run_demo(args.out, models=args.models, figure2=args.figure2, minutes=args.minutes, epochs=args.epochs,
                  train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
                  progress=not args.quiet, device=device)
     return 0
@@ -101,15 +105,19 @@ def add_demo_parser(commands) -> None:
 
     demo = commands.add_parser("demo", help="the main job: bottleneck vs attention on the bundled corpus, with a report")
     demo.add_argument("--out", type=output_dir, default=Path("out/demo"), help="folder for runs/ and report/")
-    demo.add_argument("--models", nargs="+", default=["bottleneck", "bahdanau"], choices=sorted(DEMO_MODELS),
-                      help="models to train and compare")
+    demo.add_argument("--models", nargs="+", choices=sorted(DEMO_MODELS),
+                      help="models to train and compare (default: bottleneck bahdanau)")
+    demo.add_argument("--figure2", action="store_true",
+                      help="Bahdanau et al.'s Figure 2 whole: the bottleneck and Bahdanau each trained on verses of "
+                           "at most 25 words and of at most 50, the same optimiser steps for all four (about 2.5x "
+                           "the default job's time)")
     demo.add_argument("--minutes", type=float_in(0, low_open=True),
                       help="instead of the default fixed epochs: a wall-clock budget for the whole job; each model "
                            "trains for an equal share of what the set-up and the test translations leave (results "
                            "then depend on the machine)")
     demo.add_argument("--epochs", type=int_in(1, 1000),
                       help=f"epochs per model (default {DEMO_EPOCHS}: a fixed amount of training, the same numbers "
-                           "on any machine); with --minutes, at most this many (default: as many as the budget allows)")
+                           "on the same machine); with --minutes, at most this many (default: as many as the budget allows)")
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
     demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")

@@ -24,18 +24,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._files import write_json
 from .._progress import progress_bar
 from ..data.batching import BatchSampler, collate
 from ..data.corpus import Pair
-from ..data.tokenizer import PAD, Tokenizer
+from ..data.tokenizer import Tokenizer
 from ..errors import InputError
 from .checkpoint import load_trainer_state, save_checkpoint
 from .distributed import all_sum, is_main, world
 from .guided import _guide_matrix, piece_guides
+from .losses import cross_entropy_sum, encode_pairs, evaluate_loss, loss_sum
 from .run import prepare_run_folder
 
 __all__ = ["TrainingConfig", "TrainingResult", "TrainerState", "TrainingDiverged", "train", "encode_pairs",
@@ -124,39 +124,6 @@ class TrainingResult:
     stopped: str  # "epochs" | "early-stopping" | "max-steps" | "time-limit" | "interrupted"
     history: dict = field(default_factory=dict)
     new_steps: int = 0  # optimiser steps this call took (0: a resumed run already at its limits)
-
-
-def encode_pairs(pairs: Sequence[Pair], source: Tokenizer, target: Tokenizer) -> list[tuple[list[int], list[int]]]:
-    """Token ids of each pair (no specials); pairs with an empty side are dropped."""
-    sources = source.encode_batch([p.source for p in pairs])
-    targets = target.encode_batch([p.target for p in pairs])
-    return [(s, t) for s, t in zip(sources, targets) if s and t]
-
-
-def _loss_sum(model: nn.Module, batch, label_smoothing: float) -> torch.Tensor:
-    logits = model(batch.source, batch.source_lengths, batch.target_in).logits  # (B, T, V)
-    return _cross_entropy_sum(logits, batch, label_smoothing)
-
-
-def _cross_entropy_sum(logits: torch.Tensor, batch, label_smoothing: float) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch.target_out.flatten(), ignore_index=PAD,
-                           label_smoothing=label_smoothing, reduction="sum")
-
-
-@torch.no_grad()
-def evaluate_loss(model: nn.Module, data: Sequence[tuple[list[int], list[int]]], batch_size: int = 128) -> float:
-    """Mean per-token cross entropy (nats, no smoothing) of ``data`` under teacher forcing."""
-    was_training = model.training
-    model.eval()
-    total = tokens = 0.0
-    order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
-    for start in range(0, len(order), batch_size):
-        chunk = [data[i] for i in order[start : start + batch_size]]
-        batch = collate([s for s, _ in chunk], [t for _, t in chunk]).to(next(model.parameters()).device)
-        total += float(_loss_sum(model, batch, 0.0))
-        tokens += batch.target_tokens
-    model.train(was_training)
-    return total / max(tokens, 1)
 
 
 class _StopOnInterrupt:
@@ -387,18 +354,18 @@ class _Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate(step)
         if self.guides is None:
-            loss_sum = _loss_sum(self.net, batch, config.label_smoothing)
-            objective = loss_sum
+            summed = loss_sum(self.net, batch, config.label_smoothing)
+            objective = summed
         else:
             output = self.net(batch.source, batch.source_lengths, batch.target_in, **self.weights_options)
-            loss_sum = _cross_entropy_sum(output.logits, batch, config.label_smoothing)
+            summed = cross_entropy_sum(output.logits, batch, config.label_smoothing)
             guide = _guide_matrix([self.guides[i] for i in indices], tuple(output.weights.shape)).to(self.device)
             alignment_sum = -(guide * output.weights.float().clamp_min(1e-9).log()).sum()
-            objective = loss_sum + config.alignment_weight * alignment_sum
+            objective = summed + config.alignment_weight * alignment_sum
         # Each rank's sum over the global token count; DDP's gradient mean then gives the gradient of
         # the global per-token mean.
         (objective * self.world_size / global_tokens).backward()
-        loss = all_sum(float(loss_sum.detach())) / global_tokens
+        loss = all_sum(float(summed.detach())) / global_tokens
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_norm if config.clip_norm > 0 else math.inf)
         if not (math.isfinite(loss) and math.isfinite(float(norm))):
             raise TrainingDiverged(
