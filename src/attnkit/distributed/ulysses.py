@@ -13,10 +13,10 @@ from torch import distributed as dist
 from ..functional.attention import attention
 from ..functional.heads import repeat_kv
 
-__all__ = ["ulysses_attention"]
+__all__ = ["ulysses_attention", "seq_to_heads", "heads_to_seq"]
 
 
-def _seq_to_heads(x: Tensor, world: int, group) -> Tensor:
+def seq_to_heads(x: Tensor, world: int, group) -> Tensor:
     """(B, H, Lr, E) sequence shard -> (B, H / W, W * Lr, E): my head group, every rank's shard in rank order."""
     from torch.distributed.nn.functional import all_to_all_single
 
@@ -26,8 +26,8 @@ def _seq_to_heads(x: Tensor, world: int, group) -> Tensor:
     return received.permute(1, 2, 0, 3, 4).reshape(B, H // world, world * L, E)
 
 
-def _heads_to_seq(x: Tensor, world: int, group) -> Tensor:
-    """Inverse of :func:`_seq_to_heads`: (B, H / W, W * Lr, E) -> (B, H, Lr, E)."""
+def heads_to_seq(x: Tensor, world: int, group) -> Tensor:
+    """Inverse of :func:`seq_to_heads`: (B, H / W, W * Lr, E) -> (B, H, Lr, E)."""
     from torch.distributed.nn.functional import all_to_all_single
 
     B, h, n, E = x.shape
@@ -48,11 +48,11 @@ def ulysses_attention(q, k, v, positions, scale, is_causal, window, group, backe
     dist.all_gather(gathered, positions, group=group)
     order = torch.argsort(torch.cat(gathered))  # rank-concatenated order -> global order
     inverse = torch.argsort(order)
-    qh, kh, vh = (_seq_to_heads(x, world, group).index_select(2, order) for x in (q, k, v))
+    qh, kh, vh = (seq_to_heads(x, world, group).index_select(2, order) for x in (q, k, v))
     mask = None
     if key_mask is not None:  # every rank needs every key's mask: (B, n) in global order
         masks = [torch.empty_like(key_mask) for _ in range(world)]
         dist.all_gather(masks, key_mask.contiguous(), group=group)
         mask = torch.cat(masks, dim=1).index_select(1, order).bool()[:, None, None, :]
     out = attention(qh, kh, vh, mask=mask, is_causal=is_causal, window=window, scale=scale, backend=backend).output
-    return _heads_to_seq(out.index_select(2, inverse).contiguous(), world, group)
+    return heads_to_seq(out.index_select(2, inverse).contiguous(), world, group)

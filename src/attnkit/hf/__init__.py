@@ -16,7 +16,8 @@ numbers or a refusal by name, never a third outcome:
   (construction, ``from_pretrained``, ``set_attn_implementation`` with a string or a dict, the
   sub-models of composites, the call itself); importing this package installs it, so that
   ``attn_implementation="attnkit"`` before :func:`register` says to call it;
-- :mod:`.record`: exact weights of chosen heads while the outputs stay on the fast path.
+- :mod:`.record`: exact weights of chosen heads while the outputs stay on the fast path;
+- :mod:`.parallel`: :func:`context_parallel`, one sequence split across processes (ring or Ulysses).
 
 Requires the ``hf`` extra (transformers).
 """
@@ -37,11 +38,13 @@ from .families import (
 )
 from .interface import attnkit_attention_forward, register
 from .masks import StructuredMask, attnkit_mask
+from .parallel import CONTEXT_PARALLEL_FAMILIES, HFContextParallel, context_parallel
 from .record import Recording, attention_modules, record
 
 __all__ = ["IMPLEMENTATION", "VERIFIED_FAMILIES", "register", "check_family", "UnverifiedFamily",
            "UnverifiedFamilyWarning", "StructuredMask", "attnkit_attention_forward", "attnkit_mask", "record",
-           "Recording", "attention_modules", "UnsupportedFeature"]
+           "Recording", "attention_modules", "UnsupportedFeature", "context_parallel", "HFContextParallel",
+           "CONTEXT_PARALLEL_FAMILIES"]
 
 try:  # the guard, so that "attnkit" before register() is refused with what to do
     install_guard()

@@ -23,7 +23,7 @@ from .masks import StructuredMask, attnkit_mask
 from .record import RECORDING
 from .rows import as_eager, mask_empty_rows
 
-__all__ = ["register", "attnkit_attention_forward"]
+__all__ = ["register", "attnkit_attention_forward", "attend", "weights_requested"]
 
 
 def register(*, allow_unverified: Sequence[str] = ()) -> None:
@@ -101,8 +101,20 @@ def attnkit_attention_forward(
     of any shape) is applied exactly as given, with nothing added; no mask at all means what it
     means to transformers' SDPA function (causal top-left if the module is causal and L > 1).
     ``softcap`` (Gemma 2) becomes a score_mod; ``s_aux`` / ``sinks`` (gpt-oss) attnkit's sinks.
-    Rows with no allowed key follow eager (:mod:`attnkit.hf.rows`)."""
+    Rows with no allowed key follow eager (:mod:`attnkit.hf.rows`). A model made context-parallel
+    (:func:`attnkit.hf.context_parallel`) attends over the whole sequence split across its processes."""
     _check_module(module)
+    parallel = getattr(module, "_attnkit_context_parallel", None)
+    if parallel is not None:
+        output = parallel.attend(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
+        return output.transpose(1, 2).contiguous(), None
+    output, weights = attend(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+           dropout: float, scaling: float | None, is_causal: bool | None, kwargs: dict) -> tuple[Tensor, Tensor | None]:
+    """:func:`attnkit_attention_forward` on one process: the output (B, H, L, Ev) and the weights."""
     S = key.shape[2]
     mask, bias, empty, causal, window, align = _read_mask(module, attention_mask, query, S, is_causal)
     position_bias = kwargs.get("position_bias")
@@ -136,7 +148,7 @@ def attnkit_attention_forward(
         window=window,
         scale=scaling,
         dropout_p=dropout if module.training else 0.0,
-        need_weights=wanted if wanted is not None else _weights_requested(kwargs),
+        need_weights=wanted if wanted is not None else weights_requested(kwargs),
         score_mod=score_mod,
         sinks=None if sinks is None else sinks.to(query.dtype if query.dtype == torch.float64 else torch.float32),
     )
@@ -148,8 +160,8 @@ def attnkit_attention_forward(
                                    softcap=float(softcap) if softcap else None, bias=learned, heads=wanted)
     if wanted is not None and recording is not None and weights is not None:
         recording.store(module, weights)
-        weights = weights if _weights_requested(kwargs) else None
-    return output.transpose(1, 2).contiguous(), weights
+        weights = weights if weights_requested(kwargs) else None
+    return output, weights
 
 
 def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, S: int, is_causal: bool | None):
@@ -182,7 +194,7 @@ def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, 
     return mask, bias, empty, causal, window, align
 
 
-def _weights_requested(kwargs: dict) -> bool:
+def weights_requested(kwargs: dict) -> bool:
     """Whether the caller asked for attention weights: ``output_attentions`` in the call, or
     transformers' output collector gathering attentions (some families, GPT-2 among them, drop the
     keyword before it reaches the attention function)."""
