@@ -9,6 +9,7 @@ import copy
 import torch
 
 import attnkit.hf
+
 import hf_families
 
 SIZE = dict(hidden_size=96, num_attention_heads=12, num_key_value_heads=4, head_dim=8, num_heads=12,
