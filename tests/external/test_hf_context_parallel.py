@@ -147,3 +147,31 @@ def test_one_process_equals_the_plain_bridge_and_shard_shifts_labels_over_the_wh
     assert torch.equal(batch["shift_labels"][:, :-1], labels[:, 1:]) and (batch["shift_labels"][:, -1] == -100).all()
     assert batch["num_items_in_batch"] == int((labels[:, 1:] != -100).sum()) and batch["use_cache"] is False
     cp.remove()
+    # Without a mask, shard() gives an all-ones one: else transformers reads the zigzag positions of a shard
+    # (0-5, 18-23 at W = 2) as packed sequences and builds a mask attnkit must refuse.
+    assert torch.equal(cp.shard(ids)["attention_mask"], torch.ones_like(ids))
+
+
+@pytest.mark.slow
+def test_the_example_under_torchrun_prints_the_losses_of_one_process():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import free_port
+
+    script = Path(__file__).parents[2] / "examples" / "hf_context_parallel.py"
+    args = [str(script), "--steps", "3", "--length", "256"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                            "--master_port", str(free_port()), *args], capture_output=True, text=True, env=env,
+                           timeout=240),
+            subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=240)]
+    losses = []
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        losses.append([float(x) for x in re.findall(r"loss (\d+\.\d+)", run.stdout)])
+    assert "2 process(es), 128 of 256 tokens each" in runs[0].stdout
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert losses[1][-1] < losses[1][0]  # it trains

@@ -110,7 +110,8 @@ class HFContextParallel:
     def shard(self, input_ids: Tensor, *, labels: Tensor | None = None, attention_mask: Tensor | None = None,
               position_ids: Tensor | None = None, ignore_index: int = -100) -> dict:
         """This rank's part of a whole batch (B, n), as keyword arguments of the model: ``input_ids``,
-        ``attention_mask`` and ``position_ids`` (default: 0 .. n - 1, as one process would use) sharded
+        ``attention_mask`` (default: all ones) and ``position_ids`` (default: 0 .. n - 1, as one process
+        would use) sharded
         by the layout; with ``labels``, the labels shifted over the whole sequence and sharded
         (``labels`` and ``shift_labels``) and ``num_items_in_batch``, the global count of labels that
         are not ``ignore_index``; ``use_cache=False``. n must be a multiple of W (2W for zigzag)."""
@@ -124,9 +125,10 @@ class HFContextParallel:
 
         if position_ids is None:
             position_ids = torch.arange(n, device=input_ids.device).expand(B, n)
-        batch = {"input_ids": part(input_ids), "position_ids": part(position_ids), "use_cache": False}
-        if attention_mask is not None:
-            batch["attention_mask"] = part(attention_mask)
+        if attention_mask is None:  # always one: without it transformers reads a shard's positions (not
+            attention_mask = torch.ones_like(input_ids)  # consecutive under zigzag or striped) as packed sequences
+        batch = {"input_ids": part(input_ids), "position_ids": part(position_ids), "use_cache": False,
+                 "attention_mask": part(attention_mask)}
         if labels is not None:
             part(labels)  # checks its shape
             shifted = torch.full_like(labels, ignore_index)
@@ -228,8 +230,9 @@ class HFContextParallel:
         order = torch.argsort(torch.cat([shard_positions(n, world, r, self.layout) for r in range(world)]))
         order = order.to(query.device)
         qh, kh, vh = (seq_to_heads(x, world, self.group).index_select(2, order) for x in (query, key, value))
-        mask = _structured(padding[:, None, None, :], _Structure(structure.is_causal, structure.window, "top-left",
-                                                                 padded=True))
+        padded = not bool(padding.all())  # the same on every rank; without padding no mask reaches SDPA (linear memory)
+        mask = _structured(padding[:, None, None, :] if padded else padding[:1, None, None, :],
+                           _Structure(structure.is_causal, structure.window, "top-left", padded=padded))
         heads = slice(rank * (H // world), (rank + 1) * (H // world))
         local = dict(kwargs)
         for name in ("s_aux", "sinks"):
