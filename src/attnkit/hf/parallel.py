@@ -81,7 +81,7 @@ def context_parallel(model: nn.Module, group=None, *, layout: str = "zigzag", me
                                  f"{getattr(config, '_attn_implementation', None)!r}")
     parallel = HFContextParallel(model, layout, method, group)
     for module in model.modules():
-        module._attnkit_context_parallel = parallel
+        module.__dict__["_attnkit_context_parallel"] = parallel  # a plain attribute, not a submodule
     return parallel
 
 
