@@ -89,10 +89,9 @@ def _demo(args: argparse.Namespace) -> int:
 
     device = check_device(args.device)
     with owned_folder(args.out, "demo"):
-        if args.figure2 and (args.models is not None or args.minutes is not None):
-            raise UsageError("--figure2 trains its own four models for the same optimiser steps: leave out "
-                             + " and ".join(o for o, v in (("--models", args.models), ("--minutes", args.minutes))
-                                            if v is not None))
+        extra = [o for o, v in (("--models", args.models), ("--minutes", args.minutes)) if args.figure2 and v is not None]
+        if extra:
+            raise UsageError(f"--figure2 trains its own four models for the same optimiser steps: leave out {' and '.join(extra)}")
         run_demo(args.out, models=args.models, figure2=args.figure2, minutes=args.minutes, epochs=args.epochs,
                  train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
                  progress=not args.quiet, device=device)
