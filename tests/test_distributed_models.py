@@ -18,7 +18,7 @@ from attnkit.models.config import DecoderConfig, EncoderConfig
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderModel
 
-from helpers import free_port, spawn_workers
+from helpers import spawn_workers
 
 pytestmark = [pytest.mark.slow]  # spawns gloo processes and trains
 
@@ -142,7 +142,7 @@ def test_the_readme_torchrun_example_prints_the_losses_of_one_process():
     args = [str(script), "--steps", "3", "--length", "256"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--master_port", str(free_port()), *args], capture_output=True, text=True, env=env,
+                            "--standalone", *args], capture_output=True, text=True, env=env,
                            timeout=240),
             subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=240)]
     losses = []

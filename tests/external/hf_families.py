@@ -50,14 +50,14 @@ def model_class(family: str):
     return None, "no causal-LM, seq2seq or masked-LM class"
 
 
-def tiny_config(family: str):
-    """The family's config class with its size keys shrunk (and a sliding window of 5 where the
-    family has one); token ids moved inside the vocabulary."""
+def tiny_config(family: str, **sizes):
+    """The family's config class with its size keys shrunk (TINY, with ``sizes`` over it; a sliding
+    window of 5 where the family has one); token ids moved inside the vocabulary."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[family]
     default = cls()
-    keys = {k: v for k, v in TINY.items() if hasattr(default, k)}
+    keys = {k: v for k, v in (TINY | sizes).items() if hasattr(default, k)}
     if getattr(default, "sliding_window", None):
         keys["sliding_window"] = 5
     for name, value in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2), ("decoder_start_token_id", 1)):

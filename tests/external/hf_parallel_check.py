@@ -21,8 +21,7 @@ N = 24  # a multiple of 2W for W = 2, 3, 4
 def tiny_model(family: str, dtype: torch.dtype):
     """The family's tiny config with 12 query heads (W = 2, 3, 4 divide them; 4 key/value heads), a
     window of 7 where it has one, in eval mode (no dropout), seed 0."""
-    hf_families.TINY.update(SIZE)
-    config = hf_families.tiny_config(family)
+    config = hf_families.tiny_config(family, **SIZE)
     if getattr(config, "sliding_window", None):
         config.sliding_window = WINDOW
     cls, kind = hf_families.model_class(family)

@@ -125,6 +125,10 @@ def test_what_cannot_be_sharded_is_refused_by_name():
               use_cache=False)
     with pytest.raises(ValueError, match="must be \\(B, n\\) = \\(2, 24\\)"):
         cp.shard(ids, labels=labels[:, :5])
+    with pytest.raises(ValueError, match="input_ids must be a \\(B, n\\) tensor of the whole batch, got Tensor \\(24,\\)"):
+        cp.shard(ids[0])
+    with pytest.raises(ValueError, match="sequence length 23 must be a multiple of 2 for layout 'zigzag'.*pad it"):
+        cp.shard(ids[:, :23])
     model.train()
     model.config.attention_dropout = 0.5
     for module in model.modules():
@@ -159,13 +163,11 @@ def test_the_example_under_torchrun_prints_the_losses_of_one_process():
     import sys
     from pathlib import Path
 
-    from helpers import free_port
-
     script = Path(__file__).parents[2] / "examples" / "hf_context_parallel.py"
     args = [str(script), "--steps", "3", "--length", "256"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--master_port", str(free_port()), *args], capture_output=True, text=True, env=env,
+                            "--standalone", *args], capture_output=True, text=True, env=env,
                            timeout=240),
             subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=240)]
     losses = []

@@ -104,7 +104,7 @@ def attnkit_attention_forward(
     Rows with no allowed key follow eager (:mod:`attnkit.hf.rows`). A model made context-parallel
     (:func:`attnkit.hf.context_parallel`) attends over the whole sequence split across its processes."""
     _check_module(module)
-    parallel = getattr(module, "_attnkit_context_parallel", None)
+    parallel = module.__dict__.get("_attnkit_context_parallel")  # (no nn.Module.__getattr__ miss per call)
     if parallel is not None:
         output = parallel.attend(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
         return output.transpose(1, 2).contiguous(), None

@@ -105,7 +105,7 @@ class HFContextParallel:
     def remove(self) -> None:
         """The model attends on one process again."""
         for module in self.model.modules():
-            module.__dict__.pop("_attnkit_context_parallel", None)
+            module.__dict__.pop("_attnkit_context_parallel", None)  # set by context_parallel()
 
     def shard(self, input_ids: Tensor, *, labels: Tensor | None = None, attention_mask: Tensor | None = None,
               position_ids: Tensor | None = None, ignore_index: int = -100) -> dict:
@@ -115,6 +115,9 @@ class HFContextParallel:
         by the layout; with ``labels``, the labels shifted over the whole sequence and sharded
         (``labels`` and ``shift_labels``) and ``num_items_in_batch``, the global count of labels that
         are not ``ignore_index``; ``use_cache=False``. n must be a multiple of W (2W for zigzag)."""
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a (B, n) tensor of the whole batch, got "
+                             f"{type(input_ids).__name__} {tuple(getattr(input_ids, 'shape', ()))}")
         B, n = input_ids.shape
         check_layout(n, self.world, self.layout)
 
