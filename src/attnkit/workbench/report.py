@@ -116,9 +116,10 @@ def _summary(names: list[str], results: dict[str, dict], settings: dict) -> list
              f"Corpus: bundled KJV -> Louis Segond, {corpus}, {settings['test_pairs']} test verses (held-out books). "
              f"Beam {settings['beam_size']}, sacreBLEU. {mode} {settings['threads']} threads on {settings['device']}; "
              f"the whole job took {settings['wall_seconds'] / 60:.1f} minutes.", ""]
+    longest = results[names[0]]["by_length"][-1]["bucket"]  # the test split's longest bucket (test-long: below)
     lines += markdown_table(
         ["model", "attention", "trained on", "parameters", "epochs", "steps", "train time", "test BLEU", "chrF",
-         "BLEU, longest sources"],
+         f"test BLEU, {longest} words"],
         ([name, r["attention"], f"<= {r.get('max_train_words', 25)} words", f"{r['parameters']:,}", r["epochs"],
           f"{r['steps']:,}", f"{r['train_seconds']:.0f} s", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
           f"{r['by_length'][-1]['bleu']:.2f}"] for name, r in ((n, results[n]) for n in names)))
