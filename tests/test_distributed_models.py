@@ -18,7 +18,7 @@ from attnkit.models.config import DecoderConfig, EncoderConfig
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderModel
 
-from helpers import spawn_workers
+from helpers import spawn_workers, torchrun_and_one_process
 
 pytestmark = [pytest.mark.slow]  # spawns gloo processes and trains
 
@@ -133,21 +133,9 @@ def test_context_parallel_refuses_what_it_cannot_do_exactly():
 
 
 def test_the_readme_torchrun_example_prints_the_losses_of_one_process():
-    import re
-    import subprocess
-    import sys
     from pathlib import Path
 
     script = Path(__file__).parents[1] / "examples" / "context_parallel_train.py"
-    args = [str(script), "--steps", "3", "--length", "256"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--standalone", *args], capture_output=True, text=True, env=env,
-                           timeout=240),
-            subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=240)]
-    losses = []
-    for run in runs:
-        assert run.returncode == 0, run.stderr[-2000:]
-        losses.append([float(x) for x in re.findall(r"loss (\d+\.\d+)", run.stdout)])
-    assert "2 process(es), 128 of 256 tokens each" in runs[0].stdout
-    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    (stdout, losses), (_, single) = torchrun_and_one_process(script, ["--steps", "3", "--length", "256"])
+    assert "2 process(es), 128 of 256 tokens each" in stdout
+    assert len(losses) == 3 and losses == pytest.approx(single, rel=1e-5)

@@ -21,7 +21,7 @@ from attnkit.distributed import LAYOUTS, METHODS  # noqa: E402
 from attnkit.hf import CONTEXT_PARALLEL_FAMILIES, UnsupportedFeature  # noqa: E402
 
 import hf_parallel_check as check  # noqa: E402
-from helpers import spawn_workers  # noqa: E402
+from helpers import spawn_workers, torchrun_and_one_process  # noqa: E402
 
 FLOAT32_INSIDE = {
     # family: why its float64 model is exact only to float32's rounding in places (checked at 1e-8 there)
@@ -158,22 +158,10 @@ def test_one_process_equals_the_plain_bridge_and_shard_shifts_labels_over_the_wh
 
 @pytest.mark.slow
 def test_the_example_under_torchrun_prints_the_losses_of_one_process():
-    import re
-    import subprocess
-    import sys
     from pathlib import Path
 
     script = Path(__file__).parents[2] / "examples" / "hf_context_parallel.py"
-    args = [str(script), "--steps", "3", "--length", "256"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--standalone", *args], capture_output=True, text=True, env=env,
-                           timeout=240),
-            subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=240)]
-    losses = []
-    for run in runs:
-        assert run.returncode == 0, run.stderr[-2000:]
-        losses.append([float(x) for x in re.findall(r"loss (\d+\.\d+)", run.stdout)])
-    assert "2 process(es), 128 of 256 tokens each" in runs[0].stdout
-    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)
-    assert losses[1][-1] < losses[1][0]  # it trains
+    (stdout, losses), (_, single) = torchrun_and_one_process(script, ["--steps", "3", "--length", "256"])
+    assert "2 process(es), 128 of 256 tokens each" in stdout
+    assert len(losses) == 3 and losses == pytest.approx(single, rel=1e-5)
+    assert single[-1] < single[0]  # it trains

@@ -35,9 +35,8 @@ import torch
 from torch import Tensor, nn
 from torch import distributed as dist
 
-from ..distributed.group import world_rank
-from ..distributed.layouts import LAYOUTS, check_layout, shard, shard_positions
-from ..distributed.strategy import METHODS, context_parallel_attention
+from ..distributed.layouts import check_layout, shard_positions
+from ..distributed.strategy import ContextParallel, context_parallel_attention
 from ..distributed.training import all_reduce_gradients
 from ..distributed.ulysses import heads_to_seq, seq_to_heads
 from ..functional.heads import repeat_kv
@@ -66,10 +65,7 @@ def context_parallel(model: nn.Module, group=None, *, layout: str = "zigzag", me
     (default: the world): every rank calls this with the same options and then runs the model on its
     shard (:meth:`HFContextParallel.shard`). Returns the handle; :meth:`HFContextParallel.remove`
     turns it off."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    strategy = ContextParallel(layout=layout, method=method, group=group)  # checks layout and method
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None)
     if family not in CONTEXT_PARALLEL_FAMILIES:
@@ -79,7 +75,7 @@ def context_parallel(model: nn.Module, group=None, *, layout: str = "zigzag", me
         raise UnsupportedFeature(f"context parallelism runs through attnkit's attention: load the model with "
                                  f"attn_implementation={IMPLEMENTATION!r} (after attnkit.hf.register()); this one has "
                                  f"{getattr(config, '_attn_implementation', None)!r}")
-    parallel = HFContextParallel(model, layout, method, group)
+    parallel = HFContextParallel(model, strategy)
     for module in model.modules():
         module.__dict__["_attnkit_context_parallel"] = parallel  # a plain attribute, not a submodule
     return parallel
@@ -87,20 +83,31 @@ def context_parallel(model: nn.Module, group=None, *, layout: str = "zigzag", me
 
 @dataclass(frozen=True, eq=False)
 class HFContextParallel:
-    """A model made context-parallel by :func:`context_parallel`."""
+    """A model made context-parallel by :func:`context_parallel`: the model and its
+    :class:`~attnkit.distributed.ContextParallel` (layout, method, group; ``world`` and ``rank``)."""
 
     model: nn.Module
-    layout: str
-    method: str
-    group: object = None
+    strategy: ContextParallel
+
+    @property
+    def layout(self) -> str:
+        return self.strategy.layout
+
+    @property
+    def method(self) -> str:
+        return self.strategy.method
+
+    @property
+    def group(self):
+        return self.strategy.group
 
     @property
     def world(self) -> int:
-        return world_rank(self.group)[1]
+        return self.strategy.world
 
     @property
     def rank(self) -> int:
-        return world_rank(self.group)[0]
+        return self.strategy.rank
 
     def remove(self) -> None:
         """The model attends on one process again."""
@@ -124,7 +131,7 @@ class HFContextParallel:
         def part(x: Tensor) -> Tensor:
             if tuple(x.shape) != (B, n):
                 raise ValueError(f"every tensor of the batch must be (B, n) = ({B}, {n}) like input_ids, got {tuple(x.shape)}")
-            return shard(x, self.world, self.rank, layout=self.layout, dim=1)
+            return self.strategy.shard(x, dim=1)
 
         if position_ids is None:
             position_ids = torch.arange(n, device=input_ids.device).expand(B, n)
@@ -177,7 +184,7 @@ class HFContextParallel:
             if kwargs.get(name) is not None and kwargs.get(name) is not False:
                 raise UnsupportedFeature(f"{owner}: {name} is not supported by method='ring' (its kernels take no "
                                          "score_mod or sinks); use method='ulysses'")
-        key_mask = shard(padding, self.world, self.rank, layout=self.layout, dim=1)
+        key_mask = self.strategy.shard(padding, dim=1)
         output = context_parallel_attention(query, key, value, is_causal=structure.is_causal, window=structure.window,
                                             layout=self.layout, method="ring", scale=scale, group=self.group,
                                             key_mask=key_mask).output
