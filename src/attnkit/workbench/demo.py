@@ -11,6 +11,7 @@ at most 50 (the corpus's ``train`` + ``train-long``), the same steps for all fou
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -112,17 +113,19 @@ def run_demo(
         epochs = DEMO_EPOCHS if minutes is None else 1000  # a budget: as many epochs as it allows
     results, histories, examples, hypotheses = {}, {}, {}, {}
     shown = _example_verses(data.test)
-    steps = None  # the short models' steps, which the long ones take too
+    recipe = TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
+    steps = None  # the short models' steps (they come first), which the long ones take too
     for name, (attention, max_words) in systems.items():
         pairs = data.train if max_words == 25 else data.train + data.train_long
-        training = TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)
+        training = recipe
         if max_words != 25 and steps is not None:
-            per_epoch = math.ceil(len(pairs) / training.batch_size)
-            training = TrainingConfig(**{**asdict(training), "epochs": math.ceil(steps / per_epoch), "max_steps": steps})
+            per_epoch = math.ceil(len(pairs) / recipe.batch_size)
+            training = dataclasses.replace(recipe, epochs=math.ceil(steps / per_epoch), max_steps=steps)
         trained = _train_and_test(name, attention, pairs, data, training, out, seed=seed, device=device,
                                   beam_size=beam_size, progress=progress, log=log, share=share)
         trained["result"]["max_train_words"] = max_words
-        steps = steps if steps is not None or max_words != 25 else trained["result"]["steps"]
+        if max_words == 25 and steps is None:
+            steps = trained["result"]["steps"]
         results[name], histories[name], hypotheses[name] = trained["result"], trained["history"], trained["hypotheses"]
         examples[name] = [trained["translations"][i] for i in shown]
     everything = data.test + data.test_long  # quality against length runs over both held-out splits
@@ -134,7 +137,7 @@ def run_demo(
                 "valid_pairs": len(data.valid), "probe_pairs": len(data.probe), "test_pairs": len(data.test),
                 "test_long_pairs": len(data.test_long), "beam_size": beam_size, "vocab_size": 4000,
                 "minutes": minutes, "figure2": figure2, "train_seconds_per_model": share,
-                "training": asdict(TrainingConfig(epochs=epochs, patience=0, seed=seed, max_seconds=share, **DEMO_RECIPE)),
+                "training": asdict(recipe),
                 "steps": {name: results[name]["steps"] for name in systems}, "epochs": epochs,
                 "attention": {name: attention for name, (attention, _) in systems.items()}, "device": str(device),
                 "threads": torch.get_num_threads(), "torch": torch.__version__}
