@@ -214,17 +214,25 @@ class HFContextParallel:
 
     def _global_padding(self, attention_mask, B: int, L: int, n: int, device) -> Tensor:
         """(B, n) True at real tokens of the whole sequence in global order, gathered from every rank
-        (always, so that the ranks take the same collective calls whatever their shard holds)."""
+        (whatever their shard holds, so that the ranks take the same collective calls), once per mask:
+        every layer of a forward receives the same StructuredMask and reads the gathered padding kept on it."""
+        structured = isinstance(attention_mask, StructuredMask) and attention_mask.structure is not None
+        key = ("context_parallel_padding", self.layout, self.world, id(self.group), B, n)
+        if structured and key in attention_mask.__dict__:
+            return attention_mask.__dict__[key]
         local = torch.ones(B, L, dtype=torch.uint8, device=device)
-        if isinstance(attention_mask, StructuredMask) and attention_mask.structure is not None \
-                and attention_mask.structure.padded:
+        if structured and attention_mask.structure.padded:
             local = attention_mask.as_subclass(Tensor)[:, 0, 0, :].expand(B, L).to(torch.uint8)
         if self.world == 1 or not (dist.is_available() and dist.is_initialized()):
-            return local.bool()
-        parts = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(parts, local.contiguous(), group=self.group)
-        order = torch.cat([shard_positions(n, self.world, r, self.layout) for r in range(self.world)])
-        return torch.cat(parts, dim=1).index_select(1, torch.argsort(order).to(device)).bool()
+            padding = local.bool()
+        else:
+            parts = [torch.empty_like(local) for _ in range(self.world)]
+            dist.all_gather(parts, local.contiguous(), group=self.group)
+            order = torch.cat([shard_positions(n, self.world, r, self.layout) for r in range(self.world)])
+            padding = torch.cat(parts, dim=1).index_select(1, torch.argsort(order).to(device)).bool()
+        if structured:
+            attention_mask.__dict__[key] = padding
+        return padding
 
     def _ulysses(self, module, query, key, value, structure: _Structure, padding: Tensor, dropout: float,
                  scale: float, kwargs: dict) -> Tensor:
