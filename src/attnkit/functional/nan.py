@@ -46,13 +46,23 @@ def on() -> bool:
     return _on
 
 
+PLAIN_LOOK_MIN_KEYS = 64
+"""The one look at a plain call's output stands for the rule only from this many keys on. Below a
+vector's width SDPA's CPU kernels reduce a row with instructions that drop a NaN: with AVX2 a NaN
+query row gives a finite output for S < 8 (float32, half types) or S < 4 (float64), a NaN key for
+S = 1; AVX-512 doubles the widths. 64 keys clear every width with room to spare; shorter calls
+(the first decoding steps among them) read q, k and v instead (:func:`poisoned_rows`)."""
+
+
 def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, causal: bool) -> Tensor:
     """SDPA's ``output`` of a plain call (no mask, bias, window, score_mod or sinks) with the rule: where
-    some query sees every key (not causal, or causal with L >= S), one look at the output on the CPU
-    settles the common case (:func:`with_nan_rows`)."""
+    some query sees every key (not causal, or causal with L >= S) and there are at least
+    PLAIN_LOOK_MIN_KEYS of them, one look at the output on the CPU settles the common case
+    (:func:`with_nan_rows`)."""
     if not _on:
         return output
-    if (not causal or dims.L >= dims.S) and output.is_cpu and dims.Ev and not torch.compiler.is_compiling():
+    if ((not causal or dims.L >= dims.S) and dims.S >= PLAIN_LOOK_MIN_KEYS and output.is_cpu and dims.Ev
+            and not torch.compiler.is_compiling()):
         return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
     return with_nan_rows(q, k, v, dims, output)
 
@@ -60,8 +70,9 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
 def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
     """``output`` with the rows the NaN rule poisons set to NaN. A plain call on the CPU comes here only
     when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
-    L >= S), SDPA's CPU kernels carry any NaN of q, k or v into the output (checked over dtypes, shapes
-    and positions: tests/functional/test_attention.py), so that one look settles the common case."""
+    L >= S) and S >= PLAIN_LOOK_MIN_KEYS, SDPA's CPU kernels carry any NaN of q, k or v into the output
+    (checked over dtypes, shapes and positions: tests/functional/test_per_call.py), so that one look
+    settles the common case."""
     poisoned = poisoned_rows(q, k, v, dims)
     return output if poisoned is None else torch.where(poisoned, math.nan, output)
 

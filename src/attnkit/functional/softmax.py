@@ -60,8 +60,9 @@ def _masked_softmax(scores: Tensor, mask: Tensor | None, *, dim: int = -1, tempe
     finite_below = scores != float("-inf")  # NaN != -inf: NaN stays in and propagates
     mask = finite_below if mask is None else mask & finite_below
     filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    # A fully masked row is uniform after softmax; zeroing the masked entries makes it all 0.
-    return torch.softmax(filled, dim=dim).masked_fill(~mask, 0.0)
+    # A fully masked row is uniform after softmax; zeroing the masked entries makes it all 0. Zeroed by
+    # a product, not a fill, so that a row a NaN made NaN stays NaN at its masked keys too.
+    return torch.softmax(filled, dim=dim) * mask
 
 
 def masked_logsumexp(scores: Tensor, mask: Tensor | None = None, *, dim: int = -1) -> Tensor:
@@ -73,8 +74,17 @@ def masked_logsumexp(scores: Tensor, mask: Tensor | None = None, *, dim: int = -
 def _masked_logsumexp(scores: Tensor, mask: Tensor | None, *, dim: int = -1) -> Tensor:
     """:func:`masked_logsumexp` without the checks. A fully masked row gives -inf and a zero
     gradient (torch's logsumexp over a row of -inf has a NaN gradient): its masked scores are
-    filled with a finite value and the result set to -inf afterwards."""
+    filled with a finite value and the result set to -inf afterwards.
+
+    Written as m + log(sum(exp(s - m))) with the row maximum m held constant, so that its gradient is
+    the softmax exp(s - m) / sum(...) itself. torch.logsumexp's backward takes exp(s - lse) instead,
+    which is 1 for every key of a row whose scores are all huge (a bias of -1e9: m + log S rounds to m
+    in float32), S times the softmax."""
     allowed = scores != float("-inf")  # NaN != -inf: NaN stays in and propagates
     allowed = allowed if mask is None else mask & allowed
     filled = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    return torch.logsumexp(filled, dim=dim).masked_fill(~allowed.any(dim=dim), float("-inf"))
+    if filled.shape[dim] == 0:  # no key at all: every row is empty
+        return filled.sum(dim=dim).fill_(float("-inf"))
+    row_max = filled.amax(dim=dim, keepdim=True).detach()
+    lse = (filled - row_max).exp().sum(dim=dim).log() + row_max.squeeze(dim)
+    return lse.masked_fill(~allowed.any(dim=dim), float("-inf"))

@@ -15,7 +15,7 @@ from ..checks import Dims
 
 __all__ = [
     "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights", "score_mod_needs_grad",
-    "apply_sinks",
+    "apply_sinks", "needs_grad", "lse_unresolved", "LSE_RESOLVED_BOUND",
 ]
 
 
@@ -262,3 +262,30 @@ def score_mod_needs_grad(score_mod: ScoreMod, device: torch.device | str = "cpu"
     with torch.enable_grad():
         out = score_mod(torch.zeros(1, 1, 1, 1, device=device), zero, zero, zero, zero)
     return isinstance(out, Tensor) and out.requires_grad
+
+
+def needs_grad(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> bool:
+    """Whether autograd will differentiate this call (q, k, v, the bias or the sinks require it)."""
+    tensors = [q, k, v] + [x for x in (problem.bias, problem.sinks) if x is not None]
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
+LSE_RESOLVED_BOUND = 64.0
+"""Fused kernels (SDPA's, FlexAttention's) keep one float32 number per row for their backward, the
+log-sum-exp m + log l, and take p = exp(s - lse) from it. Its rounding, half a unit in the last place
+of the row maximum m, is p's relative error: 4e-6 where |m| = 64, 6e-5 at 1e3, and at 1e9 (a bias of
+-1e9 on every key of a row) m + log S rounds to m and every p of the row is 1 instead of 1/S. A call
+whose bias puts some row's largest allowed entry beyond this bound is differentiated exactly instead
+(:func:`lse_unresolved`)."""
+
+
+def lse_unresolved(problem: Problem, device) -> bool:
+    """Whether some query row's largest allowed bias entry lies beyond +-:data:`LSE_RESOLVED_BOUND`, so
+    that a fused kernel's backward would misread the row (a row of -1e9 gets S times its gradient).
+    One look at the bias (a device sync off the CPU), taken only for calls autograd differentiates."""
+    bias = problem.bias
+    if bias is None:
+        return False
+    allowed = problem.dense_mask(device)
+    top = (bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))).amax(dim=-1)
+    return bool(((top.abs() > LSE_RESOLVED_BOUND) & torch.isfinite(top)).any())

@@ -42,7 +42,8 @@ from torch import Tensor
 
 from ..block_mask import length_bucket
 from . import flex_tables
-from ._common import BackendResult, Problem, compute_dtype, score_mod_needs_grad
+from . import reference
+from ._common import BackendResult, Problem, compute_dtype, lse_unresolved, needs_grad, score_mod_needs_grad
 from .flex_tables import BLOCK
 
 __all__ = ["forward", "FlexUnavailable", "FlexRecompileLimit", "available", "flex_block_mask", "BLOCK",
@@ -179,11 +180,6 @@ class _Call:
 
 
 # ------------------------------------------------------------------------------------- the call
-def _needs_grad(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> bool:
-    tensors = [q, k, v] + [x for x in (problem.bias, problem.sinks) if x is not None]
-    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
-
-
 @contextlib.contextmanager
 def _loud_recompiles():
     """Raise past RECOMPILE_LIMIT compiles instead of PyTorch's silent switch to eager. The two
@@ -242,7 +238,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
                          "use backend='sdpa' or 'tiled' with dropout_p > 0")
     module, lse_request = _flex()
     on_cpu = q.device.type == "cpu"
-    if on_cpu and _needs_grad(q, k, v, problem):
+    if on_cpu and needs_grad(q, k, v, problem):
         raise ValueError(
             "backend='flex' computes no gradients on the CPU (PyTorch's FlexAttention has no CPU backward): "
             "train with backend='tiled' or 'auto' on the CPU, or run on CUDA"
@@ -254,6 +250,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             "use backend='reference' (or 'auto') for a learned score_mod, or call under torch.no_grad()")
     if on_cpu:  # no gradient is needed; flex refuses CPU inputs that merely require one
         q, k, v = q.detach(), k.detach(), v.detach()
+    elif problem.bias is not None and needs_grad(q, k, v, problem) and lse_unresolved(problem, q.device):
+        return reference.forward(q, k, v, problem)  # flex's backward would misread the row (as sdpa's would)
     compiled = not on_cpu or (COMPILE_ON_CPU and problem.sinks is None and q.dtype in CPU_COMPILED_DTYPES)
     want_lse = not on_cpu or not compiled  # the CPU-compiled kernel returns no lse
     L, S = dims.L, dims.S

@@ -6,6 +6,8 @@ Learned sinks become one more key: a zero key and value whose additive mask colu
 logit of each head, so SDPA's softmax counts exp(sink) and the sink attends nothing.
 Grouped keys and values (GQA) go to SDPA as they are only where its CUDA kernel reads them
 (:func:`repeats_kv_on_cuda`); elsewhere on CUDA they are repeated per query head first.
+A call under autograd whose bias puts a row's scores beyond what SDPA's float32 log-sum-exp resolves
+(a row of -1e9) runs the reference backend's written-out softmax instead, whose gradients are exact.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..heads import repeat_kv
-from ._common import BackendResult, Problem
+from . import reference
+from ._common import BackendResult, Problem, lse_unresolved, needs_grad
 
 __all__ = ["forward", "plain"]
 
@@ -80,6 +83,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if problem.score_mod is not None:
         raise ValueError("the sdpa backend cannot apply a score_mod; use backend='tiled' (or 'reference')")
     options: dict[str, Any] = dict(dropout_p=problem.dropout_p, scale=problem.scale, enable_gqa=dims.Hkv != dims.H)
+    if problem.bias is not None and needs_grad(q, k, v, problem) and lse_unresolved(problem, q.device):
+        # SDPA's backward would misread a row of huge scores (_common.LSE_RESOLVED_BOUND): the same
+        # softmax written out, differentiated by autograd (the scores materialised, as the bias is).
+        return reference.forward(q, k, v, problem)
     if problem.sinks is not None:
         return _with_sinks(q, k, v, problem, options)
     top_left = problem.causal_align == "top-left" or dims.L == dims.S

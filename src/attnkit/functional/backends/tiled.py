@@ -10,9 +10,15 @@ and output accumulator:
 
 Memory is O(block_q x block_k) for scores plus O(L) for statistics: linear in sequence length.
 The backward pass never stores weights: it recomputes each block's probabilities from the saved
-log-sum-exp, p = exp(s - lse), and uses D = rowsum(dO * O):
+row maximum and normaliser, p = exp((s - m) - log l), and uses D = rowsum(dO * O):
 
     dV += p^T dO;  dP = dO V^T;  dS = p (dP - D + dlse);  dQ += dS K scale;  dK += dS^T Q scale.
+
+``m`` and ``log l`` are kept apart, not as their sum, the lse: a row whose scores are all huge (a bias
+of -1e9 on every key, the ``masked_fill(~allowed, -1e9)`` convention) has m = -1e9, and m + log l
+rounds to m in float32, which would make every p of the row 1 instead of 1/S. Scores that carry a
+bias or a score_mod are computed in natural units and subtracted from their maximum before any
+conversion, so that such a row rounds as the plain softmax rounds it.
 
 The lse is differentiable too (d lse / d s = p), so that learned sinks, which rescale the output
 by exp(lse - logaddexp(lse, sink)), train through this backend.
@@ -27,6 +33,7 @@ derivative comes from autograd on the block in the backward pass.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,8 +43,10 @@ from ._common import BackendResult, Problem, compute_dtype, group_heads, score_m
 __all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS", "NO_SHIFT_BOUND"]
 
 LOG2E = 1.4426950408889634
-"""Scores are kept in log2 units (q pre-multiplied by scale x log2 e) because 2^x is about twice
-as fast as e^x in PyTorch's CPU kernels; the log-sum-exp is returned in natural units."""
+"""Scores of q and k alone are kept in log2 units (q pre-multiplied by scale x log2 e) because 2^x
+is about twice as fast as e^x in PyTorch's CPU kernels; the log-sum-exp is returned in natural units.
+Scores with a bias or a score_mod stay in natural units (a huge bias times log2 e would lose the
+digits that tell its keys apart) and are converted after their row maximum is subtracted."""
 NO_SHIFT_BOUND = 40.0
 """When every score of a query block is provably in [-40, 40] (|q_i . k_j| scale <=
 ||q_i|| max_j ||k_j|| scale, checked in O((L + S) E)), e^s neither overflows nor underflows in
@@ -95,6 +104,10 @@ class _Blocks:
         self.seed = seed
         self.mask = group_heads(problem.mask, problem.dims)  # (B|1, Hkv|1, G|1, L|1, S)
         self.bias = group_heads(problem.bias, problem.dims)
+        # Natural units where a bias or score_mod may make scores huge (module docstring), else log2.
+        self.natural = problem.bias is not None or problem.score_mod is not None
+        self.q_factor = problem.scale if self.natural else problem.scale * LOG2E  # q's multiplier
+        self.to_log2 = LOG2E if self.natural else 1.0  # (s - m) times this is in log2 units
         self._structure: dict[tuple[int, int, int], Tensor | None] = {}
 
     def structure(self, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
@@ -120,10 +133,10 @@ class _Blocks:
         out: Tensor | None = None,
         modified: list | None = None,
     ) -> Tensor | None:
-        """(B, Hkv, G, bq, bk) scores in log2 units (times log2 e) with -inf where masked; None if
-        the block is fully masked.
+        """(B, Hkv, G, bq, bk) scores with -inf where masked, in log2 units (times log2 e) or, with a
+        bias or score_mod, natural ones (``natural``); None if the block is fully masked.
 
-        ``q_block`` is scaled by scale x log2 e and ``k_t`` (B, Hkv, 1, E, S) already in the
+        ``q_block`` is scaled by ``q_factor`` and ``k_t`` (B, Hkv, 1, E, S) already in the
         accumulation dtype. ``partial``: apply the block mask's tile. With a score_mod and a
         ``modified`` list, the block's (raw scores requiring grad, modified scores) are appended
         to it for the backward pass."""
@@ -135,22 +148,22 @@ class _Blocks:
         else:
             s = q_block @ k_t[..., k0:k1]
         if self.bias is not None:
-            s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc) * LOG2E
+            s += slice_block(self.bias, q0, q1, k0, k1).to(self.acc)
         problem = self.problem
-        if problem.score_mod is not None:
-            raw = s.mul_(1.0 / LOG2E)
+        if problem.score_mod is not None:  # natural units: the score_mod sees the scores as they are
             if modified is not None:
                 with torch.enable_grad():
-                    raw = raw.detach().requires_grad_()
+                    raw = s.detach().requires_grad_()
                     new = problem.modify_scores(raw.flatten(1, 2), q0, k0)
                 modified.append((raw, new))
-                s = new.detach().unflatten(1, raw.shape[1:3]) * LOG2E
+                s = new.detach().unflatten(1, raw.shape[1:3])
             else:
-                s = problem.modify_scores(raw.flatten(1, 2), q0, k0).unflatten(1, raw.shape[1:3]).mul_(LOG2E)
+                s = problem.modify_scores(s.flatten(1, 2), q0, k0).unflatten(1, s.shape[1:3])
         if user is not None:
             s.masked_fill_(~user, float("-inf"))
-        # Masks are added as -inf tiles (a tenth of masked_fill's time); with a bias, which may hold a
-        # NaN at a masked key (NaN + -inf is NaN), they replace the score instead.
+        # Masks are added as -inf tiles (a tenth of masked_fill's time); with a bias or a score_mod, which
+        # may put a NaN or an inf at a masked key (NaN + -inf and inf + -inf are NaN), they replace the
+        # score instead: a masked key stays masked whatever was made of its score.
         structure = self.structure(q0, q1, k0, k1)
         if structure is not None:
             self._mask_with(s, structure)
@@ -160,7 +173,7 @@ class _Blocks:
         return s
 
     def _mask_with(self, s: Tensor, additive: Tensor) -> None:
-        if self.bias is None:
+        if self.bias is None and self.problem.score_mod is None:
             s.add_(additive)
         else:
             s.masked_fill_(additive == float("-inf"), float("-inf"))
@@ -175,20 +188,37 @@ class _Blocks:
         return (uniform >= p).to(self.acc) / (1.0 - p)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None) -> tuple[Tensor, Tensor]:
+class _Statistics(NamedTuple):
+    """What the forward keeps per query row for the backward, (B, Hkv, G, L) each, in the accumulation
+    dtype: the row maximum ``m`` of the scores in the blocks' units (0 where no maximum was kept, and
+    for a row with no key) and log2 of the normaliser, log2 l (0 for a row with no key), so that the
+    backward's p = 2^((s - m) to_log2 - log2 l) never adds a small log l to a huge m."""
+
+    row_max: Tensor
+    log2_sum: Tensor
+
+    def lse(self, to_log2: float) -> Tensor:
+        """The natural log-sum-exp, m + ln l, -inf for a row with no key (l = 0)."""
+        return self.row_max / (LOG2E / to_log2) + self.log2_sum / LOG2E
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
+             ) -> tuple[Tensor, Tensor, _Statistics]:
     dims = problem.dims
     acc = compute_dtype(q.dtype)
     blocks = _Blocks(problem, acc, q.device, seed)
     q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
     k_t = k.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S); half types converted once
     v_g = v.to(acc)[:, :, None]  # (B, Hkv, 1, S, Ev)
-    shifted = problem.bias is not None or problem.score_mod is not None  # scores not bounded by norms
-    key_norm = None if shifted else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1)
+    key_norm = None if blocks.natural else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1); a bias is unbounded
     out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
-    lse = torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc, device=q.device)
+    stats = _Statistics(row_max=torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dtype=acc, device=q.device),
+                        log2_sum=torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc,
+                                            device=q.device))
+    to_log2 = blocks.to_log2
     score_buffer = product_buffer = None
     for q0, q1, key_blocks in _blocks(problem):
-        q_block = q_g[..., q0:q1, :].to(acc) * (problem.scale * LOG2E)  # (B, Hkv, G, bq, E), log2 units
+        q_block = q_g[..., q0:q1, :].to(acc) * blocks.q_factor  # (B, Hkv, G, bq, E), in the blocks' units
         if score_buffer is None or score_buffer.shape[-2] != q1 - q0:
             width = key_blocks[0][1] - key_blocks[0][0]
             score_buffer = torch.empty(*q_block.shape[:-1], width, dtype=acc, device=q.device)
@@ -211,8 +241,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
                 new_max = torch.maximum(row_max, s.amax(dim=-1))
                 # Rows with nothing allowed yet keep max -inf; shift them by 0 so exp gives 0, not NaN.
                 shift = new_max.masked_fill(torch.isinf(new_max), 0.0)
-                p = s.sub_(shift[..., None]).exp2_()
-                rescale = (row_max - shift).exp2_()
+                s.sub_(shift[..., None])
+                p = (s.mul_(to_log2) if to_log2 != 1.0 else s).exp2_()
+                rescale = (row_max - shift).mul_(to_log2).exp2_()
                 row_sum.mul_(rescale).add_(p.sum(dim=-1))
                 acc_out.mul_(rescale[..., None])
                 row_max = new_max
@@ -221,13 +252,16 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
             acc_out.add_(torch.matmul(p, v_g[..., k0:k1, :], out=product_buffer))
         empty = row_sum == 0
         out[..., q0:q1, :] = (acc_out / row_sum.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
-        lse[..., q0:q1] = row_sum.log() if row_max is None else row_max / LOG2E + row_sum.log()
-    return out.flatten(1, 2), lse.flatten(1, 2)
+        stats.log2_sum[..., q0:q1] = row_sum.log2()
+        if row_max is not None:
+            stats.row_max[..., q0:q1] = row_max.masked_fill(torch.isinf(row_max), 0.0)
+    lse = stats.lse(to_log2)
+    return out.flatten(1, 2), lse.flatten(1, 2), stats
 
 
 def _backward(
-    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, d_out: Tensor, d_lse: Tensor | None, problem: Problem,
-    seed: int | None,
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, stats: _Statistics, d_out: Tensor, d_lse: Tensor | None,
+    problem: Problem, seed: int | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     dims = problem.dims
     acc = compute_dtype(q.dtype)
@@ -237,8 +271,9 @@ def _backward(
     k_t = k_g.transpose(-1, -2)  # (B, Hkv, 1, E, S)
     v_t = v.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, Ev, S)
     d_out_g = group_heads(d_out, dims)
-    lse_g = group_heads(lse, dims)
-    lse_g = lse_g.masked_fill(torch.isinf(lse_g), 0.0) * LOG2E  # fully masked rows: every p is 2^-inf = 0
+    row_max = stats.row_max
+    log2_sum = stats.log2_sum.masked_fill(torch.isinf(stats.log2_sum), 0.0)  # fully masked rows: every p is 2^-inf = 0
+    to_log2 = blocks.to_log2
     delta = (d_out_g.to(acc) * group_heads(out, dims).to(acc)).sum(dim=-1)  # D = rowsum(dO * O)
     if d_lse is not None:  # d lse / d s = p, so the lse's gradient enters as dS = p (dP - D + dlse)
         delta = delta - group_heads(d_lse, dims).to(acc).nan_to_num(0.0)
@@ -247,16 +282,17 @@ def _backward(
     d_v = torch.zeros(v.shape, dtype=acc, device=q.device)
     for q0, q1, key_blocks in _blocks(problem):
         q_raw = q_g[..., q0:q1, :].to(acc)
-        q_block = q_raw * (problem.scale * LOG2E)
+        q_block = q_raw * blocks.q_factor
         d_out_block = d_out_g[..., q0:q1, :].to(acc)
-        lse_block = lse_g[..., q0:q1, None]
+        max_block, log2_sum_block = row_max[..., q0:q1, None], log2_sum[..., q0:q1, None]
         delta_block = delta[..., q0:q1, None]
         for k0, k1, partial in key_blocks:
             modified: list[tuple[Tensor, Tensor]] | None = [] if problem.score_mod is not None else None
             s = blocks.scores(q_block, k_t, q0, q1, k0, k1, partial, modified=modified)
             if s is None:
                 continue
-            p = s.sub_(lse_block).exp2_()  # (B, Hkv, G, bq, bk)
+            s.sub_(max_block)  # first the maximum, then the normaliser (_Statistics)
+            p = (s.mul_(to_log2) if to_log2 != 1.0 else s).sub_(log2_sum_block).exp2_()  # (B, Hkv, G, bq, bk)
             d_p = d_out_block @ v_t[..., k0:k1]
             if problem.dropout_p > 0:
                 keep = blocks.keep(p.shape, q0, k0)
@@ -279,8 +315,8 @@ def _backward(
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, problem, seed):
-        out, lse = _forward(q, k, v, problem, seed)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, stats = _forward(q, k, v, problem, seed)
+        ctx.save_for_backward(q, k, v, out, *stats)
         ctx.problem = problem
         ctx.seed = seed
         ctx.set_materialize_grads(False)
@@ -288,10 +324,10 @@ class _TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, row_max, log2_sum = ctx.saved_tensors
         if d_out is None:
             d_out = torch.zeros_like(out)
-        d_q, d_k, d_v = _backward(q, k, v, out, lse, d_out, d_lse, ctx.problem, ctx.seed)
+        d_q, d_k, d_v = _backward(q, k, v, out, _Statistics(row_max, log2_sum), d_out, d_lse, ctx.problem, ctx.seed)
         return d_q, d_k, d_v, None, None
 
 
@@ -312,5 +348,5 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _TiledAttention.apply(q, k, v, problem, seed)
     else:
-        out, lse = _forward(q, k, v, problem, seed)
+        out, lse, _ = _forward(q, k, v, problem, seed)
     return BackendResult(output=out, lse=lse)
