@@ -19,3 +19,23 @@ def test_check_int_is_the_one_integer_check():
         check_int("seq", 11, 1, 10)
     with pytest.raises(ValueError, match="sinks must be a non-negative int or None, got -1"):
         check_int("sinks", -1, 0, optional=True)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"need_weights": 0}, TypeError, r"need_weights must be True, False or a sequence of head indices in \[0, 2\), got int 0"),
+    ({"need_weights": None}, TypeError, r"need_weights must be .*got NoneType None"),
+    ({"need_weights": "01"}, TypeError, r"need_weights must be .*got str '01'"),
+    ({"need_weights": [2]}, ValueError, r"need_weights must be a bool or a non-empty sequence of head indices"),
+    ({"dropout_p": None}, ValueError, r"dropout_p must be a number in \[0, 1\), got None"),
+    ({"dropout_p": True}, ValueError, r"dropout_p must be a number in \[0, 1\), got True"),
+    ({"dropout_p": 1.0}, ValueError, r"dropout_p must be a number in \[0, 1\), got 1.0"),
+])
+def test_attention_names_bad_weights_and_dropout_arguments(kwargs, error, message):
+    """They ended in bare TypeErrors from list() and a comparison with None."""
+    import torch
+
+    import attnkit
+
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(error, match=message):
+        attnkit.attention(q, q, q, **kwargs)

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.attention import attention_trusted
 from attnkit.functional import nan
+from attnkit.functional.attention import attention_trusted
 from attnkit.functional.backends import _common, flex
 
 from helpers import randn

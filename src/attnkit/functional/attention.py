@@ -81,6 +81,9 @@ def attend(
 def _heads(need_weights: bool | Sequence[int], H: int) -> list[int] | None:
     if isinstance(need_weights, bool):
         return list(range(H)) if need_weights else None
+    if not isinstance(need_weights, Sequence) or isinstance(need_weights, str):
+        raise TypeError(f"need_weights must be True, False or a sequence of head indices in [0, {H}), got "
+                        f"{type(need_weights).__name__} {need_weights!r}")
     heads = list(need_weights)
     bad = [h for h in heads if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < H]
     if not heads or bad:
@@ -372,8 +375,8 @@ def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias,
         raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window must be a positive int or None, got {window!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     if bias is not None:
         mask = _with_bias_keys(mask, bias)
     problem = Problem(dims=dims, scale=scale, mask=mask, bias=bias, is_causal=bool(is_causal) or window is not None,

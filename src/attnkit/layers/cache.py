@@ -34,10 +34,14 @@ class KVCache:
     ``window=W`` makes it a rolling cache for sliding-window attention (Mistral): after each
     update only the last W positions are kept, so memory stays constant however long the output.
     ``position`` counts every position ever appended (the offset for rotary embeddings);
-    ``length`` counts those held.
+    ``length`` counts those held. The cache's window is the attention window: a call with
+    ``window=None`` attends the last W positions, a smaller window its own, and a larger one, which
+    would need keys the cache has dropped, is refused.
 
     A ``static=True`` cache is for cross attention: the first update stores the projected
-    encoder keys and values, and every later step reuses them without recomputing.
+    encoder keys and values, and every later step reuses them without recomputing. Its queries
+    are rotated (with a rotary layer) at the positions of the steps so far (``queries`` counts
+    them), its keys at 0 .. S - 1 once; a step's batch must be the batch the cache was filled for.
 
     Example::
 
@@ -56,6 +60,7 @@ class KVCache:
         self._start = 0  # first held position in storage
         self._end = 0  # one past the last held position in storage
         self.position = 0
+        self.queries = 0  # query positions attended so far (a static cache's queries continue from it)
 
     @property
     def length(self) -> int:
@@ -77,7 +82,7 @@ class KVCache:
 
     def reset(self) -> None:
         self._keys = self._values = None
-        self._start = self._end = self.position = 0
+        self._start = self._end = self.position = self.queries = 0
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B_new,) in that order, e.g. the surviving beams of a beam search."""
@@ -88,20 +93,55 @@ class KVCache:
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
         """The attention strategy's call: the new keys rotated from ``position`` on (unless
         ``call.positions`` says), appended, and attended with bottom-right causal alignment (unless
-        ``call.causal_align`` says). A static cache projects its keys at the first call only."""
-        offset = 0 if self.static else self.position
+        ``call.causal_align`` says). A static cache projects its keys at the first call only, and
+        rotates each step's queries after those of the steps before (``queries``)."""
+        window = self._window_for(call.window)
+        if self.static:
+            output = self._attend_static(layer, q, key, value, call)
+        else:
+            if layer.rotary is not None:
+                q = layer.rotary(q, offset=self.position, positions=call.positions)
+            k, v = layer.project_kv(key, value)  # (B, Hkv, S, E)
+            if layer.rotary is not None:
+                k = layer.rotary(k, offset=self.position, positions=call.positions)
+            k, v = self._append(k, v)  # the layer built them: update()'s checks would only repeat its own
+            output = attention_trusted(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
+                                       causal_align=call.causal_align or "bottom-right", window=window, bias=call.bias,
+                                       need_weights=call.need_weights, **layer.attention_options())
+        self.queries += q.shape[2]
+        return output
+
+    def _attend_static(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
+        """Cross attention: the encoder's keys and values projected (and rotated at 0 .. S - 1) at the first
+        call, reused after; the queries rotated from ``queries`` on (unless ``call.positions`` says)."""
         if layer.rotary is not None:
-            q = layer.rotary(q, offset=offset, positions=call.positions)
-        if self.static and self.keys is not None and self.values is not None:
-            k, v = self.keys, self.values  # cross attention: encoder keys projected once
+            q = layer.rotary(q, offset=self.queries, positions=call.positions)
+        if self.keys is not None and self.values is not None:
+            k, v = self.keys, self.values
+            if q.shape[0] != k.shape[0]:
+                raise ValueError(f"this static (cross-attention) cache was filled for batch {k.shape[0]}, got a query "
+                                 f"of batch {q.shape[0]}: reset() it, or reorder() it to the new batch first")
         else:
             k, v = layer.project_kv(key, value)  # (B, Hkv, S, E)
             if layer.rotary is not None:
-                k = layer.rotary(k, offset=offset, positions=call.positions)
-            k, v = self._append(k, v)  # the layer built them: update()'s checks would only repeat its own
+                k = layer.rotary(k)
+            k, v = self._append(k, v)
         return attention_trusted(q, k, v, mask=call.mask_for(k.shape[0], k.shape[2]), is_causal=call.is_causal,
-                         causal_align=call.causal_align or "bottom-right", window=call.window, bias=call.bias,
-                         need_weights=call.need_weights, **layer.attention_options())
+                                 causal_align=call.causal_align or "bottom-right", window=call.window, bias=call.bias,
+                                 need_weights=call.need_weights, **layer.attention_options())
+
+    def _window_for(self, window: int | None) -> int | None:
+        """The call's attention window against a rolling cache's: None takes the cache's; a larger one is
+        refused (the keys it needs are gone)."""
+        if self.window is None or self.static:
+            return window
+        if window is None:
+            return self.window
+        if window > self.window:
+            raise ValueError(f"window={window} is larger than this rolling KVCache's window={self.window}: the keys it "
+                             f"would attend beyond the last {self.window} positions are not kept. Use a "
+                             f"KVCache(window={window}) (or larger), or window <= {self.window}")
+        return window
 
     def attended_length(self, new: int) -> int:
         """S for ``new`` more tokens: the held positions and the new ones."""
@@ -227,6 +267,9 @@ class SinkCache(KVCache):
         queries past the cache's limit meet the sinks at the limit's position (a second attention
         call over the sinks, merged by log-sum-exp). Both calls run a backend that returns the lse in
         linear memory (tiled; flex on CUDA), never an L x S matrix."""
+        if not call.self_attention:
+            raise ValueError("key: a SinkCache is for causal self attention, got a key and value of another sequence "
+                             "(cross attention): use KVCache(static=True) for cross attention")
         if (not call.is_causal or call.window is not None or call.mask is not None or call.bias is not None
                 or call.positions is not None or call.key_mask is not None):
             raise ValueError("a SinkCache is for causal self attention without window, mask, key_mask, bias or positions: "
@@ -308,6 +351,9 @@ class FixedKVCache:
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
         """Causal self attention with the same shapes at every step (all ``capacity`` columns, the
         unwritten ones masked) and no read from the device."""
+        if not call.self_attention:
+            raise ValueError("key: a FixedKVCache is for causal self attention, got a key and value of another "
+                             "sequence (cross attention): use KVCache(static=True) for cross attention")
         if not call.is_causal:
             raise ValueError("a FixedKVCache is for causal self attention (decoding); pass is_causal=True")
         if isinstance(call.mask, BlockMask):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
@@ -176,7 +177,24 @@ class MultiHeadAttention(nn.Module):
         call = AttentionCall._make((mask, is_causal, window, bias, need_weights, causal_align, positions,
                                     self_attention, key_mask))  # _make: the fields in order, without __new__'s cost
         modules = self._modules  # (nn.Module's __getattr__ costs a quarter of a microsecond a lookup)
-        q = split_heads(project(modules["q_proj"], query), self.num_heads)  # (B, H, L, E)
-        result = attending.attend(self, q, key, value, call)
+        try:
+            q = split_heads(project(modules["q_proj"], query), self.num_heads)  # (B, H, L, E)
+            result = attending.attend(self, q, key, value, call)
+        except RuntimeError as error:  # torch's "mat1 and mat2 must have the same dtype" names no argument
+            mismatch = self._dtype_mismatch(query=query, key=key, value=value)
+            if mismatch is None:
+                raise
+            raise mismatch from error
         output = project(modules["out_proj"], merge_heads(result.output))  # (B, L, D)
         return tuple.__new__(AttentionOutput, (output, result.weights, result.lse))
+
+    def _dtype_mismatch(self, **inputs: Tensor) -> TypeError | None:
+        """A TypeError naming the input whose dtype is not the layer's (outside autocast, which casts)."""
+        weight = self.q_proj.weight
+        if torch.is_autocast_enabled(weight.device.type):
+            return None
+        for name, x in inputs.items():
+            if x.dtype != weight.dtype:
+                return TypeError(f"{name} has dtype {x.dtype} but this MultiHeadAttention's weights are {weight.dtype}: "
+                                 f"cast the input ({name}.to({weight.dtype})) or the layer (.to({x.dtype}))")
+        return None

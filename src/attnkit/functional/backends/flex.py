@@ -41,8 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..block_mask import length_bucket
-from . import flex_tables
-from . import reference
+from . import flex_tables, reference
 from ._common import BackendResult, Problem, compute_dtype, lse_unresolved, needs_grad, score_mod_needs_grad
 from .flex_tables import BLOCK
 
