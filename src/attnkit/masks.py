@@ -3,6 +3,7 @@
 - boolean masks for :func:`attnkit.attention`: :func:`causal`, :func:`sliding_window`, :func:`padding`,
   :func:`local`, :func:`causal_positions`, combined with :func:`and_masks` / :func:`or_masks`, and
   converted from other conventions with :func:`from_key_padding_mask` and :func:`from_additive`;
+  a sparse attention's top-k selection of keys or key blocks as a mask with :func:`selected`;
 - sparse patterns as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` (the ``*_mod`` functions),
   turned into a :class:`BlockMask` by :func:`block_mask`, or built in closed form by the
   ``*_block_mask`` builders; :data:`PATTERNS` and :func:`pattern_block_mask` by name.
@@ -51,6 +52,7 @@ from .functional.masks import (
     padding_mod,
     prefix_lm_mod,
     real_tokens_mod,
+    selected,
     sinks_window_mod,
     sliding_window,
     window_mod,
@@ -59,7 +61,7 @@ from .functional.masks import (
 __all__ = [
     # boolean masks
     "causal", "sliding_window", "padding", "local", "causal_positions", "and_masks", "or_masks",
-    "from_key_padding_mask", "from_additive", "ALIGNMENTS",
+    "from_key_padding_mask", "from_additive", "selected", "ALIGNMENTS",
     # block masks and the mask_mod vocabulary
     "BlockMask", "MaskMod", "ScoreMod", "block_mask", "causal_mod", "padding_mod", "real_tokens_mod", "window_mod",
     "longformer_mod", "bigbird_mod", "prefix_lm_mod", "document_mod", "dilated_window_mod", "sinks_window_mod",

@@ -60,6 +60,7 @@ __all__ = [
     "or_masks",
     "from_key_padding_mask",
     "from_additive",
+    "selected",
     "BlockMask",
     "MaskMod",
     "ScoreMod",
@@ -241,6 +242,44 @@ def from_additive(additive_mask: Tensor) -> Tensor:
             f"{example!r}); it is a bias, pass it to attention(..., bias=...) instead"
         )
     return allowed
+
+
+def selected(indices: Tensor, S: int, *, block_size: int = 1, heads: int | None = None) -> Tensor:
+    """The keys a sparse attention's selection lets each query attend, as a boolean mask.
+
+    ``indices`` (B, L, k) or (B, Hs, L, k), integer: for query i of example b (and selection head h,
+    one per group of H / Hs query heads) the keys (``block_size`` 1: DeepSeek-V3.2's top-k tokens) or
+    the key blocks [j * block_size, (j + 1) * block_size) (MiniMax-M3's top-k blocks) it may attend.
+    A negative entry is an empty slot; a repeated one counts once.
+
+    Returns (B, 1, L, S) or (B, Hs, L, S), True at selected keys; with ``heads`` = H (a multiple of Hs),
+    (B, H, L, S), query head h reading selection head h // (H / Hs) as grouped heads read key heads.
+    Combine it with the call's other masks (:func:`and_masks`) and pass it as ``mask``."""
+    check_int("block_size", block_size, 1)
+    check_int("heads", heads, 1, optional=True)
+    _check_length("S", S)
+    if not isinstance(indices, Tensor) or indices.dim() not in (3, 4):
+        got = tuple(indices.shape) if isinstance(indices, Tensor) else type(indices).__name__
+        raise ValueError(f"indices must have shape (B, L, k) or (B, Hs, L, k), got {got}")
+    if indices.is_floating_point() or indices.dtype == torch.bool:
+        raise TypeError(f"indices must be an integer tensor of key (or key block) positions, got dtype {indices.dtype}")
+    blocks = -(-S // block_size)
+    if indices.numel() and int(indices.max()) >= blocks:
+        what = "key" if block_size == 1 else f"key block (of {block_size} keys)"
+        raise ValueError(f"indices must hold {what} positions in [0, {blocks}) or -1 for an empty slot, got "
+                         f"{int(indices.max())} for S={S}")
+    slots = indices.long().masked_fill(indices < 0, blocks)  # empty slots land in a column dropped below
+    chosen = torch.zeros(*indices.shape[:-1], blocks + 1, dtype=torch.bool, device=indices.device)
+    chosen.scatter_(-1, slots, True)
+    chosen = chosen[..., :blocks]
+    if block_size > 1:
+        chosen = chosen.repeat_interleave(block_size, dim=-1)[..., :S]
+    chosen = chosen[:, None] if indices.dim() == 3 else chosen
+    if heads is None or chosen.shape[1] in (1, heads):
+        return chosen
+    if heads % chosen.shape[1]:
+        raise ValueError(f"heads={heads} must be a multiple of the selection's {chosen.shape[1]} heads")
+    return chosen.repeat_interleave(heads // chosen.shape[1], dim=1)
 
 
 and_mods = alias(and_masks, "and_mods")  # deprecated: and_masks takes mask_mods (FlexAttention's name)

@@ -15,10 +15,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .. import masks
 from ..functional.attention import attention
 from ..functional.block_mask import ScoreMod
+from ..functional.masks import selected
 from . import families
 from .families import IMPLEMENTATION, UnsupportedFeature, check_family, install_guard, permitted
+from .keywords import check_keywords
 from .masks import StructuredMask, attnkit_mask
 from .record import RECORDING
 from .rows import as_eager, mask_empty_rows
@@ -115,8 +118,14 @@ def attnkit_attention_forward(
 def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
            dropout: float, scaling: float | None, is_causal: bool | None, kwargs: dict) -> tuple[Tensor, Tensor | None]:
     """:func:`attnkit_attention_forward` on one process: the output (B, H, L, Ev) and the weights."""
+    if torch.is_autocast_enabled(query.device.type):  # SDPA's casts (RoPE leaves q and k in float32 there)
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
     S = key.shape[2]
-    mask, bias, empty, causal, window, align = _read_mask(module, attention_mask, query, S, is_causal)
+    owner = type(module).__name__
+    check_keywords(owner, kwargs)
+    selection = _selection(module, kwargs, query.shape[1], S)
+    mask, bias, empty, causal, window, align = _read_mask(module, attention_mask, query, S, is_causal, selection)
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:  # T5: relative position bias, (1|B, H, L, S), added to the scores
         position_bias = position_bias[..., :S].to(query.dtype)
@@ -136,7 +145,11 @@ def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attenti
     sinks = kwargs.get("s_aux")
     sinks = kwargs.get("sinks") if sinks is None else sinks
     recording = RECORDING.get()
-    wanted = recording.heads_of(module) if recording is not None else None
+    recorded = recording.heads_of(module) if recording is not None else None
+    requested = weights_requested(kwargs)
+    # The model's own attentions (every head) when it asked for them, the recorded heads cut from them;
+    # else only the recorded heads are computed.
+    wanted = None if requested or recorded is None else recorded
     result = attention(
         query,
         key,
@@ -148,7 +161,7 @@ def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attenti
         window=window,
         scale=scaling,
         dropout_p=dropout if module.training else 0.0,
-        need_weights=wanted if wanted is not None else weights_requested(kwargs),
+        need_weights=wanted if wanted is not None else requested,
         score_mod=score_mod,
         sinks=None if sinks is None else sinks.to(query.dtype if query.dtype == torch.float64 else torch.float32),
     )
@@ -158,15 +171,44 @@ def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attenti
         learned = position_bias if position_bias is not None and position_bias.requires_grad else None
         output, weights = as_eager(output, weights, empty, query, key, value, scale,
                                    softcap=float(softcap) if softcap else None, bias=learned, heads=wanted)
-    if wanted is not None and recording is not None and weights is not None:
-        recording.store(module, weights)
-        weights = weights if weights_requested(kwargs) else None
+    if recorded is not None and recording is not None and weights is not None:
+        recording.store(module, weights if wanted is not None else weights[:, recorded])
+        weights = weights if requested else None
     return output, weights
 
 
-def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, S: int, is_causal: bool | None):
-    """What the call's ``attention_mask`` means to attnkit: (mask, bias, empty rows, is_causal, window,
-    causal_align), as :func:`attnkit_attention_forward` describes."""
+def _selection(module: nn.Module, kwargs: dict, H: int, S: int) -> Tensor | None:
+    """The keys a sparse attention selected for each query, as a (B, 1|H, L, S) boolean mask, or None:
+    DeepSeek-V3.2's (and hy_v4's) top-k key ``indices`` (B, L, k), MiniMax-M3's top-k ``block_indices``
+    (B, Hkv, L, k) over blocks of ``module.indexer.block_size`` keys. Eager folds the same selection into
+    its mask; it is refused by name where attnkit cannot read it."""
+    owner = type(module).__name__
+    indices, blocks = kwargs.get("indices"), kwargs.get("block_indices")
+    for name, value in (("indices", indices), ("block_indices", blocks)):
+        if isinstance(value, StructuredMask):
+            raise UnsupportedFeature(f"{owner}: {name} were computed from attnkit's structured mask, which holds the "
+                                     "padding alone: the model reads the mask itself (an indexer scoring against it), so "
+                                     "its selection is not eager's. attnkit.hf.masks.MASK_READING_FAMILIES must name "
+                                     f"model_type {getattr(getattr(module, 'config', None), 'model_type', None)!r}")
+    if indices is not None and blocks is not None:
+        raise UnsupportedFeature(f"{owner}: both indices and block_indices were given; attnkit applies one selection")
+    if indices is not None:
+        return selected(indices, S)
+    if blocks is None:
+        return None
+    block_size = getattr(getattr(module, "indexer", None), "block_size", None)
+    if not isinstance(block_size, int) or block_size < 1:
+        raise UnsupportedFeature(f"{owner}: block_indices without module.indexer.block_size: attnkit cannot tell how many "
+                                 "keys a selected block holds")
+    return selected(blocks, S, block_size=block_size, heads=H)
+
+
+def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, S: int, is_causal: bool | None,
+               selection: Tensor | None = None):
+    """What the call's ``attention_mask`` (and a sparse ``selection``, (B, 1|H, L, S)) mean to attnkit:
+    (mask, bias, empty rows, is_causal, window, causal_align), as :func:`attnkit_attention_forward`
+    describes. A selection joins the mask as eager joins it: ANDed to a boolean mask, ``finfo.min`` in an
+    additive one, and the structure of a structured mask written out beside it."""
     owner, L = type(module).__name__, query.shape[2]
     mask = bias = empty = None
     causal, window, align = False, None, "top-left"
@@ -179,19 +221,43 @@ def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, 
             raise UnsupportedFeature(_keys_mismatch(owner, attention_mask.shape[-1], S, structure.window))
         mask = attention_mask.as_subclass(Tensor) if structure.padded else None
         causal, window, align = structure.is_causal, structure.window, structure.causal_align
-        empty = attention_mask.empty_rows(L, S)
-    elif attention_mask is not None:
+        if selection is None:
+            return mask, bias, attention_mask.empty_rows(L, S), causal, window, align
+        if causal:  # the structure written out beside the selection (eager's mask holds both)
+            dense = masks.sliding_window(L, S, window, causal_align=align, device=query.device) if window else \
+                masks.causal(L, S, causal_align=align, device=query.device)
+            mask = dense if mask is None else mask & dense
+        causal, window, align = False, None, "top-left"
+        mask = selection if mask is None else mask & selection
+        return mask, bias, mask_empty_rows(mask, None), causal, window, align
+    if attention_mask is not None:
         if attention_mask.shape[-1] < S:
             raise UnsupportedFeature(f"{owner}: a mask over {attention_mask.shape[-1]} keys for {S} keys")
         attention_mask = attention_mask[..., :S]  # as eager: a mask as long as a static cache is cut to the keys
         if attention_mask.dtype == torch.bool:
-            mask = attention_mask
+            mask = attention_mask if selection is None else attention_mask & selection
         else:
-            bias = attention_mask.to(query.dtype)
-        empty = mask_empty_rows(mask, bias)
-    else:  # transformers' SDPA semantics for "no mask": causal (top-left) where the module is
-        causal = L > 1 and bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+            given = attention_mask if selection is None else \
+                attention_mask.masked_fill(~selection, torch.finfo(attention_mask.dtype).min)
+            empty = mask_empty_rows(None, given)  # read in the mask's own dtype, as eager's type promotion does
+            bias = _in_dtype(given, query.dtype)
+            return mask, bias, empty, causal, window, align
+        return mask, bias, mask_empty_rows(mask, None), causal, window, align
+    # transformers' SDPA semantics for "no mask": causal (top-left) where the module is
+    causal = L > 1 and bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if selection is not None:
+        mask = selection if not causal else selection & masks.causal(L, S, device=query.device)
+        return mask, bias, mask_empty_rows(mask, None), False, None, "top-left"
     return mask, bias, empty, causal, window, align
+
+
+def _in_dtype(bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """An additive mask in the queries' dtype, its values below that dtype's range at its lowest finite value
+    (a float32 ``finfo.min`` is -inf in bfloat16; clamped, it stays a masked key the rows above know)."""
+    if bias.dtype == dtype:
+        return bias
+    return bias.clamp(min=torch.finfo(dtype).min).to(dtype) if torch.finfo(bias.dtype).min < torch.finfo(dtype).min \
+        else bias.to(dtype)
 
 
 def weights_requested(kwargs: dict) -> bool:

@@ -17,7 +17,15 @@ from torch import Tensor
 
 from .rows import EmptyRows, structured_empty_rows
 
-__all__ = ["StructuredMask", "attnkit_mask"]
+__all__ = ["StructuredMask", "attnkit_mask", "MASK_READING_FAMILIES"]
+
+MASK_READING_FAMILIES = frozenset({
+    # DeepSeek sparse attention's indexer scores every key against attention_mask[:, 0] before attention
+    # sees the mask: it needs the whole (B, 1, L, S) mask, causality included, as eager's indexer gets it.
+    "deepseek_v32", "hy_v4", "hy_v4_vl", "glm_moe_dsa", "mistral_large4", "dots3_note", "axk2",
+})
+"""Families whose modules read the attention mask themselves, not only hand it to attention: they get
+transformers' own mask, fully built (a structured mask holds the padding alone)."""
 
 
 @dataclass(frozen=True)
@@ -120,10 +128,15 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     sliding-window or bidirectional mask function, offsets that are top-left or bottom-right, the
     caller allowing a skipped mask), a :class:`StructuredMask` of the padding alone, (B, 1, 1, S),
     carries that structure to :func:`attnkit_attention_forward`: no (L, S) tensor is built.
-    Anything else gets transformers' own SDPA mask, fully built, and is used unchanged."""
+    Anything else gets transformers' own SDPA mask, fully built, and is used unchanged; so does every
+    mask of a family in :data:`MASK_READING_FAMILIES`."""
     from transformers import masking_utils as mu
 
     mask_function = mu.causal_mask_function if mask_function is None else mask_function
+    if getattr(kwargs.get("config"), "model_type", None) in MASK_READING_FAMILIES:
+        return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                            attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
+                            allow_is_bidirectional_skip=False, **kwargs)
     structure = _recognise(mask_function, local_size, allow_is_causal_skip, allow_is_bidirectional_skip, q_length,
                            kv_length, q_offset, kv_offset)
     padding = None

@@ -42,6 +42,7 @@ from ..distributed.ulysses import heads_to_seq, seq_to_heads
 from ..functional.heads import repeat_kv
 from .families import IMPLEMENTATION, UnsupportedFeature
 from .interface import attend, weights_requested
+from .keywords import check_keywords
 from .masks import StructuredMask, _Structure, _structured
 from .record import RECORDING
 from .rows import structured_empty_rows
@@ -163,7 +164,12 @@ class HFContextParallel:
                scaling: float | None, is_causal: bool | None, kwargs: dict) -> Tensor:
         """One attention call of the model, over the whole sequence: output (B, H, L, Ev)."""
         owner = type(module).__name__
+        check_keywords(owner, kwargs)
         L = query.shape[2]
+        for name in ("indices", "block_indices"):
+            if kwargs.get(name) is not None:
+                raise UnsupportedFeature(f"{owner}: a sparse attention's selection ({name}) is not supported under "
+                                         "context parallelism")
         if key.shape[2] != L:
             raise UnsupportedFeature(f"{owner}: {key.shape[2]} keys for {L} queries: a KV cache (generation) is not "
                                      "supported under context parallelism; call remove() first")

@@ -1,21 +1,24 @@
 """Rows with no allowed key, as transformers' eager attention computes them.
 
 attnkit's own :func:`attnkit.attention` gives such a row zeros. Eager masks with ``finfo.min``
-added to the scores, so every score of a row with no allowed key rounds to the same value and its
-softmax is uniform: the row averages the values of all S keys, and autograd differentiates that
-softmax at the uniform point (the q, k and v of the row get gradients). Inside the bridge attnkit
-returns exactly that, forward and backward, so that a left-padded batch whose first labels are not
-masked trains as eager does:
+added to the scores, so every score of such a row rounds to the row's largest mask value and its
+softmax is uniform over the keys holding that value (all S keys under transformers' own masks; under
+a user's mask mixing -inf and ``finfo.min``, the ``finfo.min`` keys): the row averages their values,
+and autograd differentiates that softmax at the uniform point (the q, k and v of the row get
+gradients, and so do the returned weights). Inside the bridge attnkit returns exactly that, forward
+and backward, so that a left-padded batch whose first labels are not masked trains as eager does:
 
-    p = softmax(t - sg(t)),  t = f(scores) (+ a learned bias),  output = p v
+    p = softmax(t - sg(t)) over the row's keys,  t = f(scores) (+ a learned bias),  output = p v
 
-where sg stops gradients (forward: p = 1/S; backward: softmax's Jacobian at 1/S), f is Gemma 2's
-softcapping where the model has it. Without softcapping or a learned bias the rows need no scores:
+where sg stops gradients (forward: p uniform; backward: softmax's Jacobian there), f is Gemma 2's
+softcapping where the model has it. Where the row averages all S keys and nothing needs p's own
+gradient (no softcapping, no learned bias, no weights to differentiate) the rows need no scores:
 
     output = mean_j v_j + scale (q M - sg(q M)),  M = sum_j k_j sg(v_j - mean v)^T / S
 
 (E x Ev per key/value head), computed for every row and selected where a row is empty, with no
 look at the device. Otherwise the empty rows are gathered and computed as above (one look).
+Eager gives NaN only where every key of a row is -inf; attnkit keeps zeros there.
 A model with learned sinks (gpt-oss) needs nothing: eager's sink takes the whole row, zeros.
 """
 
@@ -31,9 +34,11 @@ __all__ = ["EmptyRows", "structured_empty_rows", "mask_empty_rows", "as_eager"]
 
 @dataclass(frozen=True)
 class EmptyRows:
-    """(B|1, H|1, L) True where a query row has no allowed key and eager averages every key."""
+    """``rows`` (B|1, H|1, L): True where a query row has no allowed key and eager averages keys instead;
+    ``keys`` (B|1, H|1, L|1, S): the keys it averages there, None for all S."""
 
     rows: Tensor
+    keys: Tensor | None = None
 
 
 def structured_empty_rows(padding: Tensor | None, L: int, S: int, *, causal: bool, window: int | None,
@@ -60,35 +65,43 @@ def structured_empty_rows(padding: Tensor | None, L: int, S: int, *, causal: boo
 
 
 def mask_empty_rows(mask: Tensor | None, bias: Tensor | None) -> EmptyRows | None:
-    """Rows eager averages uniformly, from a mask transformers built (boolean, True = attend) or a
-    user's additive one: no allowed key, and for an additive mask no -inf in the row either (eager
-    gives NaN for a row of -inf; a row mixing -inf and finfo.min keeps attnkit's zeros)."""
+    """Rows eager averages, from a mask transformers built (boolean, True = attend: eager's own mask
+    puts ``finfo.min`` at every masked key, so it averages all S) or a user's additive one, read in the
+    dtype it was given in (a float32 ``finfo.min`` stays a finite mask value in a bfloat16 model, as
+    eager's type promotion keeps it): no allowed key, and some key not -inf (eager's NaN row); the
+    keys averaged are those holding the row's largest value (``finfo.min`` beside -inf: a row mixing
+    them averages its ``finfo.min`` keys)."""
     if mask is not None:
         return EmptyRows(rows=~mask.any(dim=-1))
-    if bias is not None:
-        masked = bias <= torch.finfo(bias.dtype).min / 2
-        return EmptyRows(rows=masked.all(dim=-1) & ~torch.isneginf(bias).any(dim=-1))
-    return None
+    if bias is None:
+        return None
+    masked = bias <= torch.finfo(bias.dtype).min / 2
+    rows = masked.all(dim=-1) & ~torch.isneginf(bias).all(dim=-1)
+    averaged = bias == bias.amax(dim=-1, keepdim=True)  # where eager's rounding leaves the weight
+    if bias.device.type == "cpu" and not torch.compiler.is_compiling() and bool((averaged | ~rows[..., None]).all()):
+        return EmptyRows(rows=rows)  # every empty row averages all S keys (transformers' finfo.min masks)
+    return EmptyRows(rows=rows, keys=averaged)
 
 
 def as_eager(output: Tensor, weights: Tensor | None, empty: EmptyRows, query: Tensor, key: Tensor, value: Tensor,
              scale: float, *, softcap: float | None = None, bias: Tensor | None = None,
              heads: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
     """``output`` (B, H, L, Ev) and ``weights`` (B, h, L, S) (of ``heads``, all when None) with the
-    empty rows replaced by eager's uniform rows, gradients included. ``bias`` (B|1, H, L, S): an
-    additive term that needs gradients (T5's relative position bias)."""
+    empty rows replaced by eager's rows, gradients included (the weights' too). ``bias`` (B|1, H, L, S):
+    an additive term that needs gradients (T5's relative position bias)."""
     rows = empty.rows
     if query.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(rows.any()):
         return output, weights
-    S = key.shape[2]
-    if softcap is None and (bias is None or not bias.requires_grad):
+    learned = bias is not None and bias.requires_grad
+    weights_train = weights is not None and torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
+                                                                         or learned)
+    if softcap is None and not learned and empty.keys is None and not weights_train:
         output = torch.where(rows[..., None], _uniform_rows(query, key, value, scale), output)
-    else:
-        output = _gathered_rows(output, rows, query, key, value, scale, softcap, bias)
-    if weights is not None:
-        chosen = rows if rows.shape[1] == 1 or heads is None else rows[:, heads]
-        weights = torch.where(chosen[..., None], torch.full((), 1.0 / S, dtype=weights.dtype), weights)
-    return output, weights
+        if weights is not None:
+            chosen = rows if rows.shape[1] == 1 or heads is None else rows[:, heads]
+            weights = torch.where(chosen[..., None], torch.full((), 1.0 / key.shape[2], dtype=weights.dtype), weights)
+        return output, weights
+    return _gathered_rows(output, weights, empty, query, key, value, scale, softcap, bias, heads)
 
 
 def _uniform_rows(query: Tensor, key: Tensor, value: Tensor, scale: float) -> Tensor:
@@ -101,19 +114,35 @@ def _uniform_rows(query: Tensor, key: Tensor, value: Tensor, scale: float) -> Te
     return (mean[:, :, None] + (t - t.detach())).flatten(1, 2)
 
 
-def _gathered_rows(output: Tensor, rows: Tensor, query: Tensor, key: Tensor, value: Tensor, scale: float,
-                   softcap: float | None, bias: Tensor | None) -> Tensor:
-    """``output`` with the empty rows computed one by one from their scores (module docstring)."""
+def _gathered_rows(output: Tensor, weights: Tensor | None, empty: EmptyRows, query: Tensor, key: Tensor,
+                   value: Tensor, scale: float, softcap: float | None, bias: Tensor | None,
+                   heads: list[int] | None) -> tuple[Tensor, Tensor | None]:
+    """``output`` and ``weights`` with the empty rows computed one by one from their scores (module
+    docstring); the weights of those rows are p itself, so a loss on them reaches q and k as eager's."""
     B, H, L, _ = query.shape
     groups = H // key.shape[1]
-    b, h, i = rows.expand(B, H, L).nonzero(as_tuple=True)
+    b, h, i = empty.rows.expand(B, H, L).nonzero(as_tuple=True)
     if b.numel() == 0:
-        return output
+        return output, weights
     scores = (key[b, h // groups] @ query[b, h, i][..., None]).squeeze(-1) * scale  # (n, S)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias[b if bias.shape[0] > 1 else 0, h, i].to(scores.dtype)
-    p = torch.softmax(scores - scores.detach(), dim=-1)  # 1/S, with softmax's gradient at 1/S
+    centred = scores - scores.detach()  # 0, with the scores' gradient
+    if empty.keys is not None:
+        keys = empty.keys
+        members = keys[b if keys.shape[0] > 1 else 0, h if keys.shape[1] > 1 else 0, i if keys.shape[2] > 1 else 0]
+        centred = centred.masked_fill(~members, float("-inf"))
+    p = torch.softmax(centred, dim=-1)  # uniform over the row's keys, with softmax's gradient there
     rows_out = (p[:, None] @ value[b, h // groups]).squeeze(1)  # (n, Ev)
-    return output.index_put((b, h, i), rows_out.to(output.dtype))
+    output = output.index_put((b, h, i), rows_out.to(output.dtype))
+    if weights is not None:
+        if heads is None:
+            weights = weights.index_put((b, h, i), p.to(weights.dtype))
+        else:
+            slot = torch.full((H,), -1, dtype=torch.long, device=h.device)
+            slot[torch.tensor(heads, device=h.device)] = torch.arange(len(heads), device=h.device)
+            kept = slot[h] >= 0
+            weights = weights.index_put((b[kept], slot[h[kept]], i[kept]), p[kept].to(weights.dtype))
+    return output, weights
