@@ -84,13 +84,15 @@ def spawn_workers(worker, world: int, timeout: float) -> None:
 
 def torchrun_and_one_process(script, args: list[str], timeout: float = 240) -> list[tuple[str, list[float]]]:
     """(stdout, the "loss X" values it printed) of ``script`` under ``torchrun --standalone
-    --nproc_per_node 2`` and as one process, one thread each; fails on a non-zero exit with its stderr."""
+    --nproc_per_node 2`` and as one process, one thread each; fails on a non-zero exit with its stderr,
+    and on any deprecation warning attnkit's code raises (torch's deprecated collectives among them)."""
     import os
     import re
     import subprocess
     import sys
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    warnings = ",".join(f"error::{kind}:attnkit" for kind in ("FutureWarning", "DeprecationWarning"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": warnings}
     runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                             str(script), *args], capture_output=True, text=True, env=env, timeout=timeout),
             subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,

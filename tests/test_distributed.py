@@ -287,3 +287,40 @@ def _mismatch_worker(rank: int, world: int, port: int, errors) -> None:
 
 def test_ranks_that_disagree_are_refused_by_name_on_every_rank():
     spawn_workers(_mismatch_worker, 2, timeout=90)
+
+
+def _collectives_worker(rank: int, world: int, port: int, errors) -> None:
+    import warnings
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    from attnkit.distributed.group import exchanged, summed
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch.distributed.nn's collectives warned FutureWarning here
+            x = torch.full((3,), float(rank + 1), dtype=torch.float64, requires_grad=True)
+            total = summed(x)
+            (total * (rank + 1)).sum().backward()  # d/dx of sum_r (r + 1) * total = sum_r (r + 1) = 3
+            if not (torch.equal(total.detach(), torch.full((3,), 3.0, dtype=torch.float64))
+                    and torch.equal(x.grad, torch.full((3,), 3.0, dtype=torch.float64))):
+                errors.put(f"rank {rank}: summed gave {total} with gradient {x.grad}")
+            chunks = torch.arange(world * 2, dtype=torch.float64).view(world, 2).add(10 * rank).requires_grad_()
+            received = exchanged(chunks)  # rank r gets chunk r of every rank
+            want = torch.stack([torch.arange(2, dtype=torch.float64) + 2 * rank + 10 * other for other in range(world)])
+            (received * (rank + 1)).sum().backward()  # chunk r of this rank went to rank r, weighted r + 1
+            grad_want = torch.arange(1, world + 1, dtype=torch.float64)[:, None].expand(world, 2)
+            if not (torch.equal(received.detach(), want) and torch.equal(chunks.grad, grad_want)):
+                errors.put(f"rank {rank}: exchanged gave {received} with gradient {chunks.grad}")
+    except Exception:  # noqa: BLE001 - reported to the parent, which fails the test
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        torch.distributed.destroy_process_group()
+        os._exit(0)
+
+
+def test_the_differentiable_collectives_are_torchs_supported_ones():
+    """Context parallelism sums and exchanges through torch's functional collectives (their values and
+    gradients checked), not torch.distributed.nn's, deprecated in the torch attnkit pins (two
+    FutureWarnings per run of the example)."""
+    spawn_workers(_collectives_worker, 2, timeout=90)

@@ -27,3 +27,16 @@ def test_written_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o644
+
+
+def test_json_has_no_nan_a_non_finite_number_is_null(tmp_path):
+    import json
+    import math
+
+    from attnkit._files import write_json
+
+    path = tmp_path / "x.json"
+    write_json(path, {"ratio": math.nan, "rows": [1.5, math.inf, {"low": -math.inf}], "pair": (1, math.nan)})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"ratio": None, "rows": [1.5, None, {"low": None}], "pair": [1, None]}

@@ -37,11 +37,26 @@ def _umask() -> int:
 
 
 def write_json(path: str | os.PathLike, data) -> None:
-    """Write ``data`` as indented UTF-8 JSON, atomically."""
+    """Write ``data`` as indented UTF-8 JSON, atomically. A NaN or infinite number is written as null:
+    JSON has no such numbers (Python's bare ``NaN`` is not JSON, and other readers refuse it)."""
     import json
 
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(_finite(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
+                       encoding="utf-8")
+
+
+def _finite(data):
+    """``data`` with every NaN or infinite float replaced by None, at any depth of dicts, lists and tuples."""
+    import math
+
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
 
 
 def read_json(path: str | os.PathLike, what: str = "file"):

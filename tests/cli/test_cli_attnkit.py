@@ -143,3 +143,27 @@ def test_an_input_is_never_an_output(run, phrase_file, tmp_path, capsys):
     refused(["evaluate", "--checkpoint", run, "--data", data, "--json", data], capsys, "--json", "--data input")
     refused(["align", "--data", data, "--aligner", "ibm1", "--out", data, "--quiet"], capsys, "--out", "--data")
     assert data.read_bytes() == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--epochs", "x"], ["translate", "--checkpoint"], ["generate"], ["cost", "--model"],
+    ["demo", "--beam", "0"], ["tour", "--seed", "-1"], ["bench", "--sizes", "x"], ["inspect", "--steps", "y"],
+    ["evaluate", "--beam"], ["align", "--aligner", "nope"], ["trian"],
+])
+def test_an_argument_mistake_is_one_line_without_the_usage_block(argv, capsys):
+    """argparse printed its whole usage block before the one line."""
+    code, out, err, _ = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err and "error:" in err and "--help" in err, err
+
+
+@pytest.mark.parametrize("command", [
+    ["demo", "--figure2", "--minutes", "5"],  # refused inside the folder: --figure2 takes no --minutes
+    ["inspect", "--model", "minilm", "--aer"],  # --aer needs a translation checkpoint
+    ["inspect", "--model", "minilm", "--also", "x"],
+])
+def test_a_refused_command_leaves_no_empty_output_folder(command, tmp_path, capsys):
+    out = tmp_path / "new" / "out"
+    code, _, err, _ = run_cli([*command, "--out", out], capsys)
+    assert code == 2, err
+    assert not out.exists()

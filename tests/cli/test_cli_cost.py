@@ -54,3 +54,28 @@ def test_cost_cli(capsys, tmp_path):
     assert "parameters: 124,439,808" in out and "16,777,216 entries per head per layer" in out
     assert main(["cost", "--model", "nope", "--seq", "10"]) == 2
     assert "--model must be a preset" in capsys.readouterr().err
+
+
+def test_an_attnkit_config_names_its_mistakes_and_never_counts_a_default_model(tmp_path, capsys):
+    """An unknown field gave a traceback; a partial file was GPT-2 small's model silently."""
+    import json
+
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"kind": "decoder", "vocab_size": 100, "d_model": 64, "num_layers": 2, "num_heads": 4,
+                                "d_ff": 128, "nmu_kv_heads": 2}))
+    refused(["cost", "--model", typo], capsys, "--model", "unknown DecoderConfig fields ['nmu_kv_heads']")
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"kind": "decoder", "num_layers": 2}))
+    refused(["cost", "--model", partial], capsys, "must give its sizes", "missing vocab_size, d_model, num_heads, d_ff")
+    sized = tmp_path / "sized.json"
+    sized.write_text(json.dumps({"kind": "decoder", "vocab_size": 100, "d_model": 64, "num_layers": 2, "num_heads": 4,
+                                 "d_ff": 128}))
+    assert main(["cost", "--model", str(sized), "--seq", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: " in out and "note: fields the file does not give take attnkit's defaults: " in out
+    assert "max_len" in out.split("defaults: ")[1]
+
+
+def test_options_must_be_spelt_out(capsys):
+    """argparse took --se as --seq (abbreviations); every command now refuses it, in one line."""
+    refused(["cost", "--model", "gpt2-small", "--se", "128"], capsys, "unrecognized arguments: --se 128")

@@ -48,7 +48,8 @@ def test_demo_writes_the_report(tmp_path, capsys):
         for name in ("bottleneck", "bahdanau"):
             cells = row["systems"][name]
             assert cells["bleu_ci"] >= 0 and 0 <= cells["chrf"] <= 100
-        assert 0 <= row["systems"]["bahdanau"]["bleu_p"] <= 1
+        p = row["systems"]["bahdanau"]["bleu_p"]
+        assert p is None or 0 <= p <= 1  # None: the two scored the same in that bucket
     assert "## Quality against sentence length" in text and "bahdanau BLEU [95%]" in text
     assert "BLEU on the longest sources (41-80 words) over BLEU on 11-20-word sources" in text
 
@@ -69,10 +70,14 @@ def test_figure2_trains_four_models_for_the_same_steps_and_judges_them(tmp_path,
         assert (tmp_path / "runs" / name / "best" / "model.safetensors").is_file()
     figure2 = results["quality_by_length"]["figure2"]
     assert [row["bucket"] for row in figure2["long_vs_short"]] == ["31-40", "41-50", "51-80"]
-    assert all(0 <= row["p"] <= 1 for row in figure2["long_vs_short"])
+    assert all(row["p"] is None or 0 <= row["p"] <= 1 for row in figure2["long_vs_short"])  # None: equal scores
     text = (tmp_path / "report" / "README.md").read_text()
     assert "### Targets of the four-model run" in text and "| bahdanau-50 | bahdanau | <= 50 words |" in text
-    assert text.count("**met**") + text.count("**missed**") == 5
+    # each target judged, or said to be beyond judging (a tiny run's ratio has BLEU 0 below it: no ratio)
+    assert text.count("**met**") + text.count("**missed**") + text.count("**cannot tell** (no ratio)") == 5
+    for name in ("attention_ratio", "bottleneck_ratio"):
+        ratio = figure2[name]["ratio"]
+        assert ratio is None or ratio >= 0
 
 
 def test_figure2_takes_no_models_or_minutes(tmp_path, capsys):
@@ -98,3 +103,26 @@ PROBES = [
 @pytest.mark.parametrize("argv, words", PROBES, ids=probe_ids(PROBES))
 def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, capsys):
     assert_probe(argv, world, words, capsys)
+
+
+@pytest.mark.slow
+def test_the_quick_demo_finishes_and_its_report_says_nothing_false(tmp_path, capsys):
+    """The quick path crashed after both models trained ('yerr' must not contain negative values: the bars were
+    drawn around the point BLEU, the interval around the bootstrap mean); its report gave p = 0.001 where both
+    systems scored 0.00 [0.00, 0.00], concluded "does not hold" from NaN ratios, and results.json held bare NaN."""
+    assert main(["demo", "--out", str(tmp_path), "--train-limit", "300", "--test-limit", "10", "--epochs", "1",
+                 "--beam", "2", "--quiet"]) == 0
+    report = tmp_path / "report"
+    raw = (report / "results.json").read_text()
+    json.loads(raw, parse_constant=lambda name: pytest.fail(f"results.json holds {name}, which is not JSON"))
+    results = json.loads(raw)
+    text = (report / "README.md").read_text()
+    for row in results["quality_by_length"]["buckets"]:
+        a, b = (row["systems"][n] for n in ("bottleneck", "bahdanau"))
+        if a["bleu"] == b["bleu"]:
+            assert b["bleu_p"] is None
+    for name, ratio in results["quality_by_length"]["ratios"].items():
+        if ratio.get("ratio") is None:  # no ratio (BLEU 0 on short sources): the report says so, judges nothing
+            assert f"{name}: no ratio" in text
+            assert "does not hold" not in text and "cannot be judged" in text
+    assert (report / "bleu_by_length.png").read_bytes()[:4] == b"\x89PNG"

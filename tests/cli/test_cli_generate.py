@@ -61,3 +61,42 @@ def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, caps
 def test_an_option_that_would_do_nothing_is_refused(argv, words, run, phrase_file, tmp_path, capsys):
     files = {"pairs": phrase_file, "run": run, "tmp": tmp_path}
     refused(fill(argv, files), capsys, *words)
+
+
+def test_a_seed_torch_cannot_take_is_refused_by_name(capsys):
+    refused(["generate", "--prompt", "hi", "--seed", "99999999999999999999999"], capsys, "--seed",
+            "[0, 9,223,372,036,854,775,807]")
+
+
+@pytest.mark.slow  # loads SmolLM2
+@pytest.mark.requires("smollm2")
+def test_a_stop_that_is_not_one_token_is_refused(capsys):
+    refused(["generate", "--prompt", "hi", "--stop", "the end"], capsys, "--stop 'the end' is not one token")
+
+
+@pytest.mark.requires("smollm2")
+def test_chat_uses_the_models_own_template_as_transformers_renders_it():
+    """--chat wrapped every prompt in a hard-coded ChatML; SmolLM2's GGUF carries its own template (with its
+    default system turn): rendered as transformers renders it, and its EOS is a default stop."""
+    pytest.importorskip("transformers")
+    from attnkit.models.chat import chat_format_of_gguf, render_chat
+    from attnkit.models.pretrained import smollm2_gguf
+
+    chat = chat_format_of_gguf(smollm2_gguf())
+    assert chat.template is not None and chat.eos == "<|im_end|>" and chat.eos_ids == (2,)
+    ours = render_chat(chat, "What is the capital of France?")
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    theirs, _ = render_jinja_template(conversations=[[{"role": "user", "content": "What is the capital of France?"}]],
+                                      chat_template=chat.template, add_generation_prompt=True,
+                                      bos_token=chat.bos, eos_token=chat.eos)
+    assert ours == theirs[0]
+    assert "You are a helpful AI assistant named SmolLM" in ours and ours.endswith("<|im_start|>assistant\n")
+
+
+def test_a_model_without_a_chat_template_refuses_chat():
+    from attnkit.errors import InputError
+    from attnkit.models.chat import ChatFormat, render_chat
+
+    with pytest.raises(InputError, match="has no chat template"):
+        render_chat(ChatFormat(template=None), "hi", source="--model x")

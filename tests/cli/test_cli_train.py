@@ -168,12 +168,16 @@ def test_resume_takes_the_runs_data_and_model_options_and_refuses_only_given_one
 def test_a_resume_whose_limits_are_reached_trains_nothing_and_says_so(phrase_file, tmp_path, capsys):
     run = tmp_path / "run"
     assert run_cli(["train", "--data", phrase_file, "--out", run, "--epochs", "1", "--max-steps", "5", *TINY], capsys)[0] == 0
-    before = snapshot(run)
-    for limits in (["--max-steps", "3"], ["--max-steps", "5"]):
+    before = {name: data for name, data in snapshot(run).items() if name != "attnkit-run.json"}
+    for limits in (["--max-steps", "3"], ["--max-steps", "5"], []):
         code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--epochs", "1", *limits, "--quiet"], capsys)
         assert code == 0, err
         assert "nothing to train: the run is at step 5" in out and "max-steps" in out
-    assert snapshot(run) == before  # no step, no checkpoint rewritten
+    after = snapshot(run)
+    assert {name: data for name, data in after.items() if name != "attnkit-run.json"} == before  # no step, no checkpoint
+    marker = json.loads(after["attnkit-run.json"])  # the limits given were recorded, each from step 5
+    assert [c["changed"] for c in marker["changes"]] == [[{"option": "max_steps", "was": 5, "now": 3}],
+                                                        [{"option": "max_steps", "was": 3, "now": 5}]]
 
 
 def test_a_run_that_stopped_before_writing_anything_is_not_an_existing_run(phrase_file, tmp_path, capsys):
@@ -236,3 +240,50 @@ def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, caps
 def test_an_option_that_would_do_nothing_is_refused(argv, words, run, phrase_file, tmp_path, capsys):
     files = {"pairs": phrase_file, "run": run, "tmp": tmp_path}
     refused(fill(argv, files), capsys, *words)
+
+
+def test_a_file_too_small_to_hold_validation_pairs_is_refused_and_leaves_no_folder(tmp_path, capsys):
+    """10 pairs give no validation pair (every 20th is held out): a traceback before, now one line, and the
+    run folder it had made is gone."""
+    data = tmp_path / "ten.tsv"
+    data.write_text("".join(f"hello {i}\tbonjour {i}\n" for i in range(10)))
+    out = tmp_path / "run"
+    refused(["train", "--data", data, "--out", out, *TINY], capsys, "--data", "10 training and 0 validation pairs",
+            "--valid FILE")
+    assert not out.exists()
+
+
+def test_a_resume_is_the_same_run_with_its_training_options(phrase_file, tmp_path, capsys):
+    """A run of batch 16 stopped at --max-steps 4, resumed with nothing but --resume: it trained 2,280 steps at
+    batch 64 before. Now the run's own options: nothing to train; a longer limit trains on at batch 16; an
+    option given explicitly applies and is recorded."""
+    run = tmp_path / "run"
+    assert run_cli(["train", "--data", phrase_file, "--out", run, "--max-steps", "4", "--batch-size", "16",
+                    "--lr", "0.003", *TINY], capsys)[0] == 0
+    code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--quiet"], capsys)
+    assert code == 0, err
+    assert "nothing to train: the run is at step 4" in out
+    code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--max-steps", "6", "--quiet"], capsys)
+    assert code == 0 and "max-steps after 6 steps" in out, err
+    marker = json.loads((run / "attnkit-run.json").read_text())
+    assert marker["training"]["batch_size"] == 16 and marker["training"]["lr"] == 0.003
+    assert marker["training"]["max_steps"] == 6
+    assert marker["changes"] == [{"step": 4, "changed": [{"option": "max_steps", "was": 4, "now": 6}]}]
+    trainer = json.loads((run / "last" / "trainer.json").read_text())
+    assert trainer["progress"]["step"] == 6
+
+
+def test_a_stop_before_any_validation_names_only_the_checkpoints_written(phrase_file, tmp_path, capsys, monkeypatch):
+    """Ctrl-C before the first validation left last/ alone; train named best/ too."""
+    import attnkit.training as training
+    from attnkit.training import TrainingResult
+
+    def interrupted(model, source, target, train_pairs, valid_pairs, config, folder, **kwargs):
+        (folder / "last").mkdir(parents=True)
+        (folder / "last" / "checkpoint.json").write_text("{}")
+        return TrainingResult(folder, 3, 0, float("inf"), "interrupted", {}, new_steps=3)
+
+    monkeypatch.setattr(training, "train", interrupted)
+    code, out, _, _ = run_cli(["train", "--data", phrase_file, "--out", tmp_path / "run", *TINY], capsys)
+    assert code == 130
+    assert "(last/)" in out and "best/" not in out

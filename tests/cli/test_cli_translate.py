@@ -10,7 +10,7 @@ import torch
 
 from attnkit.cli import main
 
-from cli_helpers import assert_probe, probe_ids, refused, rehash
+from cli_helpers import assert_probe, probe_ids, refused, rehash, run_cli
 
 
 def test_numbered_heatmaps_never_replace_a_users_file(run, tmp_path, capsys):
@@ -36,8 +36,9 @@ def test_translate_reads_stdin_as_utf8(world, monkeypatch, capsys, data, code, w
     captured = capsys.readouterr()
     for word in words:
         assert word in captured.err
-    if code == 0:
-        assert len(captured.out.strip().splitlines()) == 2  # two sentences, the BOM not part of the first
+    if code == 0:  # two sentences, the BOM not part of the first, and the blank line between them kept in its place
+        lines = captured.out.splitlines()
+        assert len(lines) == 3 and lines[0].strip() and lines[1] == "" and lines[2].strip()
 
 
 @pytest.mark.parametrize("how", ["nan", "integer"])
@@ -84,3 +85,14 @@ PROBES = [
 @pytest.mark.parametrize("argv, words", PROBES, ids=probe_ids(PROBES))
 def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, capsys):
     assert_probe(argv, world, words, capsys)
+
+
+def test_a_heatmap_path_is_checked_before_any_translation(run, tmp_path, capsys):
+    """--heatmap x.txt failed in matplotlib after the translation printed; a missing folder was created."""
+    code, out, err, _ = run_cli(["translate", "--checkpoint", run, "--heatmap", tmp_path / "x.txt", "three cats"],
+                                capsys)
+    assert code == 2 and out == "" and "--heatmap" in err and ".png or .svg" in err and len(err.splitlines()) == 1
+    missing = tmp_path / "no" / "such" / "dir"
+    refused(["translate", "--checkpoint", run, "--heatmap", missing / "x.png", "three cats"], capsys, "--heatmap",
+            "does not create folders")
+    assert not (tmp_path / "no").exists()

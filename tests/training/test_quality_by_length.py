@@ -72,3 +72,17 @@ def test_the_long_over_short_ratio_holds_or_collapses():
     assert collapses["long_sentences"] == sum(41 <= len(s.split()) <= 80 for s in sources)
     with pytest.raises(ValueError, match="no sentence with a source of 90-99 words"):
         bleu_ratio(sources, references, references, long=(90, 99))
+
+
+def test_equal_scores_get_no_p_value():
+    """sacreBLEU's paired bootstrap gives two equal systems its smallest p (1 / (n + 1)): a report read it as a
+    significant difference. Equal scores in a bucket now give None."""
+    from attnkit.training.metrics import quality_by_length
+
+    sources = ["a b c d e f g h i j k l"] * 5
+    references = [f"the cat sat on mat {i}" for i in range(5)]
+    rows = quality_by_length(sources, {"A": ["q"] * 5, "B": ["w"] * 5}, references, buckets=((11, 20),), n_samples=100)
+    assert rows[0]["systems"]["B"]["bleu_p"] is None and rows[0]["systems"]["B"]["bleu"] == 0.0
+    rows = quality_by_length(sources, {"A": ["q"] * 5, "B": references}, references, buckets=((11, 20),),
+                             n_samples=100)
+    assert rows[0]["systems"]["B"]["bleu_p"] is not None and rows[0]["systems"]["B"]["bleu_p"] < 0.05

@@ -97,3 +97,27 @@ def test_pictures_leave_the_users_matplotlib_backend_and_pyplot_alone(tmp_path):
     assert matplotlib.get_backend() == backend
     if "matplotlib.pyplot" in sys.modules:
         assert sys.modules["matplotlib.pyplot"].get_fignums() == figures
+
+
+def test_a_log_axis_keeps_its_tick_labels_as_mathematics_and_user_text_stays_plain(tmp_path, monkeypatch):
+    """Since user text became plain text, every log-scale axis attnkit drew showed raw mathtext
+    ($\\mathdefault{10^{2}}$) as its tick labels: matplotlib's own labels must stay mathematics."""
+    import matplotlib.figure
+
+    from attnkit.viz.curves import plot_lines
+
+    drawn = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        ax = self.axes[0]
+        drawn["ticks"] = [(t.get_text(), t.get_parse_math()) for t in ax.get_yticklabels() if t.get_text()]
+        drawn["title"] = ax.get_title()
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    plot_lines({"costs $5": ([1, 10, 100], [1, 10, 100])}, tmp_path / "log.png", x_title="x", y_title="y",
+               title="costs $5 and $6", log_y=True)
+    assert drawn["ticks"] and all(math for _, math in drawn["ticks"])
+    assert any("10^" in text for text, _ in drawn["ticks"])
+    assert drawn["title"] == r"costs \$5 and \$6"  # escaped: drawn as the characters "$5 and $6"

@@ -19,10 +19,22 @@ from .arguments import UsageError
 __all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with two of its habits changed for every sub-command: an option must be spelt out
+    (``--se 128`` is not ``--seq``), and a mistake is one line naming it (not the usage block first)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="attnkit", description="Attention mechanisms: library and workbench.")
+    parser = _Parser(prog="attnkit", description="Attention mechanisms: library and workbench.")
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of every error, user mistakes included")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["UsageError", "user_values", "MAX_TEXT_CHARS", "MAX_BEAM", "int_in", "float_in", "output_file", "output_dir", "input_file",
+__all__ = ["UsageError", "user_values", "MAX_TEXT_CHARS", "MAX_BEAM", "SEED", "int_in", "float_in", "output_file",
+           "picture_file", "seed", "made_folder", "output_dir", "input_file",
            "check_texts", "stdin_lines", "check_writable", "owned_folder", "check_not_input", "check_new_file",
            "refuse_unused", "resolve_checkpoint", "check_beam", "check_trained_on_grc_en",
            "unknown_source_fraction", "run_options", "MAX_BEAM_TOKENS", "MAX_UNKNOWN_SOURCE", "OUTPUT_MARKER", "DEVICES", "add_device_argument", "check_device"]
@@ -37,7 +38,11 @@ def user_values(*options: str) -> Iterator[None]:
 
 
 MAX_TEXT_CHARS = 1_000
-"""Longest text argument (a sentence or a prompt, not a document): bounds the work before it starts."""
+"""Longest sentence ``translate`` and ``inspect`` take (a translation model is trained on verses and a beam
+search's work grows with the sentence; a report draws L x L attention views). ``generate``'s prompts are
+bounded by their model's context, in tokens, instead."""
+SEED = (0, 2**63 - 1)
+"""The seeds torch takes (a 64-bit signed integer): every --seed is checked against them."""
 MAX_BEAM = 100
 """Widest beam any command accepts (and never wider than the target vocabulary)."""
 
@@ -99,12 +104,34 @@ def float_in(low: float, high: float | None = None, *, low_open: bool = False, h
 
 
 def output_file(text: str) -> Path:
+    """A file to write: not a folder, in a folder that exists (attnkit creates folders it is given as
+    --out, never the parents of a file)."""
     path = Path(text)
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r} to write it in (attnkit does not "
+                                         "create folders for a file)")
     return path
+
+
+PICTURE_SUFFIXES = (".png", ".svg")
+
+
+def picture_file(text: str) -> Path:
+    """An :func:`output_file` whose name says PNG or SVG (what the heatmaps write), checked before any work."""
+    path = output_file(text)
+    if path.suffix.lower() not in PICTURE_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"{text!r}: a picture is written as PNG or SVG; give a name ending in "
+                                         f"{' or '.join(PICTURE_SUFFIXES)}")
+    return path
+
+
+def seed(text: str) -> int:
+    """A seed torch takes: an integer in [0, 2**63 - 1]."""
+    return int_in(*SEED)(text)
 
 
 def output_dir(text: str) -> Path:
@@ -125,38 +152,46 @@ def input_file(text: str) -> Path:
     return path
 
 
-def check_texts(name: str, texts: list[str]) -> list[str]:
-    """User texts: valid UTF-8 (argv undecodable bytes arrive as surrogates), not blank, bounded."""
+def check_texts(name: str, texts: list[str], *, max_chars: int | None = None, blank: bool = False) -> list[str]:
+    """User texts: valid UTF-8 (argv undecodable bytes arrive as surrogates), not blank (unless ``blank``:
+    lines of stdin keep their places), at most ``max_chars`` where the command has a bound in characters
+    (a model's context bounds the others in tokens, where they are encoded)."""
     for text in texts:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise UsageError(f"{name}: not valid UTF-8 text: {text.encode('utf-8', 'replace')[:60]!r}") from None
-        if not text.strip():
+        if not text.strip() and not blank:
             raise UsageError(f"{name}: an empty or whitespace-only text")
-        if len(text) > MAX_TEXT_CHARS:
-            raise UsageError(f"{name}: a text of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} (one sentence)")
+        if max_chars is not None and len(text) > max_chars:
+            raise UsageError(f"{name}: a text of {len(text):,} characters; at most {max_chars:,} (one sentence)")
     return texts
 
 
-def stdin_lines() -> list[str]:
+def stdin_lines(max_chars: int | None = None) -> list[str]:
+    """The lines of stdin, blank ones kept in their places (the output lines up with the input); at least
+    one must hold text."""
     data = sys.stdin.buffer.read()
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise UsageError(f"stdin: not UTF-8 text (byte {error.start}: {error.reason})") from None
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
+    lines = text.splitlines()
+    if not any(line.strip() for line in lines):
         raise UsageError("no text: give sentences as arguments or one per line on stdin")
-    return check_texts("stdin", lines)
+    return check_texts("stdin", lines, max_chars=max_chars, blank=True)
 
 
-def check_writable(folder: Path, name: str) -> None:
-    """Fail now, not after an hour of training, if ``folder`` cannot be written."""
+def check_writable(folder: Path, name: str, *, create: bool = True) -> None:
+    """Fail now, not after an hour of training, if ``folder`` cannot be written. ``create``: a folder given
+    as an output folder is made (with its parents); the folder of an output file must exist."""
     import tempfile
 
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        elif not folder.is_dir():
+            raise UsageError(f"{name}: no folder {folder} to write in (attnkit does not create folders for a file)")
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
@@ -167,6 +202,22 @@ def check_writable(folder: Path, name: str) -> None:
 
 OUTPUT_MARKER = "attnkit-output.json"
 """Written into every --out folder a command fills: the command and the files it wrote there."""
+
+
+@contextlib.contextmanager
+def made_folder(folder: Path, markers: tuple[str, ...] = (OUTPUT_MARKER,)) -> Iterator[None]:
+    """Remove ``folder`` again if the block fails (a refusal, an error, Ctrl-C) while it holds nothing but
+    ``markers`` (files naming what attnkit meant to write) and did not exist before: a refused command
+    leaves no empty --out folder behind."""
+    existed = folder.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and folder.is_dir() and all(p.name in markers for p in folder.rglob("*") if p.is_file()):
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def _files_under(folder: Path) -> set[str]:
@@ -182,6 +233,7 @@ def owned_folder(folder: Path, command: str, name: str = "--out") -> Iterator[Pa
     from .._files import read_json, write_json
 
     folder = Path(folder)
+    existed = folder.exists()
     present = _files_under(folder) if folder.is_dir() else set()
     present.discard(OUTPUT_MARKER)
     if present:
@@ -202,8 +254,13 @@ def owned_folder(folder: Path, command: str, name: str = "--out") -> Iterator[Pa
         yield folder
     finally:
         files = sorted(_files_under(folder) - {OUTPUT_MARKER})
-        with contextlib.suppress(OSError):
-            write_json(folder / OUTPUT_MARKER, {"format": "attnkit-output", "command": command, "files": files})
+        if not files and not existed:  # refused or stopped before writing anything: no empty folder left
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                write_json(folder / OUTPUT_MARKER, {"format": "attnkit-output", "command": command, "files": files})
 
 
 def check_not_input(path: Path | None, name: str, inputs: dict[str, object]) -> None:

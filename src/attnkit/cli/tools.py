@@ -16,6 +16,7 @@ from .arguments import (
     output_dir,
     owned_folder,
     refuse_unused,
+    seed,
 )
 
 __all__ = ["add_tour_parser", "add_bench_parser"]
@@ -39,7 +40,7 @@ def add_tour_parser(commands) -> None:
     """The ``tour`` sub-command's arguments."""
     tour = commands.add_parser("tour", help="run every mechanism once and write one heatmap PNG per mechanism")
     tour.add_argument("--out", type=output_dir, default=Path("out/tour"), help="folder for the PNGs (default out/tour)")
-    tour.add_argument("--seed", type=int, default=0, help="seed of the word vectors")
+    tour.add_argument("--seed", type=seed, default=0, help="seed of the word vectors")
     tour.set_defaults(run=_tour)
 
 

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from .arguments import (
     MAX_BEAM,
+    MAX_TEXT_CHARS,
     MAX_UNKNOWN_SOURCE,
     UsageError,
     add_device_argument,
@@ -21,12 +22,15 @@ from .arguments import (
     float_in,
     input_file,
     int_in,
+    made_folder,
     output_dir,
     output_file,
     owned_folder,
+    picture_file,
     refuse_unused,
     resolve_checkpoint,
     run_options,
+    seed,
     stdin_lines,
     unknown_source_fraction,
 )
@@ -120,7 +124,7 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
     demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
-    demo.add_argument("--seed", type=int, default=0, help="seed of initialisation and batching")
+    demo.add_argument("--seed", type=seed, default=0, help="seed of initialisation and batching")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     add_device_argument(demo, "training and translation")
     demo.set_defaults(run=_demo)
@@ -128,6 +132,35 @@ def add_demo_parser(commands) -> None:
 
 NEW_RUN_DEFAULTS = {"data": "bible", "arch": "seq2seq", "tokenizer": "bpe", "vocab_size": 4000, "dropout": 0.2}
 """Data and model options a new run takes when they are not given (a resumed run takes its own)."""
+TRAINING_OPTIONS = {
+    # option: (its TrainingConfig field, a new run's default; None where the model kind's recipe decides)
+    "epochs": ("epochs", 10), "batch_size": ("batch_size", 64), "lr": ("lr", 2e-3), "clip": ("clip_norm", 1.0),
+    "label_smoothing": ("label_smoothing", 0.1), "warmup": ("warmup_steps", None), "patience": ("patience", 3),
+    "max_steps": ("max_steps", None), "max_minutes": ("max_seconds", None), "checkpoint_every": ("checkpoint_every", 0),
+    "seed": ("seed", 0), "alignment_weight": ("alignment_weight", None), "alignment_layer": ("alignment_layer", None),
+    "alignment_head": ("alignment_head", None),
+}
+"""The training options of ``train``: a new run takes the default of each not given; a resumed run the
+value its marker recorded (an option given that differs applies from the step it resumes at, recorded in
+the marker's ``changes``)."""
+
+
+def _take_training_options(args: argparse.Namespace) -> None:
+    """Fill the training options left out: on --resume from the run's record, else the defaults."""
+    from ..training.run import recorded_training
+
+    recorded = recorded_training(args.out) if args.resume and args.out.is_dir() else None
+    if args.resume and recorded is None:
+        print("--resume: this run recorded no training options (made by an older attnkit): those not given take "
+              "the defaults", file=sys.stderr)
+    for option, (field, default) in TRAINING_OPTIONS.items():
+        if getattr(args, option) is not None:  # given: a change on resume is applied, logged and recorded by train()
+            continue
+        if recorded is not None and field in recorded:
+            value = recorded[field]
+            setattr(args, option, value / 60 if option == "max_minutes" and value is not None else value)
+        else:
+            setattr(args, option, default)
 
 
 def _take_run_options(args: argparse.Namespace) -> None:
@@ -144,13 +177,11 @@ def _take_run_options(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..training import TrainingConfig, check_run_folder, train
-    from ..training.distributed import is_main, setup_distributed
-    from ..training.setup import new_translation_model, shared_tokenizers
+    from ..training import check_run_folder
+    from ..training.run import MARKER
 
     _take_run_options(args)
+    _take_training_options(args)
     resolve_direction(args)
     device = check_device(args.device)
     seq2seq_options = {"attention": "bahdanau", "cell": "gru", "embedding_dim": 128, "hidden_size": 256, "layers": 1}
@@ -161,10 +192,11 @@ def _train(args: argparse.Namespace) -> int:
         refuse_unused(args, ["preset"], "applies to --arch transformer only")
         for name, default in seq2seq_options.items():
             setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
-    if args.guided_alignment is None:
+    if args.guided_alignment is None and not args.resume:
         refuse_unused(args, ["alignment_weight", "alignment_layer", "alignment_head"],
                       "applies with --guided-alignment only")
-    args.alignment_weight = 0.05 if args.alignment_weight is None else args.alignment_weight
+    if args.guided_alignment is not None:
+        args.alignment_weight = 0.05 if not args.alignment_weight else args.alignment_weight
     args.alignment_head = 0 if args.alignment_head is None else args.alignment_head
     if args.hidden_size is not None and args.embedding_dim is not None:
         _check_size(args)
@@ -177,12 +209,6 @@ def _train(args: argparse.Namespace) -> int:
     if args.guided_alignment is not None:
         options["guided_alignment"] = str(args.guided_alignment)
     check_run_folder(args.out, resume=args.resume, overwrite=args.overwrite, options=options)
-    check_writable(args.out, "--out")
-    if args.resume:
-        print("resuming: data and model options are the run's; training options from this command line: epochs, "
-              "batch-size, lr, clip, label-smoothing, warmup, patience, max-steps, max-minutes, checkpoint-every", file=sys.stderr)
-    setup_distributed()
-    torch.manual_seed(args.seed)
     train_pairs = data_split("--data", args.data, "train", direction=args.direction)
     alignments = None
     if args.guided_alignment is not None:
@@ -197,6 +223,25 @@ def _train(args: argparse.Namespace) -> int:
                              f"{len(train_pairs)} training pairs of --data {args.data} (make it with attnkit align)")
     valid_pairs = (data_split("--valid", str(args.valid), "test") if args.valid else
                    data_split("--data", args.data, "valid", direction=args.direction))
+    if not train_pairs or not valid_pairs:
+        raise UsageError(f"--data {args.data}: {len(train_pairs)} training and {len(valid_pairs)} validation pairs; "
+                         "a run needs both (a file of yours gives every 20th pair to validation: with fewer than 20 "
+                         "pairs give --valid FILE)")
+    with made_folder(args.out, (MARKER,)):
+        return _run_training(args, options, train_pairs, valid_pairs, alignments, device)
+
+
+def _run_training(args: argparse.Namespace, options: dict, train_pairs, valid_pairs, alignments, device) -> int:
+    """The training itself, once every option and the data are known to be usable."""
+    import torch
+
+    from ..training import TrainingConfig, train
+    from ..training.distributed import is_main, setup_distributed
+    from ..training.setup import new_translation_model, shared_tokenizers
+
+    check_writable(args.out, "--out")
+    setup_distributed()
+    torch.manual_seed(args.seed)
     if args.resume:
         from ..training import load_checkpoint
 
@@ -222,7 +267,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"nothing to train: the run is at step {result.steps} (epoch {result.epochs_done}), which already meets "
               f"its {result.stopped} limit; raise --max-steps, --epochs or --max-minutes to train on")
     elif is_main():
-        print(f"{result.stopped} after {result.steps} steps; checkpoints in {args.out.resolve()} (best/, last/)")
+        kept = [name + "/" for name in ("best", "last") if (args.out / name / "checkpoint.json").is_file()]
+        where = f"checkpoints in {args.out.resolve()} ({', '.join(kept)})" if kept else "no checkpoint written yet"
+        print(f"{result.stopped} after {result.steps} steps; {where}")
     return 130 if result.stopped == "interrupted" else 0
 
 
@@ -264,25 +311,24 @@ def add_train_parser(commands) -> None:
     train.add_argument("--preset", choices=transformer_presets, help="for --arch transformer (default transformer-small)")
     train.add_argument("--tokenizer", choices=["bpe", "word"], help="subword (BPE, the default) or word level")
     train.add_argument("--vocab-size", type=int_in(8, 1_000_000), help="per side (default 4000)")
-    train.add_argument("--epochs", type=int_in(1, 100_000), default=10, help="epochs at most (early stopping may end sooner)")
-    train.add_argument("--batch-size", type=int_in(1, 1_000_000), default=64, help="sentences per batch")
-    train.add_argument("--lr", type=float_in(0.0, 10.0, low_open=True), default=2e-3, help="peak learning rate")
-    train.add_argument("--clip", type=float_in(0.0), default=1.0, help="max gradient norm; 0 disables clipping")
-    train.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.1,
-                       help="in [0, 1)")
+    train.add_argument("--epochs", type=int_in(1, 100_000), help="epochs at most (default 10; early stopping may end sooner)")
+    train.add_argument("--batch-size", type=int_in(1, 1_000_000), help="sentences per batch (default 64)")
+    train.add_argument("--lr", type=float_in(0.0, 10.0, low_open=True), help="peak learning rate (default 0.002)")
+    train.add_argument("--clip", type=float_in(0.0), help="max gradient norm; 0 disables clipping (default 1)")
+    train.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), help="in [0, 1) (default 0.1)")
     train.add_argument("--dropout", type=float_in(0.0, 1.0, high_open=True), help="in [0, 1) (default 0.2)")
     train.add_argument("--warmup", type=int_in(0), help="warm-up steps (default 4000 for the Transformer, 0 otherwise)")
-    train.add_argument("--patience", type=int_in(0), default=3, help="epochs without a better validation loss")
+    train.add_argument("--patience", type=int_in(0), help="epochs without a better validation loss (default 3)")
     train.add_argument("--max-steps", type=int_in(1), help="stop after this many optimiser steps")
     train.add_argument("--max-minutes", type=float_in(0, low_open=True),
                        help="stop after this much training wall clock (validation included; the run resumes with "
                             "its clock), validating the part of the epoch done")
-    train.add_argument("--checkpoint-every", type=int_in(0), default=0,
-                       help="also save last/ every N steps (0: each epoch)")
-    train.add_argument("--seed", type=int, default=0, help="seed of initialisation, batching and dropout")
+    train.add_argument("--checkpoint-every", type=int_in(0), help="also save last/ every N steps (default 0: each epoch)")
+    train.add_argument("--seed", type=seed, help="seed of initialisation, batching and dropout (default 0)")
     train.add_argument("--resume", action="store_true",
-                       help="continue the run in OUT exactly where it stopped, with its data and model options (any given must "
-                            "match them)")
+                       help="continue the run in OUT exactly where it stopped, with every option it recorded: data and "
+                            "model options given must match the run's; a training option given that differs applies "
+                            "from where the run stopped and is recorded in the run's attnkit-run.json")
     train.add_argument("--overwrite", action="store_true",
                        help="start again in OUT, deleting the attnkit run there (never other files)")
     train.add_argument("--guided-alignment", type=input_file,
@@ -308,7 +354,7 @@ def _align(args: argparse.Namespace) -> int:
     args.symmetrize = args.symmetrize or "grow-diag-final-and"
     args.ibm_iterations = args.ibm_iterations or 5
     check_not_input(args.out, "--out", {"--data": args.data})
-    check_writable(args.out.parent, "--out")
+    check_writable(args.out.parent, "--out", create=False)
     pairs = data_split("--data", args.data, args.split, direction=args.direction)
     words = [(p.source.lower().split(), p.target.lower().split()) for p in pairs]
     if args.aligner == "eflomal":
@@ -350,10 +396,12 @@ def _translate(args: argparse.Namespace) -> int:
     from ..training import load_checkpoint
     from ..workbench import plot_alignment
 
-    texts = check_texts("text", args.text) if args.text else stdin_lines()
+    texts = check_texts("text", args.text, max_chars=MAX_TEXT_CHARS) if args.text else stdin_lines(MAX_TEXT_CHARS)
+    lines = texts  # stdin's blank lines keep their places: a blank line out for each
+    texts = [text for text in lines if text.strip()]
     paths = []
     if args.heatmap is not None:
-        check_writable(args.heatmap.parent, "--heatmap")
+        check_writable(args.heatmap.parent, "--heatmap", create=False)
         paths = [args.heatmap] if len(texts) == 1 else [
             args.heatmap.with_name(f"{args.heatmap.stem}-{n}{args.heatmap.suffix}") for n in range(1, len(texts) + 1)]
         if len(paths) > 1:
@@ -361,9 +409,15 @@ def _translate(args: argparse.Namespace) -> int:
                 check_new_file(path, "--heatmap")
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
     check_beam(args.beam, checkpoint, texts)
-    outputs = translate(checkpoint.model, texts, checkpoint.source_tokenizer, checkpoint.target_tokenizer,
-                        beam_size=args.beam)
-    for number, output in enumerate(outputs, 1):
+    outputs = iter(translate(checkpoint.model, texts, checkpoint.source_tokenizer, checkpoint.target_tokenizer,
+                             beam_size=args.beam))
+    number = 0
+    for line in lines:
+        if not line.strip():
+            print()
+            continue
+        output = next(outputs)
+        number += 1
         print(output.text)
         if args.heatmap is not None and output.weights is not None:
             path = paths[number - 1]
@@ -378,7 +432,8 @@ def add_translate_parser(commands) -> None:
     translate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run folder")
     translate.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     translate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
-    translate.add_argument("--heatmap", type=output_file, help="write the alignment heatmap PNG here")
+    translate.add_argument("--heatmap", type=picture_file,
+                           help="write the alignment heatmap here (.png or .svg; several texts: NAME-1.png, ...)")
     translate.set_defaults(run=_translate)
 
 
@@ -389,7 +444,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     resolve_direction(args)
     check_not_input(args.json, "--json", {"--data": args.data, "--checkpoint": args.checkpoint})
     if args.json is not None:
-        check_writable(args.json.parent, "--json")
+        check_writable(args.json.parent, "--json", create=False)
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
     check_beam(args.beam, checkpoint)
     pairs = data_split("--data", args.data, "test", direction=args.direction)

@@ -10,7 +10,7 @@ from torch import distributed as dist
 
 from .ring import PeerFailure
 
-__all__ = ["world_rank", "RankMismatch", "check_agreement", "collective_device"]
+__all__ = ["world_rank", "RankMismatch", "check_agreement", "collective_device", "summed", "exchanged"]
 
 
 def world_rank(group=None) -> tuple[int, int]:
@@ -65,3 +65,21 @@ def check_agreement(group, world: int, rank: int, signature: dict, device: torch
                            + ", ".join(names) + f"; this rank ({rank}) has "
                            + ", ".join(f"{name}={signature[name]!r}" for name in names)
                            + "; every process must pass the same shapes and options")
+
+
+def summed(x: torch.Tensor, group=None) -> torch.Tensor:
+    """``x`` summed over the ranks of ``group``, differentiable (the gradient is the gradients summed the
+    same way): torch's functional collectives, which replace ``torch.distributed.nn``'s deprecated ones."""
+    from torch.distributed import _functional_collectives as collectives
+
+    group = group if group is not None else dist.group.WORLD
+    return collectives.wait_tensor(collectives.all_reduce(x, "sum", group))
+
+
+def exchanged(chunks: torch.Tensor, group=None) -> torch.Tensor:
+    """All-to-all of ``chunks`` (W, ...): rank r receives every rank's chunk r, in rank order,
+    differentiable (its gradient is the inverse exchange)."""
+    from torch.distributed import _functional_collectives as collectives
+
+    group = group if group is not None else dist.group.WORLD
+    return collectives.wait_tensor(collectives.all_to_all_single_autograd(chunks, None, None, group))

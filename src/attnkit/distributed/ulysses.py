@@ -1,7 +1,7 @@
 """Ulysses (Jacobs et al. 2023, DeepSpeed): an all-to-all turns sequence shards into head shards
 (each rank gets H / W heads of the whole sequence), attention runs locally with any attnkit backend,
-and a second all-to-all turns the result back; autograd through
-``torch.distributed.nn.functional.all_to_all_single``. It needs W to divide the heads (key/value
+and a second all-to-all turns the result back; autograd through torch's functional all-to-all
+(:func:`.group.exchanged`). It needs W to divide the heads (key/value
 heads are repeated when W does not divide them) and moves q, k, v and the output once each."""
 
 from __future__ import annotations
@@ -12,28 +12,25 @@ from torch import distributed as dist
 
 from ..functional.attention import attention
 from ..functional.heads import repeat_kv
+from .group import exchanged
 
 __all__ = ["ulysses_attention", "seq_to_heads", "heads_to_seq"]
 
 
 def seq_to_heads(x: Tensor, world: int, group) -> Tensor:
     """(B, H, Lr, E) sequence shard -> (B, H / W, W * Lr, E): my head group, every rank's shard in rank order."""
-    from torch.distributed.nn.functional import all_to_all_single
-
     B, H, L, E = x.shape
     chunks = x.reshape(B, world, H // world, L, E).permute(1, 0, 2, 3, 4).contiguous()
-    received = all_to_all_single(torch.empty_like(chunks), chunks, group=group)
+    received = exchanged(chunks, group)
     return received.permute(1, 2, 0, 3, 4).reshape(B, H // world, world * L, E)
 
 
 def heads_to_seq(x: Tensor, world: int, group) -> Tensor:
     """Inverse of :func:`seq_to_heads`: (B, H / W, W * Lr, E) -> (B, H, Lr, E)."""
-    from torch.distributed.nn.functional import all_to_all_single
-
     B, h, n, E = x.shape
     L = n // world
     chunks = x.reshape(B, h, world, L, E).permute(2, 0, 1, 3, 4).contiguous()
-    received = all_to_all_single(torch.empty_like(chunks), chunks, group=group)
+    received = exchanged(chunks, group)
     return received.permute(1, 0, 2, 3, 4).reshape(B, world * h, L, E)
 
 

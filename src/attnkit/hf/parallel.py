@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch import distributed as dist
 
+from ..distributed.group import summed
 from ..distributed.layouts import check_layout, shard_positions
 from ..distributed.strategy import ContextParallel, context_parallel_attention
 from ..distributed.training import all_reduce_gradients
@@ -270,12 +271,10 @@ def _uniform_rows(query: Tensor, key: Tensor, value: Tensor, scale: float, n: in
     """(B, H, L, Ev): every local row as eager computes a row with no allowed key over the whole
     sequence (n keys across the group): mean_j v_j + scale (q M - sg(q M)), M = sum_j k_j sg(v_j -
     mean v)^T / n (:mod:`attnkit.hf.rows`), the two sums over keys all-reduced with their gradients."""
-    from torch.distributed.nn.functional import all_reduce
-
     distributed = dist.is_available() and dist.is_initialized()
 
-    def total(x: Tensor) -> Tensor:
-        return all_reduce(x, group=group) if distributed else x
+    def total(x: Tensor) -> Tensor:  # differentiable: its gradient is the summed gradient, as the sum is
+        return summed(x, group) if distributed else x
 
     B, H, L, _ = query.shape
     Hkv = key.shape[1]

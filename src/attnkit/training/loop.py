@@ -36,9 +36,9 @@ from .checkpoint import load_trainer_state, save_checkpoint
 from .distributed import all_sum, is_main, world
 from .guided import _guide_matrix, piece_guides
 from .losses import cross_entropy_sum, encode_pairs, evaluate_loss, loss_sum
-from .run import prepare_run_folder
+from .run import MARKER, prepare_run_folder, record_resume
 
-__all__ = ["TrainingConfig", "TrainingResult", "TrainerState", "TrainingDiverged", "train", "encode_pairs",
+__all__ = ["TrainingConfig", "TrainingResult", "training_record", "TrainerState", "TrainingDiverged", "train", "encode_pairs",
            "evaluate_loss", "RECIPES"]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,11 @@ class TrainingConfig:
         if self.warmup_steps == 0:
             return self.lr
         return self.lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
+
+
+def training_record(config: TrainingConfig) -> dict:
+    """``config`` as the run's marker records it (JSON: the betas a list)."""
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(config).items()}
 
 
 @dataclass
@@ -198,12 +203,17 @@ def train(
     validation) passes it, validating the part of the epoch it did (counted as an epoch).
     """
     folder = Path(folder)
+    recorded = training_record(config)
     if is_main():
-        prepare_run_folder(folder, resume=resume, overwrite=overwrite, options=options)
+        prepare_run_folder(folder, resume=resume, overwrite=overwrite, options=options, training=recorded)
     trainer = _Trainer(model, source_tokenizer, target_tokenizer, train_pairs, valid_pairs, config, folder,
                        progress=progress, log=log or logger.info, alignments=alignments, on_epoch=on_epoch)
     if resume:
         trainer.restore()
+        if is_main():
+            for change in record_resume(folder, recorded, trainer.state.step):
+                trainer.log(f"resume: {change['option']} {change['was']!r} -> {change['now']!r} from step "
+                            f"{trainer.state.step} on (recorded in {folder / MARKER})")
     else:
         torch.manual_seed(config.seed + 1)  # dropout stream; rank-independent so runs can be compared
     return trainer.run()

@@ -71,7 +71,8 @@ def quality_by_length(sources: Sequence[str], systems: Mapping[str, Sequence[str
     """BLEU and chrF of each system per source-length bucket, with sacreBLEU's paired bootstrap:
     per system the bootstrap mean and 95% interval (mean +- ci), and for every system after the
     first the p-value of its difference from the first (sacreBLEU ``PairedTest``, ``test_type="bs"``,
-    seeded by ``SACREBLEU_SEED``, default 12345: the same numbers on every run). Buckets without
+    seeded by ``SACREBLEU_SEED``, default 12345: the same numbers on every run); None where the two
+    score the same (no difference to test: sacreBLEU would give its smallest p). Buckets without
     sentences are skipped."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest, Result
@@ -96,15 +97,18 @@ def quality_by_length(sources: Sequence[str], systems: Mapping[str, Sequence[str
                                n_samples=n_samples)()
         row: dict = {"bucket": f"{low}-{high}", "low": low, "high": high, "sentences": len(picked), "systems": {}}
         for k, name in enumerate(names):
-            cells = {}
+            cells: dict[str, float | None] = {}
             for metric, key in (("BLEU", "bleu"), ("chrF2", "chrf")):
                 result = scores[metric][k]
                 assert isinstance(result, Result)  # the "System" column holds the names, these the results
                 cells[key] = float(result.score)
                 cells[f"{key}_mean"] = float(result.mean or 0.0)
                 cells[f"{key}_ci"] = float(result.ci or 0.0)  # 95% interval: mean +- ci
-                if k > 0:
-                    cells[f"{key}_p"] = float(result.p_value or 0.0)
+                if k > 0:  # equal scores are no difference at all: sacreBLEU's convention gives them p = 1 / (n + 1)
+                    baseline = scores[metric][0]
+                    assert isinstance(baseline, Result)
+                    same = float(result.score) == float(baseline.score)
+                    cells[f"{key}_p"] = None if same else float(result.p_value or 0.0)
             row["systems"][name] = cells
         rows.append(row)
     return rows

@@ -1,9 +1,10 @@
 """Run folders: what ``train`` may write into, and nothing the user had is lost.
 
 A run folder is attnkit's only when it carries the marker file ``attnkit-run.json`` (written when a
-run starts, with the data and model options of the run). ``train`` refuses a non-empty folder
-without the marker, refuses an existing run unless told to resume it or to overwrite it, and on
-resume refuses changed data or model options, naming them.
+run starts, with the data and model options of the run and its training options). ``train`` refuses a
+non-empty folder without the marker, refuses an existing run unless told to resume it or to overwrite
+it, and on resume refuses changed data or model options, naming them; a training option changed on
+resume is applied and recorded in the marker's ``changes`` with the step it applies from.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .._files import read_json, write_json
 from ..errors import InputError
 from .checkpoint import recover_checkpoint
 
-__all__ = ["MARKER", "RunFolderError", "check_run_folder", "prepare_run_folder", "RUN_FILES"]
+__all__ = ["MARKER", "RunFolderError", "check_run_folder", "prepare_run_folder", "record_resume", "recorded_training",
+           "RUN_FILES"]
 
 MARKER = "attnkit-run.json"
 FORMAT = "attnkit-run"
@@ -92,7 +94,36 @@ def _stale(folder: Path) -> list[Path]:
             for p in folder.glob(pattern)]
 
 
-def prepare_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bool, options: dict | None) -> None:
+def recorded_training(folder: str | os.PathLike) -> dict | None:
+    """The training options the run in ``folder`` records (its :class:`TrainingConfig` as a dict), or None
+    for a run that recorded none (made before runs recorded them)."""
+    marker = Path(folder) / MARKER
+    if not marker.is_file():
+        return None
+    data = read_json(marker, "run marker")
+    training = data.get("training") if isinstance(data, dict) else None
+    return training if isinstance(training, dict) else None
+
+
+def record_resume(folder: str | os.PathLike, training: dict, step: int) -> list[dict]:
+    """On resume at ``step``: the training options that differ from the run's are recorded in its marker
+    (``changes``: the step, each option with its value before and now) and become the run's. Returns them."""
+    marker = Path(folder) / MARKER
+    data = read_json(marker, "run marker")
+    before = data.get("training")
+    changes = [] if not isinstance(before, dict) else [
+        {"option": name, "was": before.get(name), "now": value} for name, value in training.items()
+        if before.get(name) != value]
+    if changes or not isinstance(before, dict):
+        data["training"] = training
+        if changes:
+            data.setdefault("changes", []).append({"step": step, "changed": changes})
+        write_json(marker, data)
+    return changes
+
+
+def prepare_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bool, options: dict | None,
+                       training: dict | None = None) -> None:
     """Check (see :func:`check_run_folder`), then make the folder ready: on resume, recover a
     checkpoint a crash left half-swapped; with overwrite, delete the old run's files only; write the
     marker; remove stale temporaries."""
@@ -112,4 +143,7 @@ def prepare_run_folder(folder: str | os.PathLike, *, resume: bool, overwrite: bo
     for path in _stale(folder):
         shutil.rmtree(path, ignore_errors=True)
     if not resume:  # (re)written: a marker left by a run that stopped before writing anything is replaced
-        write_json(folder / MARKER, {"format": FORMAT, "version": 1, "options": options or {}})
+        marker = {"format": FORMAT, "version": 2, "options": options or {}}
+        if training is not None:
+            marker["training"] = training
+        write_json(folder / MARKER, marker)

@@ -26,17 +26,18 @@ def plot_lines(
 ) -> None:
     """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers;
     ``styles`` maps a label to matplotlib line options (color, linestyle, ...); ``errors`` maps a
-    label to (lows, highs) drawn as interval bars around its points."""
+    label to (lows, highs) drawn as interval bars at its points, from low to high as given (a
+    bootstrap interval need not contain the point estimate; a NaN bound draws no bar)."""
     fig, ax = _subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
         style = {"marker": "o" if markers else None, "markersize": 4, "linewidth": 1.5} | dict((styles or {}).get(label, {}))
+        (line,) = ax.plot(list(xs), list(ys), label=label, **style)
         if errors is not None and label in errors:
             lows, highs = errors[label]
-            below = [y - low for y, low in zip(ys, lows)]
-            above = [high - y for y, high in zip(ys, highs)]
-            ax.errorbar(list(xs), list(ys), yerr=[below, above], label=label, capsize=3, **style)
-        else:
-            ax.plot(list(xs), list(ys), label=label, **style)
+            color = line.get_color()
+            ax.vlines(list(xs), list(lows), list(highs), colors=color, linewidth=1.0, alpha=0.8)
+            for bound in (lows, highs):
+                ax.plot(list(xs), list(bound), linestyle="none", marker="_", markersize=8, color=color)
     if log_x:
         ax.set_xscale("log", base=2)
     if log_y:

@@ -50,12 +50,34 @@ def label_step(n: int, max_labels: int) -> int:
 
 
 def _save(fig, path: str | os.PathLike) -> None:
+    """Write ``fig`` (PNG or SVG by the suffix), atomically. Text a user gave (titles, axis titles,
+    legends, annotations, tick labels set as words) is plain text: "$5 and $6" is not mathematics, so its
+    dollar signs are escaped. The tick labels matplotlib's own formatters write (a log axis's 10^2) stay
+    mathematics: they are rewritten at every draw from the formatter, which this leaves alone."""
     from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
 
-    for text in fig.findobj(Text):  # user text is plain text: "$5 and $6" is not mathematics
-        text.set_parse_math(False)
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatter = axis.get_major_formatter()
+            # Words given as tick labels (set_ticklabels makes a FixedFormatter, or a FuncFormatter in newer
+            # matplotlib): escaped as they are drawn. matplotlib's numeric formatters are left alone.
+            if isinstance(formatter, (FixedFormatter, FuncFormatter)) and not getattr(formatter, "_attnkit_plain", False):
+                plain = FuncFormatter(lambda x, pos=None, words=formatter: _plain(words(x, pos)))
+                plain._attnkit_plain = True  # type: ignore[attr-defined]
+                axis.set_major_formatter(plain)
+    ticks = {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for label in axis.get_ticklabels(which="both")}
+    for text in fig.findobj(Text):
+        if id(text) not in ticks:
+            text.set_text(_plain(text.get_text()))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(str(path))[1][1:] or "png")
+
+
+def _plain(text: str) -> str:
+    """``text`` shown as written: its dollar signs escaped (matplotlib reads $...$ as mathematics)."""
+    return text.replace("\\$", "$").replace("$", "\\$") if "$" in text else text
 
 
 def plot_heatmap(

@@ -6,6 +6,7 @@ from them, so the report never says more than was measured.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def _length_section(names: list[str], settings: dict, length: dict) -> list[str]
           *(f"{c['bleu']:.2f} [{c['bleu_mean'] - c['bleu_ci']:.2f}, {c['bleu_mean'] + c['bleu_ci']:.2f}]"
             for c in (row["systems"][n] for n in names)),
           *(f"{row['systems'][n]['chrf']:.2f}" for n in names),
-          *(f"{row['systems'][n]['bleu_p']:.3f}" for n in names[1:])] for row in rows))
+          *(_p(row['systems'][n]['bleu_p']) for n in names[1:])] for row in rows))
     lines += ["", length_trend(length["ratios"], settings.get("attention", {})), ""]
     if "figure2" in length:
         lines += figure2_targets(length["figure2"]) + [""]
@@ -162,8 +163,10 @@ def length_trend(ratios: dict[str, dict], attention: dict[str, str]) -> str:
         if "error" in r:
             parts.append(f"{name}: no ratio ({r['error']})")
             continue
-        parts.append(f"{name} {r['long_bleu']:.2f} / {r['short_bleu']:.2f} = {r['ratio']:.2f} "
-                     f"[{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]")
+        if not _finite(r["ratio"]):  # BLEU 0 on the short sources: the quotient says nothing
+            parts.append(f"{name}: no ratio (BLEU {r['long_bleu']:.2f} over {r['short_bleu']:.2f})")
+            continue
+        parts.append(f"{name} {r['long_bleu']:.2f} / {r['short_bleu']:.2f} = {_interval(r)}")
         verdicts.append((name, r))
     text = ("BLEU on the longest sources (41-80 words) over BLEU on 11-20-word sources, with 95% bootstrap "
             "intervals: " + "; ".join(parts) + ".")
@@ -171,7 +174,10 @@ def length_trend(ratios: dict[str, dict], attention: dict[str, str]) -> str:
         verdicts = [(name, r) for name, r in verdicts if name.endswith("-50")]
     with_attention = [r for name, r in verdicts if attention.get(name, "none") != "none"]
     bottleneck = [r for name, r in verdicts if attention.get(name) == "none"]
-    if with_attention and bottleneck:
+    if not with_attention or not bottleneck:
+        text += (" Figure 2's shape cannot be judged here: a ratio is missing for "
+                 + ("the attention model" if not with_attention else "the bottleneck") + ".") if ratios else ""
+    else:
         holds = all(r["ratio"] >= 0.8 for r in with_attention)
         falls = all(r["ratio"] < 0.5 for r in bottleneck)
         shape = ("Figure 2's shape appears: attention holds (>= 0.8) while the bottleneck falls (< 0.5)."
@@ -188,22 +194,41 @@ def figure2_targets(figure2: dict) -> list[str]:
     models, and the long- against the short-trained attention model per bucket past 25 words)."""
     attention, bottleneck = figure2["attention_ratio"], figure2["bottleneck_ratio"]
 
-    def verdict(met: bool) -> str:
-        return "**met**" if met else "**missed**"
+    def verdict(met: bool | None) -> str:
+        return "**cannot tell** (no ratio)" if met is None else "**met**" if met else "**missed**"
+
+    def ratio_verdict(ratio: float, met) -> str:
+        return verdict(met(ratio) if _finite(ratio) else None)
 
     lines = ["### Targets of the four-model run", ""]
     lines += markdown_table(["target", "measured", ""], [
         ["bahdanau-50: BLEU 41-80 words >= 0.8x its BLEU 11-20",
-         f"{attention['ratio']:.2f} [{attention['ratio_low']:.2f}, {attention['ratio_high']:.2f}]",
-         verdict(attention["ratio"] >= 0.8)],
+         _interval(attention), ratio_verdict(attention["ratio"], lambda r: r >= 0.8)],
         ["bottleneck-50: the same ratio < 0.5",
-         f"{bottleneck['ratio']:.2f} [{bottleneck['ratio_low']:.2f}, {bottleneck['ratio_high']:.2f}]",
-         verdict(bottleneck["ratio"] < 0.5)],
+         _interval(bottleneck), ratio_verdict(bottleneck["ratio"], lambda r: r < 0.5)],
         *([f"bahdanau-50 >= bahdanau-25, {row['bucket']} words ({row['sentences']} verses)",
-           f"{row['long']:.2f} vs {row['short']:.2f}, p = {row['p']:.3f}", verdict(row["long"] >= row["short"])]
+           f"{row['long']:.2f} vs {row['short']:.2f}, p = {_p(row['p'])}", verdict(row["long"] >= row["short"])]
           for row in figure2["long_vs_short"]),
     ])
     return lines
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _p(value) -> str:
+    """A p-value for the report: None (the two scored the same) says so instead of a number."""
+    return "n/a (equal scores)" if value is None else f"{value:.3f}"
+
+
+def _interval(r: dict) -> str:
+    """A ratio and its interval, or why there is none."""
+    if not _finite(r.get("ratio")):
+        return f"no ratio (BLEU {r.get('long_bleu', 0.0):.2f} over {r.get('short_bleu', 0.0):.2f})"
+    if not (_finite(r.get("ratio_low")) and _finite(r.get("ratio_high"))):
+        return f"{r['ratio']:.2f} (no interval: no bootstrap sample had a finite ratio)"
+    return f"{r['ratio']:.2f} [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]"
 
 
 def _smooth(values: list[float], window: int = 20) -> list[float]:
