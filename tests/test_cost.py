@@ -130,3 +130,34 @@ def test_bigbird_pairs_are_an_upper_bound():
     assert not exact and int(dense.sum()) <= pairs <= 1.5 * int(dense.sum())
 
 
+
+
+def test_deepseek_v3_as_its_report_counts_it_and_its_latent_cache():
+    """DeepSeek-V3: 671B parameters, 37B activated a token (DeepSeek-AI 2024, table 1); its cache holds the
+    latent, 61 x (512 + 64) x 2 = 70,272 bytes a token in bf16, against every head's keys and values."""
+    from attnkit.cost import estimate
+    from attnkit.models.config import PRESETS
+
+    cost = estimate(PRESETS["deepseek-v3"], 4096, "bf16")
+    assert abs(cost.parameters["total"] - 671e9) / 671e9 < 0.002
+    activated = cost.flops_per_token_rest / 2  # 2 FLOPs per multiply-add: the parameters a token goes through
+    assert 36e9 < activated < 38.5e9
+    assert cost.kv_cache_bytes_per_token == 61 * (512 + 64) * 2 == 70_272
+    alternatives = dict(cost.kv_cache_alternatives)
+    assert alternatives["multi-head attention (keys and values of every head)"] == 61 * 128 * (192 + 128) * 2
+    lite = estimate(PRESETS["deepseek-v2-lite"], 4096, "bf16")
+    assert abs(lite.parameters["total"] - 15.7e9) / 15.7e9 < 0.01  # DeepSeek-V2-Lite: 15.7B
+    assert lite.kv_cache_bytes_per_token == 27 * (512 + 64) * 2
+
+
+def test_sparse_attention_caps_the_pairs_a_query_scores():
+    import dataclasses
+
+    from attnkit.cost import estimate
+    from attnkit.models.config import PRESETS
+
+    sparse = dataclasses.replace(PRESETS["deepseek-v3"], index_topk=2048)
+    dense, selected = estimate(PRESETS["deepseek-v3"], 32768), estimate(sparse, 32768)
+    assert selected.attention_entries_computed == 2048 * 2049 // 2 + (32768 - 2048) * 2048
+    assert selected.flops_per_sequence_attention < dense.flops_per_sequence_attention / 3
+    assert selected.kv_cache_bytes_per_token == 61 * (512 + 64 + 128) * 2  # the indexer's keys cached too

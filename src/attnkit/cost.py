@@ -11,7 +11,11 @@ Conventions (stated so the numbers can be checked by hand):
   sum of V). A causal sequence of n tokens sums c = 1..n; a bidirectional encoder uses c = n.
 - Attention matrix: n x n entries per head per layer (what a plain implementation materialises;
   the fused and tiled backends do not), times H heads for one layer.
-- KV cache: 2 (keys and values) x layers x Hkv x E x n values.
+- KV cache: 2 (keys and values) x layers x Hkv x E x n values; latent attention (DeepSeek) caches
+  (kv_lora_rank + qk_rope_head_dim) values a token and layer, and the output names what multi-head and
+  grouped-query attention would cache for the same model.
+- A mixture-of-experts model's "rest" FLOPs count the parameters a token goes through: the router, its
+  chosen experts and the shared ones (DeepSeek-V3: 37B of 671B).
 - For a Transformer encoder-decoder, attention FLOPs and the KV cache cover the decoder's self
   attention only; the encoder's and the cross attention are not counted.
 """
@@ -24,7 +28,7 @@ from typing import Any
 from .errors import InputError
 from .functional.checks import check_int
 from .functional.mask_mods import pattern_options
-from .models.config import DecoderConfig, EncoderConfig, TransformerConfig
+from .models.config import DecoderConfig, DeepSeekConfig, EncoderConfig, TransformerConfig
 
 __all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES"]
 
@@ -83,10 +87,49 @@ def parameter_breakdown(config) -> dict[str, int]:
             "norms": (2 * c.encoder_layers + 3 * c.decoder_layers) * 2 * c.d_model + final_norms,
             "head": (0 if c.share_embeddings else c.target_vocab * c.d_model) + c.target_vocab,
         }
+    elif isinstance(c, DeepSeekConfig):
+        parts = _latent_parameters(c)
     else:
         raise TypeError(f"no cost model for {type(c).__name__}")
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _latent_attention_parameters(c: DeepSeekConfig) -> int:
+    """One latent-attention layer (and its indexer): the query path, the latent down/up projections, out."""
+    H, qk = c.num_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+    query = c.d_model * H * qk if c.q_lora_rank is None else (
+        c.d_model * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * H * qk + (c.q_lora_rank if c.attention_bias else 0))
+    latent = c.d_model * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank + c.kv_lora_rank * H * (
+        c.qk_nope_head_dim + c.v_head_dim)
+    out = H * c.v_head_dim * c.d_model
+    bias = (c.kv_lora_rank + c.qk_rope_head_dim + c.d_model) if c.attention_bias else 0
+    index = 0 if c.index_topk is None or c.q_lora_rank is None else (
+        c.q_lora_rank * c.index_heads * c.index_head_dim + c.d_model * c.index_head_dim + 2 * c.index_head_dim
+        + c.d_model * c.index_heads)
+    return query + latent + out + bias + index
+
+
+def _latent_parameters(c: DeepSeekConfig) -> dict[str, int]:
+    moe_layers = c.num_layers - c.first_dense_layers
+    expert = 3 * c.d_model * c.moe_d_ff
+    return {
+        "embeddings": c.vocab_size * c.d_model,
+        "attention": c.num_layers * _latent_attention_parameters(c),
+        "mlp": c.first_dense_layers * 3 * c.d_model * c.d_ff
+        + moe_layers * (c.num_experts * expert + c.num_experts * c.d_model + c.num_shared_experts * expert),
+        "norms": (2 * c.num_layers + 1) * c.d_model,
+        "head": 0 if c.tie_embeddings else c.vocab_size * c.d_model,
+    }
+
+
+def _activated_matmul(c: DeepSeekConfig) -> int:
+    """Parameters a token multiplies through: attention, the dense MLPs, the router, its chosen and the
+    shared experts, the output layer."""
+    expert = 3 * c.d_model * c.moe_d_ff
+    moe = c.num_experts * c.d_model + (c.experts_per_token + c.num_shared_experts) * expert
+    return (c.num_layers * _latent_attention_parameters(c) + c.first_dense_layers * 3 * c.d_model * c.d_ff
+            + (c.num_layers - c.first_dense_layers) * moe + c.vocab_size * c.d_model)
 
 
 @dataclass(frozen=True)
@@ -103,6 +146,7 @@ class Cost:
     kv_cache_bytes: int  # whole sequence, all layers (0 for encoders)
     kv_cache_bytes_per_token: int
     attention_entries_computed: int = 0  # (query, key) pairs one head of one layer scores, window applied
+    kv_cache_alternatives: tuple[tuple[str, int], ...] = ()  # (what, bytes per token): the same model's other caches
     notes: tuple[str, ...] = ()  # what the figures assume: trained length exceeded, windows
     pattern: str | None = None  # a sparse pattern from attnkit.masks.PATTERNS, if one was given
     dense_mask_bytes: int = 0  # the (n, n) boolean mask SDPA would need for the pattern
@@ -210,6 +254,47 @@ def pattern_pairs(pattern: str, n: int, **options) -> tuple[int, int | None, boo
     return global_rows * n + (n - global_rows) * min(n, per_row * b), min(n, per_row * b), False
 
 
+def _latent_estimate(c: DeepSeekConfig, seq: int, nbytes: int) -> Cost:
+    """:func:`estimate` for latent attention: the cache holds (kv_lora_rank + qk_rope_head_dim) numbers a token
+    and layer; attention FLOPs as the naive way computes them (each head's key of qk_nope + qk_rope and value
+    of v_head_dim; the absorbed way's are in a note); with DSA each query scores at most index_topk keys, and
+    the indexer every earlier one with its small heads."""
+    H, qk, layers = c.num_heads, c.qk_nope_head_dim + c.qk_rope_head_dim, c.num_layers
+    per_context = 2 * H * qk + 2 * H * c.v_head_dim
+    absorbed = 2 * H * (c.kv_lora_rank + c.qk_rope_head_dim) + 2 * H * c.kv_lora_rank
+    full_pairs, _ = _pairs(seq, None, True)
+    pairs, last = full_pairs, seq
+    notes = [f"absorbed decoding (the latent attended as one key head) takes {absorbed:,} FLOPs per attended "
+             f"position and layer against the naive {per_context:,}: it trades FLOPs for reading the cache once"]
+    index_flops_last = index_flops_pairs = 0
+    if c.index_topk is not None:
+        k = c.index_topk
+        pairs = sum_min = min(seq, k) * (min(seq, k) + 1) // 2 + max(0, seq - k) * k
+        last = min(seq, k)
+        index_flops_last = 2 * c.index_heads * c.index_head_dim * seq * layers
+        index_flops_pairs = 2 * c.index_heads * c.index_head_dim * full_pairs * layers
+        notes.append(f"DeepSeek sparse attention: each query attends at most {k:,} keys ({sum_min:,} of {full_pairs:,} "
+                     f"pairs per head per layer); the indexer scores every earlier token with {c.index_heads} heads of "
+                     f"{c.index_head_dim}")
+    latent = (c.kv_lora_rank + c.qk_rope_head_dim + (c.index_head_dim if c.index_topk is not None else 0)) * nbytes
+    mha = H * (qk + c.v_head_dim) * nbytes  # every head's key (qk_nope + qk_rope) and value
+    gqa = 8 * (qk + c.v_head_dim) * nbytes
+    parts = _latent_parameters(c)
+    parts["total"] = sum(parts.values())
+    matmul = _activated_matmul(c)
+    if seq > c.max_len:
+        notes.append(f"seq {seq:,} exceeds the {c.max_len:,}-token context this model was configured for")
+    return Cost(parameters=parts, seq=seq, dtype_bytes=nbytes, flops_per_token_rest=2 * matmul,
+                flops_per_token_attention=per_context * last * layers + index_flops_last,
+                flops_per_sequence_rest=2 * matmul * seq,
+                flops_per_sequence_attention=per_context * pairs * layers + index_flops_pairs,
+                attention_matrix_entries=seq * seq, attention_matrix_bytes_per_layer=H * seq * seq * nbytes,
+                kv_cache_bytes=latent * layers * seq, kv_cache_bytes_per_token=latent * layers,
+                attention_entries_computed=pairs, notes=tuple(notes),
+                kv_cache_alternatives=(("multi-head attention (keys and values of every head)", mha * layers),
+                                       ("grouped-query attention, 8 key/value heads", gqa * layers)))
+
+
 def _shape(config) -> tuple[int, int, int, int, bool]:
     """(layers with self attention, heads, kv heads, head dim, causal)."""
     c = config
@@ -228,6 +313,10 @@ def estimate(config, seq: int, dtype: str = "bf16", pattern: str | None = None, 
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     nbytes = DTYPE_BYTES[dtype]
+    if isinstance(config, DeepSeekConfig):
+        if pattern is not None:
+            raise ValueError("pattern= is for dense attention; a DeepSeek model's sparsity is its index_topk")
+        return _latent_estimate(config, seq, nbytes)
     parts = parameter_breakdown(config)
     layers, heads, kv_heads, head_dim, causal = _shape(config)
     window = getattr(config, "window", None)

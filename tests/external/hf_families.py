@@ -61,6 +61,10 @@ def tiny_config(family: str, **sizes):
     cls = CONFIG_MAPPING[family]
     default = cls()
     keys = {k: v for k, v in (TINY | sizes).items() if hasattr(default, k)}
+    if getattr(default, "kv_lora_rank", None) is not None:  # latent attention (MLA): every head reads the latent,
+        keys["num_key_value_heads"] = keys.get("num_attention_heads", default.num_attention_heads)  # and head_dim
+        if "head_dim" in keys:  # is the rotary part of a head (DeepSeek-V3's config sets it so)
+            keys["head_dim"] = keys.get("qk_rope_head_dim", default.qk_rope_head_dim)
     if getattr(default, "sliding_window", None):
         keys["sliding_window"] = 5
     for name, value in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2), ("decoder_start_token_id", 1)):

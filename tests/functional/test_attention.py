@@ -154,6 +154,31 @@ def test_equals_torch_sdpa_where_both_apply(backend, kwargs, rng, small_tiles):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"mask": "bool"}, {"gqa": True}],
+                         ids=["plain", "causal", "bool-mask", "gqa"])
+def test_narrower_values_reach_torch_sdpa_as_wide_as_the_queries_on_the_cpu(kwargs, rng, monkeypatch):
+    """Ev < E: the values padded with zeros to E (PyTorch's fused CPU kernel takes equal widths only, else
+    its math path materialises the scores); the output and its gradients are the plain call's."""
+    kwargs = dict(kwargs)
+    Hkv = 2 if kwargs.pop("gqa", False) else 4
+    leaves = [randn(2, 4, 37, 24, generator=rng), randn(2, Hkv, 45, 24, generator=rng), randn(2, Hkv, 45, 10, generator=rng)]
+    leaves = [x.requires_grad_() for x in leaves]
+    if kwargs.get("mask") == "bool":
+        kwargs["mask"] = torch.rand(2, 4, 37, 45, generator=rng) < 0.8
+    torch_kwargs = {"attn_mask" if name == "mask" else name: x for name, x in kwargs.items()}
+    expected = F.scaled_dot_product_attention(*leaves, enable_gqa=Hkv != 4, **torch_kwargs)
+    want = torch.autograd.grad(expected.square().sum(), leaves)
+    widths = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, v, **options: widths.append((q.shape[-2], v.shape[-1])) or real(q, k, v, **options))
+    got = attnkit.attention(*leaves, backend="sdpa", **kwargs).output
+    assert [width for rows, width in widths if rows == 37] == [24] and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(got.square().sum(), leaves), want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("masking", ["none", "causal-bottom-right", "window-top-left", "random", "bias+padding"])
 @pytest.mark.parametrize("backend", ["sdpa", "tiled"])
 def test_gradients_match_reference_backend(backend, masking, rng, small_tiles):

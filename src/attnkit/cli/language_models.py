@@ -25,6 +25,8 @@ SIZE_FIELDS = {
     "encoder": ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"),
     "transformer": ("source_vocab", "target_vocab", "d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers"),
     "seq2seq": ("source_vocab", "target_vocab"),
+    "deepseek": ("vocab_size", "d_model", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
+                 "qk_rope_head_dim", "v_head_dim", "d_ff", "moe_d_ff", "num_experts"),
 }
 """The fields an attnkit config file given to ``cost`` must name: those that size the model (a missing one
 would silently be a default model's: GPT-2 small's for a decoder). The others take their defaults, listed
@@ -94,7 +96,9 @@ def _cost(args: argparse.Namespace) -> int:
           f"{cost.attention_matrix_bytes_per_layer / 2**20:,.1f} MiB per layer (all heads)")
     if cost.kv_cache_bytes_per_token:
         print(f"KV cache: {cost.kv_cache_bytes_per_token:,} bytes per token, {cost.kv_cache_bytes / 2**20:,.1f} MiB "
-              f"for {args.seq:,} tokens")
+              f"for {args.seq:,} tokens" + (" (the latent)" if cost.kv_cache_alternatives else ""))
+    for what, per_token in cost.kv_cache_alternatives:
+        print(f"  beside {what}: {per_token:,} bytes per token ({per_token / cost.kv_cache_bytes_per_token:.1f}x)")
     for note in cost.notes:
         print(f"note: {note}")
     if defaulted:

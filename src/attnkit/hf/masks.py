@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .rows import EmptyRows, structured_empty_rows
 
-__all__ = ["StructuredMask", "attnkit_mask", "MASK_READING_FAMILIES"]
+__all__ = ["StructuredMask", "attnkit_mask", "MASK_READING_FAMILIES", "ADDITIVE_MASK_FAMILIES"]
 
 MASK_READING_FAMILIES = frozenset({
     # DeepSeek sparse attention's indexer scores every key against attention_mask[:, 0] before attention
@@ -26,6 +26,13 @@ MASK_READING_FAMILIES = frozenset({
 })
 """Families whose modules read the attention mask themselves, not only hand it to attention: they get
 transformers' own mask, fully built (a structured mask holds the padding alone)."""
+ADDITIVE_MASK_FAMILIES = frozenset({
+    # DeepSeek-V4 concatenates an additive bias (0 / -inf) of its compressed blocks to the mask, cast to the
+    # mask's dtype: to a boolean mask that cast turns -inf into True (allowed). It gets eager's additive mask.
+    "deepseek_v4",
+})
+"""Families whose modules extend the mask with additive values: they get transformers' eager (additive)
+mask, fully built, which attnkit reads as a bias whose finfo.min keys are masked."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +140,11 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     from transformers import masking_utils as mu
 
     mask_function = mu.causal_mask_function if mask_function is None else mask_function
-    if getattr(kwargs.get("config"), "model_type", None) in MASK_READING_FAMILIES:
+    family = getattr(kwargs.get("config"), "model_type", None)
+    if family in ADDITIVE_MASK_FAMILIES:
+        return mu.eager_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                             attention_mask=attention_mask, local_size=local_size, **kwargs)
+    if family in MASK_READING_FAMILIES:
         return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                             attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
                             allow_is_bidirectional_skip=False, **kwargs)

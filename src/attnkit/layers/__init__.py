@@ -4,6 +4,9 @@ from .additive import BahdanauAttention
 from .attending import PLAIN, Attending, AttentionCall, Cache
 from .cache import FixedKVCache, KVCache, SinkCache
 from .efficient import LinearAttention, LinformerAttention, PerformerAttention
+from .gated import DifferentialAttention, GatedAttention
+from .indexer import LightningIndexer
+from .latent import LatentAttention, LatentCache
 from .multihead import MultiHeadAttention
 from .multiplicative import LuongAttention
 from .positional import (
@@ -24,6 +27,11 @@ __all__ = [
     "LuongAttention",
     "SelfAttention",
     "MultiHeadAttention",
+    "GatedAttention",
+    "DifferentialAttention",
+    "LatentAttention",
+    "LatentCache",
+    "LightningIndexer",
     "AttentionCall",
     "Attending",
     "Cache",

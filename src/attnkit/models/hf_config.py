@@ -5,11 +5,12 @@ implemented, known not to change a base model's numbers in evaluation, or refuse
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..errors import InputError
 from .config import DecoderConfig, EncoderConfig
 
-__all__ = ["MODEL_TYPES", "HF_ACTIVATIONS", "UnsupportedConfigError", "config_from_hf"]
+__all__ = ["MODEL_TYPES", "HF_ACTIVATIONS", "UnsupportedConfigError", "config_from_hf", "deepseek_config_from_hf"]
 
 MODEL_TYPES = ("bert", "gpt2", "llama", "mistral", "qwen2")
 """Hugging Face ``model_type`` values :func:`config_from_hf` reads."""
@@ -190,3 +191,81 @@ def _config_from_hf(hf: Mapping, kind: str) -> EncoderConfig | DecoderConfig:
                          attention_head_dim=None if head_dim * heads == hf["hidden_size"] else head_dim,
                          tie_embeddings=bool(hf.get("tie_word_embeddings", False)), **_rope(hf, kind),
                          **_windows(hf, kind))
+
+
+# DeepSeek-V3 (and V3.2, with DeepSeek sparse attention): read into a DeepSeekConfig, every key classified.
+_DEEPSEEK_IMPLEMENTED = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim", "head_dim", "intermediate_size",
+    "moe_intermediate_size", "first_k_dense_replace", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+    "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "max_position_embeddings", "rope_parameters",
+    "rope_scaling", "rope_theta", "rope_interleave", "rms_norm_eps", "attention_bias", "tie_word_embeddings",
+    "hidden_act", "topk_method", "scoring_func", "moe_layer_freq", "mlp_bias", "index_topk", "index_n_heads",
+    "index_head_dim", "layer_types", "mlp_layer_types",
+})
+_DEEPSEEK_HARMLESS = _HARMLESS_ANY | {
+    "attention_dropout", "pretraining_tp", "num_nextn_predict_layers",  # the multi-token-prediction layers: not run
+    "aux_loss_alpha", "seq_aux", "ep_size", "output_router_logits", "router_aux_loss_coef",  # training and sharding
+}
+_YARN_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+              "mscale", "mscale_all_dim"}
+
+
+def deepseek_config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()):
+    """A :class:`~attnkit.models.config.DeepSeekConfig` from a transformers DeepSeek-V3 or V3.2 ``config.json``:
+    every key implemented, harmless in evaluation, or refused by name (:class:`UnsupportedConfigError`)."""
+    from .config import DeepSeekConfig
+
+    kind = hf.get("model_type") if isinstance(hf, Mapping) else None
+    if kind not in ("deepseek_v3", "deepseek_v32"):
+        raise UnsupportedConfigError(f"model_type must be 'deepseek_v3' or 'deepseek_v32', got {kind!r} (DeepSeek-V2's "
+                                     "softmax router is not implemented natively; the transformers bridge runs it)")
+    unknown = sorted(set(hf) - _DEEPSEEK_IMPLEMENTED - _DEEPSEEK_HARMLESS - set(ignore))
+    if unknown:
+        raise UnsupportedConfigError(f"{kind} config: unknown keys {unknown}; attnkit implements "
+                                     f"{sorted(_DEEPSEEK_IMPLEMENTED)} and ignores only keys known not to change the numbers")
+    for key, expected in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("hidden_act", "silu"),
+                          ("moe_layer_freq", 1), ("mlp_bias", False)):
+        _require(hf, kind, key, expected, repr(expected))
+    heads = hf["num_attention_heads"]
+    if hf.get("num_key_value_heads", heads) != heads:
+        raise _refuse(kind, "num_key_value_heads", hf["num_key_value_heads"], f"num_attention_heads ({heads}): every head "
+                      "reads the latent")
+    for key in ("layer_types", "mlp_layer_types"):  # V3.2 names what its other keys already say
+        values = set(hf.get(key) or [])
+        allowed = {"layer_types": {"full_attention", "indexed_attention"}, "mlp_layer_types": {"dense", "sparse"}}[key]
+        if values - allowed:
+            raise _refuse(kind, key, sorted(values), f"entries in {sorted(allowed)}")
+    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", "yarn"):
+        raise _refuse(kind, "rope_parameters['rope_type']", rope_type, "'default' or 'yarn'")
+    extra = sorted(set(params) - (_YARN_KEYS if rope_type == "yarn" else {"rope_type", "type", "rope_theta"}))
+    if extra:
+        raise _refuse(kind, f"rope_parameters[{extra[0]!r}]", params[extra[0]], f"for rope_type {rope_type!r}")
+    yarn: dict[str, Any] = {} if rope_type == "default" else dict(
+        rope_scaling="yarn", rope_factor=float(params["factor"]),
+        rope_original_max_len=int(params["original_max_position_embeddings"]),
+        rope_beta_fast=float(params.get("beta_fast") or 32), rope_beta_slow=float(params.get("beta_slow") or 1),
+        rope_mscale=params.get("mscale"), rope_mscale_all_dim=params.get("mscale_all_dim"))
+    sparse = kind == "deepseek_v32"
+    try:
+        return DeepSeekConfig(
+            vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
+            q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
+            qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], d_ff=hf["intermediate_size"],
+            moe_d_ff=hf["moe_intermediate_size"], first_dense_layers=hf.get("first_k_dense_replace", 0),
+            num_experts=hf["n_routed_experts"], num_shared_experts=hf.get("n_shared_experts") or 0,
+            experts_per_token=hf["num_experts_per_tok"], expert_groups=hf.get("n_group") or 1,
+            groups_per_token=hf.get("topk_group") or 1, routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", True)), max_len=hf.get("max_position_embeddings") or 4096,
+            rope_base=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rope_interleave=bool(hf.get("rope_interleave", True)), **({"rope_scaling": None} | yarn),
+            norm_eps=hf.get("rms_norm_eps", 1e-6), attention_bias=bool(hf.get("attention_bias", False)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            index_topk=hf.get("index_topk", 2048) if sparse else None, index_heads=hf.get("index_n_heads", 64),
+            index_head_dim=hf.get("index_head_dim", 128))
+    except KeyError as error:
+        raise UnsupportedConfigError(f"{kind} config: required key {error.args[0]!r} is missing") from None
+    except (TypeError, ValueError) as error:
+        raise UnsupportedConfigError(f"{kind} config: {error}") from None

@@ -1,0 +1,152 @@
+"""Attention over the keys each query selected: the second half of DeepSeek sparse attention (DSA,
+DeepSeek-AI 2025, DeepSeek-V3.2), after an indexer chose the top-k keys of every query.
+
+    o_i = sum_{j in K_i} softmax_j(q_i . k_j * scale) v_j,   K_i the (at most k) keys query i selected
+
+Each block of queries gathers its selected keys and values, (B, Hkv, block, k, E + Ev), and attends
+over them: memory and work grow with k, never with S, and no L x S score matrix exists (the weights are
+scattered into one only when asked for). The selection joins the call's other rules: a negative entry
+is an empty slot, a repeated key counts once, a key after the query's aligned position is dropped with
+``is_causal``, a padded key with ``key_mask``; a query left with no key gets zeros (attnkit's rule).
+Gradients by autograd (through the gathers). The NaN rule is :func:`attnkit.attention`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from . import masks as _masks
+from . import nan as _nan
+from .attention import AttentionOutput, _heads
+from .backends._common import compute_dtype, group_heads
+from .checks import check_qkv
+
+__all__ = ["topk_attention", "GATHER_ELEMENTS"]
+
+GATHER_ELEMENTS = 1 << 24
+"""The keys and values a block of queries gathers, (B, Hkv, block, k, E + Ev) (E alone when the values are
+the keys' first Ev numbers, as in MLA), hold about this many numbers (64 MiB in float32): the block is as
+many queries as fit, at least one."""
+
+
+def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask: Tensor | None = None,
+                   is_causal: bool = False, causal_align: str = "top-left", scale: float | None = None,
+                   need_weights: bool | Sequence[int] = False) -> AttentionOutput:
+    """Each query attends only the keys ``indices`` lists for it.
+
+    Shape legend: B batch, H query heads, Hkv key/value heads, L queries, S keys, E head dim, Ev value dim,
+    K selected keys per query.
+
+    Args:
+        q: (B, H, L, E). k: (B, Hkv, S, E). v: (B, Hkv, S, Ev).
+        indices: (B, L, K), one selection for every head (DeepSeek-V3.2's indexer), or (B, Hkv, L, K), one
+            per key/value head; integers in [0, S), -1 for an empty slot.
+        key_mask: (B, S) True at real keys (padding False).
+        is_causal, causal_align: as in :func:`attnkit.attention`: a selected key after the query's aligned
+            position is dropped.
+        scale: multiplies q . k (default 1 / sqrt(E)).
+        need_weights: also return the weights (B, H, L, S), zero at every key not attended (the only
+            L x S tensor, made only when asked); a sequence of head indices: those heads only.
+
+    Returns:
+        :class:`AttentionOutput`: output (B, H, L, Ev), weights or None, lse (B, H, L) (-inf for a query
+        with no key).
+    """
+    dims = check_qkv(q, k, v)
+    B, Hkv, L, S = dims.B, dims.Hkv, dims.L, dims.S
+    heads = _heads(need_weights, dims.H)
+    if not isinstance(indices, Tensor) or indices.dim() not in (3, 4) or indices.shape[0] != B or \
+            indices.shape[-2] != L or (indices.dim() == 4 and indices.shape[1] != Hkv):
+        shape = tuple(indices.shape) if isinstance(indices, Tensor) else type(indices).__name__
+        raise ValueError(f"indices must have shape (B, L, K) = ({B}, {L}, K) or (B, Hkv, L, K) = ({B}, {Hkv}, {L}, K), "
+                         f"got {shape}")
+    if indices.is_floating_point() or indices.dtype == torch.bool:
+        raise TypeError(f"indices must be integer key positions, got dtype {indices.dtype}")
+    if indices.numel() and int(indices.max()) >= S:
+        raise ValueError(f"indices must lie in [0, S={S}) or be -1 for an empty slot, got {int(indices.max())}")
+    if key_mask is not None and (not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, S)
+                                 or key_mask.dtype != torch.bool):
+        got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
+        raise ValueError(f"key_mask must be boolean of shape (B, S) = ({B}, {S}), got {got}")
+    if causal_align not in _masks.ALIGNMENTS:
+        raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
+    scale = 1.0 / math.sqrt(dims.E) if scale is None else float(scale)
+    selection = _deduplicated(indices if indices.dim() == 4 else indices[:, None])  # (B, Hkv|1, L, K)
+    offset = _masks.causal_offset(L, S, causal_align)
+    acc = compute_dtype(q.dtype)
+    q_g = group_heads(q, dims).to(acc)  # (B, Hkv, G, L, E)
+    k_acc = k.to(acc)
+    shared = _leading_slice(v, k)  # MLA's absorbed values: the first Ev numbers of every key, gathered once
+    v_acc = k_acc[..., :dims.Ev] if shared else v.to(acc)
+    outputs, lses, weights = [], [], []
+    gathered = dims.E if shared else dims.E + dims.Ev
+    block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * selection.shape[-1] * gathered))
+    for q0 in range(0, L, block):
+        q1 = min(L, q0 + block)
+        chosen = selection[:, :, q0:q1]  # (B, Hkv|1, bq, K)
+        allowed = chosen >= 0
+        if is_causal:
+            rows = torch.arange(q0, q1, device=q.device)[:, None]  # (bq, 1)
+            allowed = allowed & (chosen <= rows + offset)
+        safe = chosen.clamp(min=0)
+        if key_mask is not None:
+            allowed = allowed & key_mask.gather(1, safe.flatten(1)).view(safe.shape)
+        k_sel = _gathered(k_acc, safe)  # (B, Hkv, bq, K, E)
+        v_sel = k_sel[..., :dims.Ev] if shared else _gathered(v_acc, safe)  # (B, Hkv, bq, K, Ev)
+        scores = torch.einsum("bhgqe,bhqke->bhgqk", q_g[..., q0:q1, :], k_sel) * scale  # (B, Hkv, G, bq, K)
+        p, lse = _softmax_and_lse(scores, allowed[:, :, None])  # the mask (B, Hkv|1, 1, bq, K)
+        lses.append(lse)
+        outputs.append(torch.einsum("bhgqk,bhqke->bhgqe", p, v_sel))
+        if heads is not None:
+            full = p.new_zeros(B, Hkv, dims.groups, q1 - q0, S)
+            weights.append(full.scatter_add(-1, safe[:, :, None].expand_as(p), p))  # repeated slots hold 0
+    output = torch.cat(outputs, dim=-2).flatten(1, 2).to(q.dtype)  # (B, H, L, Ev)
+    lse = torch.cat(lses, dim=-1).flatten(1, 2)
+    weight = None if heads is None else torch.cat(weights, dim=-2).flatten(1, 2)[:, heads].to(q.dtype)
+    poisoned = _nan.poisoned_rows(q, k, v, dims) if _nan.on() else None
+    if poisoned is not None:
+        output = torch.where(poisoned, math.nan, output)
+        lse = torch.where(poisoned[..., 0], math.nan, lse)
+        weight = None if weight is None else torch.where(poisoned[:, heads], math.nan, weight)
+    return AttentionOutput(output=output, weights=weight, lse=lse)
+
+
+def _softmax_and_lse(scores: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """The masked softmax over the last dim and its log-sum-exp from one exponential: a row with no allowed
+    score gives zeros and -inf; a NaN score stays (NaN propagates). The lse's gradient is the softmax (its
+    maximum held constant)."""
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    top = masked.amax(dim=-1, keepdim=True)
+    shift = top.masked_fill(torch.isinf(top), 0.0).detach()
+    exponentials = (masked - shift).exp()
+    total = exponentials.sum(dim=-1, keepdim=True)
+    p = exponentials / total.masked_fill(total == 0, 1.0)
+    return p, (total.log() + shift).squeeze(-1)
+
+
+def _deduplicated(indices: Tensor) -> Tensor:
+    """``indices`` (B, h, L, K) as int64, sorted, every repeat of a key within a row made an empty slot (-1)."""
+    ordered = indices.long().sort(dim=-1).values
+    repeat = torch.zeros_like(ordered, dtype=torch.bool)
+    repeat[..., 1:] = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
+    return ordered.masked_fill(repeat, -1)
+
+
+def _leading_slice(v: Tensor, k: Tensor) -> bool:
+    """Whether ``v`` is ``k[..., :Ev]``, the same memory (DeepSeek's absorbed attention: the values are the
+    latent part of the keys), so one gather serves both."""
+    return (v.device == k.device and v.dtype == k.dtype and v.data_ptr() == k.data_ptr()
+            and v.shape[:-1] == k.shape[:-1] and v.shape[-1] <= k.shape[-1] and v.stride() == k.stride())
+
+
+def _gathered(x: Tensor, index: Tensor) -> Tensor:
+    """Rows of x (B, Hkv, S, D) at ``index`` (B, Hkv|1, bq, K): (B, Hkv, bq, K, D), by one index_select over
+    the flattened rows (three times faster than a gather of the expanded index on the CPU)."""
+    B, Hkv, S, D = x.shape
+    index = index.expand(B, Hkv, *index.shape[2:])
+    rows = torch.arange(B * Hkv, device=x.device).view(B, Hkv, 1, 1) * S + index  # (B, Hkv, bq, K)
+    return x.reshape(B * Hkv * S, D).index_select(0, rows.flatten()).view(B, Hkv, *index.shape[2:], D)

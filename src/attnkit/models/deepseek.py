@@ -1,0 +1,251 @@
+"""DeepSeek-V3-style decoders (DeepSeek-AI 2024): latent attention in every layer, mixture-of-experts MLPs.
+
+    x = x + MLA(RMSNorm(x));  x = x + MLP(RMSNorm(x)),  MLP dense in the first layers, then
+    MoE(x) = sum_{e in top-k} g_e FFN_e(x) + FFN_shared(x)
+
+The router scores every expert with a sigmoid, adds a per-expert bias (DeepSeek-V3's auxiliary-loss-free
+balancing) to choose, keeps the ``groups_per_token`` best groups of experts (a group's score: its two
+best) and then the ``experts_per_token`` best experts in them; the chosen experts' (unbiased) scores,
+normalised and scaled, weight their outputs. :func:`load_deepseek_folder` reads a transformers
+DeepSeek-V3 (or V3.2, with DeepSeek sparse attention) checkpoint folder, and :meth:`DeepSeekLM.new_cache`
+gives the latent caches :func:`attnkit.decoding.generate` decodes with.
+
+Shapes: B batch, L new tokens, S tokens attended (cached + new), D model dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._files import read_json
+from ..errors import InputError
+from ..functional.checks import check_rank
+from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
+from .blocks import GatedFeedForward
+from .config import DeepSeekConfig
+from .outputs import LMOutput
+
+__all__ = ["DeepSeekLM", "DeepSeekBlock", "DeepSeekMoE", "load_deepseek_folder"]
+
+
+class DeepSeekMoE(nn.Module):
+    """Routed experts (fused weights as transformers keeps them: ``gate_up_proj`` (E, 2 F, D), ``down_proj``
+    (E, D, F)), the router ``gate`` (``weight`` (E, D), ``e_score_correction_bias`` (E,)) and the shared
+    experts (one SwiGLU of width num_shared_experts x F)."""
+
+    score_bias: Tensor
+
+    def __init__(self, config: DeepSeekConfig):
+        super().__init__()
+        c = self.config = config
+        self.gate_weight = nn.Parameter(torch.zeros(c.num_experts, c.d_model))
+        self.register_buffer("score_bias", torch.zeros(c.num_experts), persistent=True)
+        self.gate_up_proj = nn.Parameter(torch.empty(c.num_experts, 2 * c.moe_d_ff, c.d_model))
+        self.down_proj = nn.Parameter(torch.empty(c.num_experts, c.d_model, c.moe_d_ff))
+        for weight in (self.gate_weight, self.gate_up_proj, self.down_proj):
+            nn.init.normal_(weight, std=0.02)
+        self.shared = (GatedFeedForward(c.d_model, c.moe_d_ff * c.num_shared_experts)
+                       if c.num_shared_experts else None)
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(experts (N, k), weights (N, k)) for tokens x (N, D); routing in float32."""
+        c = self.config
+        scores = torch.sigmoid(x.float() @ self.gate_weight.float().t())  # (N, E)
+        choice = scores + self.score_bias.float()
+        groups = choice.view(-1, c.expert_groups, c.num_experts // c.expert_groups)
+        group_scores = groups.topk(min(2, groups.shape[-1]), dim=-1).values.sum(dim=-1)  # (N, groups)
+        kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(c.groups_per_token, dim=-1).indices, 1.0)
+        choice = choice.masked_fill(~kept.bool().repeat_interleave(c.num_experts // c.expert_groups, dim=1), float("-inf"))
+        experts = choice.topk(c.experts_per_token, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if c.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return experts, weights * c.routed_scaling
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, D)
+        experts, weights = self.route(flat)
+        out = torch.zeros_like(flat)
+        for expert in experts.unique().tolist():  # the experts some token chose, each once
+            token, slot = (experts == expert).nonzero(as_tuple=True)
+            gate, up = nn.functional.linear(flat[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = nn.functional.linear(nn.functional.silu(gate) * up, self.down_proj[expert])
+            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+        out = out.view(shape)
+        return out if self.shared is None else out + self.shared(x)
+
+
+class DeepSeekBlock(nn.Module):
+    """Pre-norm block: latent attention, then the MLP (dense or mixture of experts), each with a residual.
+    Parameters: ``attn_norm``, ``self_attn``, ``mlp_norm``, ``mlp``."""
+
+    def __init__(self, config: DeepSeekConfig, rotary: RotaryEmbedding, layer: int, index_rotary: RotaryEmbedding | None):
+        super().__init__()
+        c = config
+        indexer = None
+        if c.index_topk is not None:
+            assert c.q_lora_rank is not None and index_rotary is not None  # checked by the config
+            indexer = LightningIndexer(c.d_model, c.q_lora_rank, num_heads=c.index_heads, head_dim=c.index_head_dim,
+                                       rope_dim=c.qk_rope_head_dim, topk=c.index_topk, rotary=index_rotary)
+        self.attn_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.self_attn = LatentAttention(c.d_model, c.num_heads, kv_lora_rank=c.kv_lora_rank,
+                                         qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim,
+                                         v_head_dim=c.v_head_dim, q_lora_rank=c.q_lora_rank, bias=c.attention_bias,
+                                         rotary=rotary, scale=c.attention_scale, norm_eps=c.norm_eps, indexer=indexer)
+        self.mlp_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.mlp: nn.Module = GatedFeedForward(c.d_model, c.d_ff) if layer < c.first_dense_layers else DeepSeekMoE(c)
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache: LatentCache | None,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        attended = self.self_attn(self.attn_norm(x), key_mask=key_mask, is_causal=True, positions=positions,
+                                  cache=cache, need_weights=need_weights)
+        x = x + attended.output
+        return x + self.mlp(self.mlp_norm(x)), attended.weights
+
+
+class DeepSeekLM(nn.Module):
+    """A DeepSeek-V3-style language model. Parameters: ``tokens``, ``layers``, ``norm``, ``lm_head``."""
+
+    def __init__(self, config: DeepSeekConfig):
+        super().__init__()
+        self.config = c = config
+        rope: dict[str, Any] = dict(scaling=c.rope_scaling, factor=c.rope_factor, original_max_len=c.rope_original_max_len,
+                    beta_fast=c.rope_beta_fast, beta_slow=c.rope_beta_slow, mscale=c.rope_mscale,
+                    mscale_all_dim=c.rope_mscale_all_dim)
+        rotary = RotaryEmbedding(c.qk_rope_head_dim, c.rope_base, interleaved=c.rope_interleave, **rope)
+        index_rotary = RotaryEmbedding(c.qk_rope_head_dim, c.rope_base, **rope) if c.index_topk is not None else None
+        self.tokens = nn.Embedding(c.vocab_size, c.d_model)
+        self.layers = nn.ModuleList(DeepSeekBlock(c, rotary, layer, index_rotary) for layer in range(c.num_layers))
+        self.norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tokens.weight
+
+    def new_cache(self) -> list[LatentCache]:
+        """One latent cache per layer: (kv_lora_rank + qk_rope_head_dim) numbers a token and layer."""
+        return [LatentCache() for _ in self.layers]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list[LatentCache] | None = None,
+                position_ids: Tensor | None = None, need_weights: bool = False, last_only: bool = False) -> LMOutput:
+        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
+        ``position_ids`` (B, L) (default: the cache's position onwards); ``cache`` from :meth:`new_cache`."""
+        check_rank("input_ids", input_ids, 2, "(B, L)")
+        B, L = input_ids.shape
+        key_mask = None
+        if attention_mask is not None:
+            S = L + (0 if cache is None else cache[0].length)
+            if tuple(attention_mask.shape) != (B, S):
+                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "
+                                 f"got {tuple(attention_mask.shape)}")
+            key_mask = attention_mask.bool()
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache must hold one LatentCache per layer ({len(self.layers)}), got {len(cache)}")
+        x = self.tokens(input_ids)
+        attentions: list[Tensor] | None = [] if need_weights else None
+        for i, layer in enumerate(self.layers):
+            x, weights = layer(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i],
+                               need_weights=need_weights)
+            if attentions is not None and weights is not None:
+                attentions.append(weights)
+        x = self.norm(x)
+        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, attentions)
+
+
+# --------------------------------------------------------------------------- transformers checkpoints
+_ATTENTION_NAMES = {"q_a_layernorm": "q_a_norm", "kv_a_proj_with_mqa": "kv_a_proj", "kv_a_layernorm": "kv_a_norm",
+                    "o_proj": "out_proj"}
+
+
+def _attnkit_name(name: str) -> str | None:
+    """attnkit's name of a transformers DeepSeek-V3 tensor (None: one it has no place for)."""
+    if name == "model.embed_tokens.weight":
+        return "tokens.weight"
+    if name in ("model.norm.weight", "lm_head.weight"):
+        return name.removeprefix("model.")
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"] or len(parts) < 5:
+        return None
+    layer, part, rest = parts[2], parts[3], parts[4:]
+    prefix = f"layers.{layer}."
+    if part == "input_layernorm":
+        return prefix + "attn_norm." + ".".join(rest)
+    if part == "post_attention_layernorm":
+        return prefix + "mlp_norm." + ".".join(rest)
+    if part == "self_attn":
+        return prefix + "self_attn." + ".".join([_ATTENTION_NAMES.get(rest[0], rest[0]), *rest[1:]])
+    if part == "mlp":
+        moe: dict[tuple[str, ...], str] = {("gate", "weight"): "gate_weight", ("gate", "e_score_correction_bias"): "score_bias",
+               ("experts", "gate_up_proj"): "gate_up_proj", ("experts", "down_proj"): "down_proj"}
+        if tuple(rest[:2]) in moe:
+            return prefix + "mlp." + moe[tuple(rest[:2])]
+        if rest[0] == "shared_experts":
+            return prefix + "mlp.shared." + ".".join(rest[1:])
+        return prefix + "mlp." + ".".join(rest)
+    return None
+
+
+def _fused_experts(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-expert tensors (the DeepSeek hub layout, ``mlp.experts.{e}.gate_proj.weight``) stacked into
+    transformers' fused ``gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F)."""
+    per_expert: dict[str, dict[int, dict[str, Tensor]]] = {}
+    out = {}
+    for name, tensor in tensors.items():
+        parts = name.split(".")
+        if len(parts) == 8 and parts[3:5] == ["mlp", "experts"] and parts[5].isdigit():
+            per_expert.setdefault(".".join(parts[:5]), {}).setdefault(int(parts[5]), {})[parts[6]] = tensor
+        else:
+            out[name] = tensor
+    for prefix, experts in per_expert.items():
+        order = sorted(experts)
+        out[prefix + ".gate_up_proj"] = torch.stack([torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]])
+                                                     for e in order])
+        out[prefix + ".down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
+    return out
+
+
+def load_deepseek_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> DeepSeekLM:
+    """A :class:`DeepSeekLM` from a transformers DeepSeek-V3 or V3.2 checkpoint folder (``config.json`` and
+    ``model.safetensors`` or its shards), in eval mode. Every config key is read or refused by name
+    (:func:`attnkit.models.hf_config.deepseek_config_from_hf`); every tensor must find its place, and every
+    parameter a tensor. Loading never runs code (safetensors)."""
+    from .hf_config import deepseek_config_from_hf
+    from .weights import read_safetensors
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"DeepSeek checkpoint folder not found: {folder}")
+    config = deepseek_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no model.safetensors (or model-*-of-*.safetensors shards)")
+    tensors: dict[str, Tensor] = {}
+    for path in files:
+        tensors.update(read_safetensors(path))
+    model = DeepSeekLM(config)
+    state = {}
+    unknown = []
+    for name, tensor in _fused_experts(tensors).items():
+        target = _attnkit_name(name)
+        if target is None:
+            unknown.append(name)
+        else:
+            state[target] = tensor
+    if config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    if unknown:
+        raise InputError(f"{folder}: tensors attnkit's DeepSeek model has no place for: {unknown[:5]}"
+                         + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
+    expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}
+    missing = sorted(expected - set(state))
+    if missing:
+        raise InputError(f"{folder}: the checkpoint lacks {missing[:5]}" + (f" and {len(missing) - 5} more"
+                                                                              if len(missing) > 5 else ""))
+    model.load_state_dict(state, strict=not config.tie_embeddings)
+    model = model.to(dtype) if dtype is not None else model
+    return model.eval()

@@ -1,0 +1,237 @@
+"""DeepSeek's latent attention (MLA) and sparse attention (DSA): attnkit's own layers against transformers'
+DeepseekV3Attention and DeepseekV32Attention with copied weights (float64, 1e-10; bfloat16 to its
+tolerance), naive and absorbed, prefill and token-by-token decoding through the latent cache, padded
+batches; attnkit's DeepSeek decoder loading a transformers checkpoint folder and generating its tokens;
+and the bridge's dense DeepSeek models in float64.
+
+transformers computes some of these modules in float32 whatever the model's dtype (RMSNorm upcasts to
+float32, eager takes its softmax in float32): for the float64 comparisons both are kept in float64, so
+that what is compared is the attention itself."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3  # noqa: E402
+from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32  # noqa: E402
+
+import attnkit.hf  # noqa: E402
+from attnkit.decoding import generate  # noqa: E402
+from attnkit.layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding  # noqa: E402
+from attnkit.models.deepseek import load_deepseek_folder  # noqa: E402
+
+SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=8,
+             qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, num_hidden_layers=1, vocab_size=60)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+NAMES = {"q_a_layernorm": "q_a_norm", "kv_a_proj_with_mqa": "kv_a_proj", "kv_a_layernorm": "kv_a_norm", "o_proj": "out_proj"}
+
+
+@pytest.fixture
+def float64_inside(monkeypatch):
+    """transformers' DeepSeek RMSNorm and eager softmax kept in float64 for a float64 model."""
+    def rms(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    real = torch.nn.functional.softmax
+    monkeypatch.setattr(torch.nn.functional, "softmax",
+                        lambda x, dim=None, dtype=None, **k: real(x, dim=dim, dtype=None if x.dtype == torch.float64
+                                                                  else dtype, **k))
+    for module in (v3, v32):
+        monkeypatch.setattr(getattr(module, [n for n in dir(module) if n.endswith("RMSNorm")][0]), "forward", rms)
+
+
+def _pair(sparse: bool, *, q_lora_rank=12, rope=None, dtype=torch.float64):
+    """(transformers' attention module, attnkit's LatentAttention with its weights)."""
+    extra = dict(index_n_heads=8, index_head_dim=8, index_topk=4) if sparse else {}
+    Config = transformers.DeepseekV32Config if sparse else transformers.DeepseekV3Config
+    config = Config(**(SIZES | {"q_lora_rank": q_lora_rank} | extra), **({"rope_parameters": rope} if rope else {}))
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    theirs = (v32.DeepseekV32Attention if sparse else v3.DeepseekV3Attention)(config, 0).to(dtype).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    params = config.rope_parameters
+    rotary = dict(scaling="yarn", factor=params["factor"], original_max_len=params["original_max_position_embeddings"],
+                  mscale=params["mscale"], mscale_all_dim=params["mscale_all_dim"]) if rope else {}
+    indexer = None
+    if sparse:
+        indexer = LightningIndexer(32, q_lora_rank, num_heads=8, head_dim=8, rope_dim=4, topk=4,
+                                   rotary=RotaryEmbedding(4, params["rope_theta"], **rotary))
+    ours = LatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+                           q_lora_rank=q_lora_rank, rotary=RotaryEmbedding(4, params["rope_theta"], interleaved=True,
+                                                                           **rotary),
+                           scale=theirs.scaling, norm_eps=config.rms_norm_eps, indexer=indexer).to(dtype)
+    state = {}
+    for name, tensor in theirs.state_dict().items():
+        module, rest = name.split(".", 1)
+        state[f"{NAMES.get(module, module)}.{rest}"] = tensor
+    ours.load_state_dict(state)
+    return theirs, ours, config
+
+
+def _theirs(theirs, config, x, padding=None):
+    """transformers' output for x (B, L, D) with cos/sin in float64, causal (and padding) in its eager mask."""
+    B, L, _ = x.shape
+    positions = torch.arange(L)[None]
+    rotary = (v32.DeepseekV32RotaryEmbedding if isinstance(theirs, v32.DeepseekV32Attention) else v3.DeepseekV3RotaryEmbedding)(config)
+    inv_freq = rotary.inv_freq.double() if config.rope_parameters["rope_type"] != "default" else \
+        1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4))
+    emb = torch.cat([positions[..., None].double() * inv_freq] * 2, dim=-1)
+    cos, sin = (f(emb) * rotary.attention_scaling for f in (torch.cos, torch.sin))
+    allowed = torch.ones(L, L, dtype=torch.bool).tril()[None, None].expand(B, 1, L, L)
+    if padding is not None:
+        allowed = allowed & padding[:, None, None, :]
+    mask = torch.zeros(B, 1, L, L, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
+    out, _ = theirs(x, (cos.to(x.dtype), sin.to(x.dtype)), mask, position_ids=positions)
+    return out
+
+
+CASES = [("mla", False, 12, None), ("mla-yarn", False, 12, YARN), ("mla-no-query-latent", False, None, None),
+         ("dsa", True, 12, None)]
+
+
+@pytest.mark.parametrize(("name", "sparse", "q_lora_rank", "rope"), CASES, ids=[c[0] for c in CASES])
+def test_naive_absorbed_and_cached_decoding_equal_transformers(name, sparse, q_lora_rank, rope, float64_inside):
+    theirs, ours, config = _pair(sparse, q_lora_rank=q_lora_rank, rope=rope)
+    x = torch.randn(2, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    want = _theirs(theirs, config, x)
+    for absorbed in (False, True):
+        torch.testing.assert_close(ours(x, absorbed=absorbed).output, want, rtol=1e-10, atol=1e-10)
+    for absorbed, steps in ((True, [1] * 11), (False, [4, 1, 6])):  # token by token, and in chunks
+        cache, outputs, start = LatentCache(), [], 0
+        for size in steps:
+            outputs.append(ours(x[:, start:start + size], cache=cache, absorbed=absorbed).output)
+            start += size
+        torch.testing.assert_close(torch.cat(outputs, dim=1), want, rtol=1e-10, atol=1e-10)
+        per_token = 8 + 4 + (8 if sparse else 0)  # kv_lora_rank + qk_rope_head_dim (+ the indexer's key)
+        assert cache.numbers_per_token() == per_token and cache.length == 11
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["mla", "dsa"])
+def test_a_left_padded_batch_equals_transformers_on_its_real_rows(sparse, float64_inside):
+    """Pad rows have no key: attnkit's zeros, eager's uniform average (its documented difference); every real
+    row equal."""
+    theirs, ours, config = _pair(sparse)
+    x = torch.randn(2, 9, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    padding = torch.ones(2, 9, dtype=torch.bool)
+    padding[1, :3] = False
+    want = _theirs(theirs, config, x, padding)
+    for absorbed in (False, True):
+        got = ours(x, key_mask=padding, absorbed=absorbed).output
+        torch.testing.assert_close(got[padding], want[padding], rtol=1e-10, atol=1e-10)
+
+
+def test_bfloat16_is_within_its_tolerance_of_transformers_float64(float64_inside):
+    theirs, ours, config = _pair(False)
+    x = torch.randn(2, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    want = _theirs(theirs, config, x)
+    ours = ours.to(torch.bfloat16)
+    for absorbed in (False, True):
+        got = ours(x.to(torch.bfloat16), absorbed=absorbed).output.double()
+        assert (got - want).abs().max() / want.abs().max() < 3e-2, absorbed
+
+
+def test_gradients_of_the_two_ways_equal_transformers(float64_inside):
+    theirs, ours, config = _pair(True)
+    x = torch.randn(2, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    (_theirs(theirs, config, x) ** 2).sum().backward()
+    want = {NAMES.get(n.split(".")[0], n.split(".")[0]) + "." + n.split(".", 1)[1]: p.grad for n, p in theirs.named_parameters()
+            if p.grad is not None and not n.startswith("indexer")}
+    for absorbed in (False, True):
+        ours.zero_grad()
+        (ours(x, absorbed=absorbed).output ** 2).sum().backward()
+        for name, grad in want.items():
+            torch.testing.assert_close(dict(ours.named_parameters())[name].grad, grad, rtol=1e-9, atol=1e-10)
+
+
+# ------------------------------------------------------------------------ the native decoder
+def _checkpoint(sparse: bool) -> tuple[object, str]:
+    extra = dict(index_n_heads=8, index_head_dim=8, index_topk=4) if sparse else {}
+    Config = transformers.DeepseekV32Config if sparse else transformers.DeepseekV3Config
+    config = Config(**(SIZES | dict(num_hidden_layers=3, intermediate_size=40, moe_intermediate_size=12,
+                                    first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
+                                    num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                                    max_position_embeddings=256) | extra), rope_parameters=YARN)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.copy_(0.1 * torch.randn_like(module.e_score_correction_bias))
+    folder = tempfile.mkdtemp()
+    model.save_pretrained(folder)
+    return model, folder
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["deepseek-v3", "deepseek-v3.2"])
+def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens(sparse):
+    theirs, folder = _checkpoint(sparse)
+    ours = load_deepseek_folder(folder)
+    ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-4, atol=1e-4)
+        want = theirs.generate(ids[:1], max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, 12:]
+    got = generate(ours, ids[:1], max_new_tokens=10).tokens[0, :10]
+    assert torch.equal(got, want)
+
+
+def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path):
+    import json
+
+    from attnkit.models.hf_config import UnsupportedConfigError
+
+    _, folder = _checkpoint(False)
+    config = json.loads(open(f"{folder}/config.json").read())
+    config["scoring_func"] = "softmax"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    import shutil
+
+    shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedConfigError, match="scoring_func='softmax' is not supported"):
+        load_deepseek_folder(tmp_path)
+
+
+# ------------------------------------------------------------------------ the bridge, dense, float64
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "deepseek_v32"])
+def test_the_bridges_dense_deepseek_models_equal_eager_in_float64(family, float64_inside):
+    """The walk (tests/external/test_hf_families.py) checks every family in float32 with its experts; here the
+    dense models (every layer's MLP dense: float64 has no grouped matmul for the experts) in float64, a
+    left-padded loss and every gradient, 1e-10."""
+    from hf_families import tiny_config
+
+    attnkit.hf.register()
+    config = tiny_config(family, first_k_dense_replace=2)
+    cls = transformers.AutoModelForCausalLM
+    models = []
+    for implementation in ("eager", "attnkit"):
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            models.append(cls.from_config(copy.deepcopy(config), attn_implementation=implementation).double().eval())
+    models[1].load_state_dict(models[0].state_dict())
+    ids = torch.randint(3, 99, (2, 13), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, :4] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    results = []
+    for model in models:
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        results.append((out.loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-10, atol=1e-10)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-8, atol=1e-10)

@@ -1,0 +1,128 @@
+"""attention over each query's selected keys (DeepSeek sparse attention's second half) against the float64
+oracle (attnkit.reference) given the same selection as a mask: outputs, weights, lse and gradients, shared
+and per-head selections, repeats and empty slots, causality and padding, and the refusals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit import masks, reference
+from attnkit.functional import topk
+from attnkit.functional.topk import topk_attention
+
+from helpers import numpy, randn
+
+
+def _case(generator, *, per_head: bool, B=2, H=4, Hkv=2, L=9, S=13, K=5, dtype=torch.float64):
+    q = randn(B, H, L, 8, dtype=dtype, generator=generator)
+    k = randn(B, Hkv, S, 8, dtype=dtype, generator=generator)
+    v = randn(B, Hkv, S, 6, dtype=dtype, generator=generator)
+    shape = (B, Hkv, L, K) if per_head else (B, L, K)
+    indices = torch.randint(-1, S, shape, generator=generator)
+    indices[..., 0] = indices[..., 1]  # a repeated key counts once
+    return q, k, v, indices
+
+
+def _oracle(q, k, v, indices, key_mask, causal, align):
+    """The float64 oracle with the selection, padding and causality as one boolean mask (B, H, L, S)."""
+    B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    chosen = masks.selected(indices, S, heads=H) if indices.dim() == 4 else masks.selected(indices, S)
+    allowed = chosen.expand(B, H, L, S).clone()
+    if key_mask is not None:
+        allowed &= key_mask[:, None, None, :]
+    if causal:
+        allowed &= masks.causal(L, S, causal_align=align)
+    return reference.attention(numpy(q), numpy(k), numpy(v), mask=allowed.numpy())
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-key-head"])
+@pytest.mark.parametrize(("causal", "align"), [(False, "top-left"), (True, "top-left"), (True, "bottom-right")])
+def test_topk_attention_equals_the_oracle_with_the_selection_as_a_mask(per_head, causal, align, rng, monkeypatch):
+    monkeypatch.setattr(topk, "GATHER_ELEMENTS", 200)  # several blocks of queries
+    q, k, v, indices = _case(rng, per_head=per_head)
+    key_mask = torch.ones(2, 13, dtype=torch.bool)
+    key_mask[1, :4] = False
+    want_out, want_weights, want_lse = _oracle(q, k, v, indices, key_mask, causal, align)
+    got = topk_attention(q, k, v, indices, key_mask=key_mask, is_causal=causal, causal_align=align, need_weights=True)
+    np.testing.assert_allclose(numpy(got.output), want_out, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(numpy(got.weights), want_weights, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(np.isneginf(numpy(got.lse)), np.isneginf(want_lse))  # rows left without a key
+    finite = np.isfinite(want_lse)
+    np.testing.assert_allclose(numpy(got.lse)[finite], want_lse[finite], rtol=1e-10, atol=1e-12)
+
+
+def test_gradients_equal_autograd_of_the_masked_softmax(rng):
+    q, k, v, indices = _case(rng, per_head=False)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    got = topk_attention(*leaves, indices, is_causal=True)
+    d_out = randn(*got.output.shape, dtype=torch.float64, generator=rng)
+    d_lse = randn(*got.lse.shape, dtype=torch.float64, generator=rng)
+    lse_part = (got.lse.nan_to_num(neginf=0.0) * d_lse).sum()
+    ((got.output * d_out).sum() + lse_part).backward()
+    mine = [x.grad for x in leaves]
+    plain = [x.clone().requires_grad_() for x in (q, k, v)]
+    allowed = masks.selected(indices, 13) & masks.causal(9, 13)
+    groups = q.shape[1] // k.shape[1]
+    scores = plain[0] @ plain[1].repeat_interleave(groups, 1).transpose(-1, -2) / math.sqrt(8)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = p @ plain[2].repeat_interleave(groups, 1)
+    lse = torch.logsumexp(scores, dim=-1)
+    ((out * d_out).sum() + (lse.nan_to_num(neginf=0.0) * d_lse).sum()).backward()
+    for a, b in zip(mine, plain):
+        torch.testing.assert_close(a, b.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_values_that_are_the_keys_leading_numbers_are_gathered_once_with_the_same_results(rng, monkeypatch):
+    """MLA's absorbed attention: v = k[..., :Ev], a view. One gather serves both; the numbers and the gradients
+    (through both uses of k) are those of a separate copy."""
+    monkeypatch.setattr(topk, "GATHER_ELEMENTS", 300)
+    q, k, _, indices = _case(rng, per_head=False)
+    calls = []
+    real = topk._gathered
+    monkeypatch.setattr(topk, "_gathered", lambda x, index: calls.append(x.shape[-1]) or real(x, index))
+    results = []
+    for view in (True, False):
+        calls.clear()
+        q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
+        v = k_leaf[..., :6] if view else k_leaf[..., :6].clone()
+        got = topk_attention(q_leaf, k_leaf, v, indices, is_causal=True)
+        got.output.sum().backward()
+        results.append((got.output.detach(), q_leaf.grad, k_leaf.grad, list(calls)))
+    (out_view, dq_view, dk_view, gathers_view), (out_copy, dq_copy, dk_copy, gathers_copy) = results
+    assert set(gathers_view) == {8} and set(gathers_copy) == {8, 6}  # the view: keys only
+    torch.testing.assert_close(out_view, out_copy, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(dq_view, dq_copy, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(dk_view, dk_copy, rtol=1e-12, atol=1e-14)
+
+
+def test_weights_of_chosen_heads_are_those_heads_of_all_weights(rng):
+    q, k, v, indices = _case(rng, per_head=True)
+    every = topk_attention(q, k, v, indices, is_causal=True, need_weights=True).weights
+    chosen = topk_attention(q, k, v, indices, is_causal=True, need_weights=[3, 0]).weights
+    torch.testing.assert_close(chosen, every[:, [3, 0]], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"need_weights must be a bool or a non-empty sequence of head indices"):
+        topk_attention(q, k, v, indices, need_weights=[4])
+
+
+def test_the_nan_rule_holds(rng):
+    q, k, v, indices = _case(rng, per_head=False)
+    k[0, 1, 12, 0] = math.nan  # a key no query may select still poisons its key head's query heads
+    out = topk_attention(q, k, v, indices.clamp(max=11)).output
+    assert out[0, 2:].isnan().all() and not out[0, :2].isnan().any() and not out[1].isnan().any()
+
+
+@pytest.mark.parametrize(("indices", "error", "match"), [
+    (torch.zeros(2, 9), ValueError, r"indices must have shape \(B, L, K\)"),
+    (torch.zeros(2, 9, 3), TypeError, "integer key positions"),
+    (torch.full((2, 9, 3), 13), ValueError, r"in \[0, S=13\)"),
+    (torch.zeros(2, 3, 9, 3, dtype=torch.long), ValueError, r"\(B, Hkv, L, K\) = \(2, 2, 9, K\)"),
+])
+def test_bad_selections_are_named(indices, error, match, rng):
+    q, k, v, _ = _case(rng, per_head=False)
+    with pytest.raises(error, match=match):
+        topk_attention(q, k, v, indices)

@@ -1,0 +1,75 @@
+"""LatentAttention's own promises (transformers' DeepseekV3Attention and DeepseekV32Attention hold it to
+theirs in tests/external/test_hf_deepseek.py): naive and absorbed give one answer, cached decoding the full
+pass's with padding and beam reordering, the cache holds the latent alone, and wrong inputs are named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.layers import KVCache, LatentAttention, LatentCache, LightningIndexer, MultiHeadAttention
+
+from helpers import randn
+
+
+def _layer(sparse=False, q_lora_rank=12):
+    torch.manual_seed(0)
+    indexer = LightningIndexer(32, 12, num_heads=4, head_dim=8, rope_dim=4, topk=3) if sparse else None
+    return LatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+                           q_lora_rank=q_lora_rank, indexer=indexer).double()
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["mla", "dsa"])
+def test_decoding_a_left_padded_batch_equals_the_full_pass_on_real_rows(sparse, rng):
+    layer = _layer(sparse)
+    x = randn(2, 8, 32, dtype=torch.float64, generator=rng)
+    real = torch.ones(2, 8, dtype=torch.bool)
+    real[1, :3] = False
+    positions = (real.long().cumsum(1) - 1).clamp(min=0)
+    want = layer(x, key_mask=real, positions=positions).output
+    cache = LatentCache()
+    steps = [layer(x[:, :4], key_mask=real[:, :4], positions=positions[:, :4], cache=cache).output]
+    for t in range(4, 8):
+        steps.append(layer(x[:, t:t + 1], key_mask=real[:, :t + 1], positions=positions[:, t:t + 1], cache=cache).output)
+    got = torch.cat(steps, dim=1)
+    torch.testing.assert_close(got[real], want[real], rtol=1e-10, atol=1e-10)
+
+
+def test_the_cache_holds_the_latent_and_follows_a_beam_search(rng):
+    layer = _layer()
+    x = randn(3, 5, 32, dtype=torch.float64, generator=rng)
+    cache = LatentCache()
+    layer(x, cache=cache)
+    assert cache.numbers_per_token() == 8 + 4 and cache.keys.shape == (3, 1, 5, 8)  # no per-head key or value
+    order = torch.tensor([2, 0, 0])
+    cache.reorder(order)
+    step = randn(3, 1, 32, dtype=torch.float64, generator=rng)
+    got = layer(step, cache=cache).output
+    fresh = LatentCache()
+    layer(x[order], cache=fresh)
+    torch.testing.assert_close(got, layer(step, cache=fresh).output, rtol=1e-12, atol=1e-12)
+    cache.reset()
+    assert cache.length == 0 and cache.numbers_per_token() == 0
+
+
+def test_absorbed_equals_naive_without_a_query_latent_too(rng):
+    layer = _layer(q_lora_rank=None)
+    x = randn(2, 6, 32, dtype=torch.float64, generator=rng)
+    torch.testing.assert_close(layer(x, absorbed=True).output, layer(x, absorbed=False).output, rtol=1e-12, atol=1e-12)
+    weights = layer(x, need_weights=True).weights
+    assert weights.shape == (2, 4, 6, 6) and torch.allclose(weights.sum(-1), torch.ones(2, 4, 6, dtype=torch.float64))
+
+
+def test_wrong_inputs_are_named(rng):
+    layer = _layer()
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions"):
+        layer(randn(2, 32, generator=rng, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"last dim d_model=32"):
+        layer(randn(2, 3, 31, generator=rng, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"cache must be a LatentCache"):
+        layer(randn(2, 3, 32, generator=rng, dtype=torch.float64), cache=KVCache())
+    with pytest.raises(TypeError, match=r"cache: a LatentCache serves LatentAttention layers only; MultiHeadAttention"):
+        MultiHeadAttention(32, 4)(randn(2, 3, 32, generator=rng), cache=LatentCache())
+    with pytest.raises(ValueError, match=r"indexer: .* q_lora_rank"):
+        LatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, q_lora_rank=None,
+                        indexer=LightningIndexer(32, 12, num_heads=2, head_dim=8, rope_dim=4, topk=2))
