@@ -75,19 +75,22 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     if causal_align not in _masks.ALIGNMENTS:
         raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
     scale = 1.0 / math.sqrt(dims.E) if scale is None else float(scale)
-    selection = _deduplicated(indices if indices.dim() == 4 else indices[:, None])  # (B, Hkv|1, L, K)
+    selection = indices if indices.dim() == 4 else indices[:, None]  # (B, Hkv|1, L, K)
     offset = _masks.causal_offset(L, S, causal_align)
     acc = compute_dtype(q.dtype)
     q_g = group_heads(q, dims).to(acc)  # (B, Hkv, G, L, E)
     k_acc = k.to(acc)
     shared = _leading_slice(v, k)  # MLA's absorbed values: the first Ev numbers of every key, gathered once
     v_acc = k_acc[..., :dims.Ev] if shared else v.to(acc)
-    outputs, lses, weights = [], [], []
+    # written block by block: memory beyond the output is one block's (its selection deduplicated there)
+    output = q_g.new_empty(B, Hkv, dims.groups, L, dims.Ev)
+    lse = q_g.new_empty(B, Hkv, dims.groups, L)
+    weight = q_g.new_zeros(B, Hkv, dims.groups, L, S) if heads is not None else None
     gathered = dims.E if shared else dims.E + dims.Ev
     block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * selection.shape[-1] * gathered))
     for q0 in range(0, L, block):
         q1 = min(L, q0 + block)
-        chosen = selection[:, :, q0:q1]  # (B, Hkv|1, bq, K)
+        chosen = _deduplicated(selection[:, :, q0:q1])  # (B, Hkv|1, bq, K)
         allowed = chosen >= 0
         if is_causal:
             rows = torch.arange(q0, q1, device=q.device)[:, None]  # (bq, 1)
@@ -98,15 +101,13 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
         k_sel = _gathered(k_acc, safe)  # (B, Hkv, bq, K, E)
         v_sel = k_sel[..., :dims.Ev] if shared else _gathered(v_acc, safe)  # (B, Hkv, bq, K, Ev)
         scores = torch.einsum("bhgqe,bhqke->bhgqk", q_g[..., q0:q1, :], k_sel) * scale  # (B, Hkv, G, bq, K)
-        p, lse = _softmax_and_lse(scores, allowed[:, :, None])  # the mask (B, Hkv|1, 1, bq, K)
-        lses.append(lse)
-        outputs.append(torch.einsum("bhgqk,bhqke->bhgqe", p, v_sel))
-        if heads is not None:
-            full = p.new_zeros(B, Hkv, dims.groups, q1 - q0, S)
-            weights.append(full.scatter_add(-1, safe[:, :, None].expand_as(p), p))  # repeated slots hold 0
-    output = torch.cat(outputs, dim=-2).flatten(1, 2).to(q.dtype)  # (B, H, L, Ev)
-    lse = torch.cat(lses, dim=-1).flatten(1, 2)
-    weight = None if heads is None else torch.cat(weights, dim=-2).flatten(1, 2)[:, heads].to(q.dtype)
+        p, lse[..., q0:q1] = _softmax_and_lse(scores, allowed[:, :, None])  # the mask (B, Hkv|1, 1, bq, K)
+        output[..., q0:q1, :] = torch.einsum("bhgqk,bhqke->bhgqe", p, v_sel)
+        if weight is not None:  # repeated slots hold 0
+            weight[..., q0:q1, :] = weight[..., q0:q1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
+    output = output.flatten(1, 2).to(q.dtype)  # (B, H, L, Ev)
+    lse = lse.flatten(1, 2)
+    weight = None if weight is None else weight.flatten(1, 2)[:, heads].to(q.dtype)
     poisoned = _nan.poisoned_rows(q, k, v, dims) if _nan.on() else None
     if poisoned is not None:
         output = torch.where(poisoned, math.nan, output)
