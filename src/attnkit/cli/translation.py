@@ -104,7 +104,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def add_demo_parser(commands) -> None:
     """The ``demo`` sub-command's arguments."""
-    from ..workbench import DEMO_EPOCHS, DEMO_MODELS
+    from ..workbench import DEMO_EPOCHS, DEMO_MODELS, FIGURE2_EPOCHS
 
     demo = commands.add_parser("demo", help="the main job: bottleneck vs attention on the bundled corpus, with a report")
     demo.add_argument("--out", type=output_dir, default=Path("out/demo"), help="folder for runs/ and report/")
@@ -120,7 +120,8 @@ def add_demo_parser(commands) -> None:
                            "then depend on the machine)")
     demo.add_argument("--epochs", type=int_in(1, 1000),
                       help=f"epochs per model (default {DEMO_EPOCHS}: a fixed amount of training, the same numbers "
-                           "on the same machine); with --minutes, at most this many (default: as many as the budget allows)")
+                           f"on the same machine; with --figure2 {FIGURE2_EPOCHS}, chosen on dev verses); with "
+                           "--minutes, at most this many (default: as many as the budget allows)")
     demo.add_argument("--train-limit", type=int_in(1), help="use only the first N training pairs (quick runs)")
     demo.add_argument("--test-limit", type=int_in(1), help="evaluate on the first N test pairs only")
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")

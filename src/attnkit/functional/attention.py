@@ -18,7 +18,7 @@ from . import masks as _masks
 from . import nan as _nan
 from .backends import BACKENDS, flex, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
-from .block_mask import BlockMask, ScoreMod
+from .block_mask import BlockMask, ScoreMod, as_block_mask
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
 from .softmax import masked_softmax
 
@@ -243,6 +243,8 @@ def attention(
             broadcast. Or a :class:`~attnkit.masks.BlockMask` (from a ``mask_mod``, e.g. a
             Longformer or document pattern): the tiled backend skips its empty tiles and does no
             mask work on its full ones; reference and sdpa materialise it. See :mod:`attnkit.masks`.
+            torch's ``flex_attention`` BlockMask (``create_block_mask``) too, with flex_attention's
+            meaning (:meth:`~attnkit.masks.BlockMask.from_torch`), on every backend.
         is_causal: query i attends keys j <= i + offset, offset given by ``causal_align``.
         causal_align: ``"top-left"`` (offset 0, PyTorch's ``is_causal``) or ``"bottom-right"``
             (offset S - L, for decoding with a KV cache).
@@ -391,6 +393,8 @@ def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias,
     """Every other argument of :func:`attention` validated (each error names it), as a :class:`Problem`
     and the heads whose weights are asked for."""
     block_mask = None
+    if mask is not None and not isinstance(mask, Tensor):
+        mask = as_block_mask(mask)  # torch's flex_attention BlockMask: converted once
     if isinstance(mask, BlockMask):
         check_block_mask(mask, dims, q.device)
         block_mask, mask = mask, None

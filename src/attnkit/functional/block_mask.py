@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .checks import check_int
 
-__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
+__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "as_block_mask", "is_torch_block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 """``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` broadcastable to the index tiles' shape."""
@@ -96,6 +96,7 @@ class BlockMask:
         self._runs: dict[int, list[list[tuple[int, int, bool]]]] = {}
         self._additive: dict[tuple, Tensor] = {}
         self._cached = 0
+        self._torch = None  # the torch BlockMask this one was converted from
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -113,6 +114,48 @@ class BlockMask:
         result = cls(torch.empty(0), (B, H, L, S), (block_q, block_k), dense=mask)
         result.kinds = _classify(result)
         return result
+
+    # ------------------------------------------------------------------ torch's BlockMask
+    @classmethod
+    def from_torch(cls, mask) -> BlockMask:
+        """An attnkit block mask that means what ``torch.nn.attention.flex_attention.BlockMask``
+        ``mask`` means to ``flex_attention``: its tiles (partial ones from ``kv_indices``, full ones
+        from ``full_kv_indices``, every other tile empty) at its own ``BLOCK_SIZE``, and its
+        ``mask_mod`` on the partial tiles. Converted once per torch mask (kept beside it); any
+        :func:`attnkit.attention` backend then gives flex_attention's numbers. ``to_torch()`` of the
+        result is ``mask`` itself."""
+        from .backends import flex_tables
+
+        if not is_torch_block_mask(mask):
+            raise TypeError(f"mask must be a torch.nn.attention.flex_attention.BlockMask, got {type(mask).__name__}")
+        found = _FROM_TORCH.get(id(mask))
+        if found is not None and found[0] is mask and found[1] is mask.kv_indices:
+            return found[2]
+        kinds = flex_tables.kinds_from_torch(mask)
+        block_size = flex_tables._pair(mask.BLOCK_SIZE)
+        L, S = (int(n) for n in mask.seq_lengths)
+        mod = flex_tables.tiled_mask_mod(kinds, block_size, mask.mask_mod)
+        result = cls(kinds, (kinds.shape[0], kinds.shape[1], L, S), block_size, mask_mod=mod)
+        result._torch = mask
+        if len(_FROM_TORCH) >= _FROM_TORCH_KEPT:
+            _FROM_TORCH.pop(next(iter(_FROM_TORCH)))
+        _FROM_TORCH[id(mask)] = (mask, mask.kv_indices, result)
+        return result
+
+    def to_torch(self):
+        """This mask as ``torch.nn.attention.flex_attention.BlockMask``, for torch's
+        ``flex_attention`` unchanged: 128 x 128 tiles (torch's kernels' size; reclassified where
+        this mask's tiles do not divide 128) with this mask's mask_mod (or its dense tensor looked up)
+        on the partial ones, indices clamped to the lengths. A mask made by :meth:`from_torch` gives
+        back the torch mask it came from."""
+        from .backends import flex, flex_tables
+
+        original = getattr(self, "_torch", None)
+        if original is not None:
+            return original
+        _, _, L, S = self.shape
+        mod = self.mask_mod if self._dense is None else flex._lookup(self._dense)
+        return flex.flex_block_mask(flex_tables.tile_kinds(self), (L, S), flex_tables.clamped_mask_mod(mod, L, S))
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -211,6 +254,27 @@ class BlockMask:
         if max_blocks not in self._runs:
             self._runs[max_blocks] = _runs(self, max_blocks)
         return self._runs[max_blocks]
+
+
+_FROM_TORCH: dict[int, tuple] = {}
+"""torch block masks converted by :meth:`BlockMask.from_torch`, by id (with the torch mask itself, so
+that an id reused after garbage collection never matches): a model's layers convert one mask once."""
+_FROM_TORCH_KEPT = 16
+
+
+def is_torch_block_mask(obj) -> bool:
+    """Whether ``obj`` is ``torch.nn.attention.flex_attention.BlockMask`` (told by its class, so that
+    telling needs no import of FlexAttention)."""
+    cls = type(obj)
+    return cls.__name__ == "BlockMask" and cls.__module__.startswith("torch.nn.attention")
+
+
+def as_block_mask(mask):
+    """``mask`` as :func:`attnkit.attention` takes it: torch's flex_attention BlockMask converted by
+    :meth:`BlockMask.from_torch`, anything else unchanged (checked where it is used)."""
+    if mask is None or isinstance(mask, (Tensor, BlockMask)):
+        return mask
+    return BlockMask.from_torch(mask) if is_torch_block_mask(mask) else mask
 
 
 def _block_sizes(block) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
-from ..functional.block_mask import BlockMask
+from ..functional.block_mask import BlockMask, as_block_mask
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
 from ._linear import project
@@ -146,7 +146,8 @@ class MultiHeadAttention(nn.Module):
         """Attend from query (B, L, D) to key (B, S, kdim) / value (B, S, vdim).
 
         Self attention when ``key`` and ``value`` are omitted; ``value`` defaults to ``key``.
-        ``mask`` (a boolean tensor or a :class:`~attnkit.masks.BlockMask` of any sparse pattern),
+        ``mask`` (a boolean tensor or a :class:`~attnkit.masks.BlockMask` of any sparse pattern, or
+        torch's flex_attention BlockMask),
         ``is_causal``, ``window``, ``bias`` and ``need_weights`` are as in :func:`attnkit.attention`;
         ``key_mask`` (B, S) True (or 1) at real keys, S counting cached keys too (joined to ``mask``).
         ``cache``: a KV cache (:mod:`attnkit.layers.cache`); the new keys are appended and causal masks
@@ -173,6 +174,8 @@ class MultiHeadAttention(nn.Module):
         elif value is None:
             value = key
         self._check_inputs(query, key, value)
+        if mask is not None and not isinstance(mask, Tensor):
+            mask = as_block_mask(mask)  # torch's flex_attention BlockMask: converted once
         attending = strategy(cache, context_parallel)
         call = AttentionCall._make((mask, is_causal, window, bias, need_weights, causal_align, positions,
                                     self_attention, key_mask))  # _make: the fields in order, without __new__'s cost

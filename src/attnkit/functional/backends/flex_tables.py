@@ -161,3 +161,60 @@ def cached(problem: Problem, key: tuple, build):
     elif owner is None:
         cache.move_to_end(key)
     return found
+
+
+# ------------------------------------------------------------------------ torch's BlockMask both ways
+def _scattered(counts: Tensor, indices: Tensor, kind: int, num_q: int, num_k: int) -> Tensor:
+    """(B, H, num_q, num_k) int8: ``kind`` at the first ``counts`` column indices of each row of
+    torch's table, EMPTY elsewhere (rows or columns beyond the lengths dropped)."""
+    B, H, rows, width = indices.shape
+    listed = torch.arange(width, device=indices.device) < counts[..., None].to(torch.long)
+    columns = torch.where(listed & (indices >= 0) & (indices < num_k), indices.to(torch.long), num_k)
+    table = torch.zeros(B, H, max(rows, num_q), num_k + 1, dtype=torch.int8, device=indices.device)
+    table[:, :, :rows].scatter_(-1, columns, kind)
+    return table[:, :, :num_q, :num_k]
+
+
+def kinds_from_torch(mask) -> Tensor:
+    """attnkit kinds (B, H, nQ, nK) on the torch block mask's own tiles: its partial tiles
+    (``kv_indices``) PARTIAL, its full ones (``full_kv_indices``) FULL, every unlisted tile EMPTY."""
+    L, S = mask.seq_lengths
+    block_q, block_k = _pair(mask.BLOCK_SIZE)
+    num_q, num_k = -(-L // block_q), -(-S // block_k)
+    kinds = _scattered(mask.kv_num_blocks, mask.kv_indices, PARTIAL, num_q, num_k)
+    if mask.full_kv_num_blocks is not None:
+        kinds = torch.maximum(kinds, _scattered(mask.full_kv_num_blocks, mask.full_kv_indices, FULL, num_q, num_k))
+    return kinds.contiguous()
+
+
+def _pair(block) -> tuple[int, int]:
+    return (int(block), int(block)) if isinstance(block, int) else (int(block[0]), int(block[1]))
+
+
+def tiled_mask_mod(kinds: Tensor, block_size: tuple[int, int], mask_mod):
+    """A mask_mod that means what FlexAttention makes of a block mask: a FULL tile allows everything
+    (its mask_mod is never called there), an EMPTY one nothing, a PARTIAL one what ``mask_mod`` says.
+    A block mask built from tables by hand (``BlockMask.from_kv_blocks`` with the default
+    ``noop_mask``) is thus the same mask in attnkit's dense backends as in flex_attention."""
+    block_q, block_k = block_size
+    one_b, one_h = kinds.shape[0] == 1, kinds.shape[1] == 1
+
+    def mod(b, h, q_idx, kv_idx):
+        kind = kinds[0 if one_b else b, 0 if one_h else h, q_idx // block_q, kv_idx // block_k]
+        return (kind == FULL) | ((kind == PARTIAL) & mask_mod(b, h, q_idx, kv_idx))
+
+    mod.__name__ = f"tiled({getattr(mask_mod, '__name__', 'mask_mod')})"
+    return mod
+
+
+def clamped_mask_mod(mask_mod, L: int, S: int):
+    """``mask_mod`` with query and key indices clamped into [0, L) and [0, S): torch's kernels may
+    evaluate a ragged last tile past the lengths (and mask those positions themselves), where an
+    attnkit mask_mod's tables end."""
+    last_q, last_k = max(0, L - 1), max(0, S - 1)
+
+    def mod(b, h, q_idx, kv_idx):
+        return mask_mod(b, h, torch.clamp(q_idx, max=last_q), torch.clamp(kv_idx, max=last_k))
+
+    mod.__name__ = getattr(mask_mod, "__name__", "mask_mod")
+    return mod
