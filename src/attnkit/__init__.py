@@ -16,7 +16,7 @@ Masks are boolean and True means "may attend".
 """
 
 from . import functional, layers, masks, scores
-from .functional import AttentionOutput, attend, attention, masked_softmax, nan_rule
+from .functional import AttentionOutput, attend, attention, masked_softmax, nan_rule, scaled_dot_product_attention
 from .layers import (
     BahdanauAttention,
     KVCache,
@@ -33,6 +33,7 @@ __all__ = [
     "masks",
     "scores",
     "attention",
+    "scaled_dot_product_attention",
     "attend",
     "AttentionOutput",
     "masked_softmax",

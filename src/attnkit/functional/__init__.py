@@ -11,11 +11,13 @@ from . import scores
 from .attention import BACKEND_NAMES, AttentionOutput, attend, attention, choose_backend
 from .heads import merge_heads, split_heads
 from .nan import nan_rule
+from .sdpa_api import scaled_dot_product_attention
 from .softmax import masked_logsumexp, masked_softmax
 
 __all__ = [
     "scores",
     "attention",
+    "scaled_dot_product_attention",
     "attend",
     "AttentionOutput",
     "BACKEND_NAMES",

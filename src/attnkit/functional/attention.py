@@ -20,6 +20,7 @@ from .backends import BACKENDS, flex, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
 from .block_mask import BlockMask, ScoreMod, as_block_mask
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks
+from .sdpa_api import check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 
 __all__ = ["AttentionOutput", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
@@ -228,6 +229,10 @@ def attention(
     need_weights: bool | Sequence[int] = False,
     score_mod: ScoreMod | None = None,
     sinks: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    enable_gqa: bool | None = None,
+    return_lse: bool = False,
+    **unknown,
 ) -> AttentionOutput:
     r"""Scaled dot-product attention, softmax(q k^T * scale + bias, masked) v (Vaswani et al. 2017).
 
@@ -272,18 +277,34 @@ def attention(
             sink attends no value, so a row may give less than all its weight to the keys. Every
             backend; gradients reach the sinks. The returned lse includes the sink; a row with no
             allowed key still gets a zero output (its lse is the sink).
+        attn_mask, enable_gqa: PyTorch SDPA's names, with its meaning (:mod:`.sdpa_api`): a boolean
+            ``attn_mask`` is ``mask`` (True = may attend), a float one ``bias``; ``enable_gqa=False``
+            refuses fewer key than query heads (None, the default, and True take them).
+        return_lse: the lse is returned whatever the backend: ``auto`` picks one that computes it
+            (tiled on the CPU, flex on CUDA where it fits) instead of SDPA; ``backend="sdpa"`` is refused.
 
     Returns:
         :class:`AttentionOutput` (output (B, H, L, Ev), weights or None, lse or None).
         A query row with no allowed key gets zero weights and a zero output, never NaN.
         The returned weights are those before dropout.
     """
+    if attn_mask is not None or enable_gqa is not None or unknown:  # SDPA's names, or a wrong one
+        if unknown:
+            raise unexpected_keywords("attention", unknown, _KEYWORDS)
+        if attn_mask is not None:
+            mask, bias = sdpa_mask(attn_mask, mask, bias)
+        check_enable_gqa(enable_gqa, q, k)
     if _any_autocast():
         return _autocast(attention, q, k, v, bias, dict(
             mask=mask, is_causal=is_causal, causal_align=causal_align, window=window, scale=scale, dropout_p=dropout_p,
-            backend=backend, need_weights=need_weights, score_mod=score_mod, sinks=sinks))
+            backend=backend, need_weights=need_weights, score_mod=score_mod, sinks=sinks, return_lse=return_lse))
     return _attention(q, k, v, check_qkv(q, k, v), mask, is_causal, causal_align, window, bias, scale, dropout_p,
-                      backend, need_weights, score_mod, sinks)
+                      backend, need_weights, score_mod, sinks, return_lse)
+
+
+_KEYWORDS = ("mask", "is_causal", "causal_align", "window", "bias", "scale", "dropout_p", "backend", "need_weights",
+             "score_mod", "sinks", "attn_mask", "enable_gqa", "return_lse")
+"""The keywords :func:`attention` takes (a wrong one is named with the closest of them)."""
 
 
 _any_autocast = torch._C._is_any_autocast_enabled  # one flag read per call (0.2 us; a device's flag takes 0.4)
@@ -328,12 +349,13 @@ def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask 
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
-               dropout_p, backend, need_weights, score_mod, sinks) -> AttentionOutput:
+               dropout_p, backend, need_weights, score_mod, sinks, return_lse: bool = False) -> AttentionOutput:
     """:func:`attention` once q, k and v are known to fit ``dims``."""
     given_scale = scale
     scale = _checked_scale(scale, dims, q.dtype) if scale is not None else _default_scale(dims.E)
     if (mask is None and bias is None and score_mod is None and sinks is None and window is None
-            and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S):
+            and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S
+            and not return_lse):
         causal = (False if not is_causal and causal_align == "top-left"  # the commonest call, decided inline
                   else _plain_causal(bool(is_causal), causal_align, dims.L, dims.S))
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
@@ -344,11 +366,19 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
     if backend == "auto":
         problem = _classified(problem)
         name = choose_backend(problem)
+        if return_lse and name == "sdpa":  # SDPA's kernels keep their lse to themselves
+            name = lse_backend(q, problem.dropout_p)
     else:
         name = backend
+        if return_lse and name == "sdpa":
+            raise ValueError("return_lse=True: backend='sdpa' returns no log-sum-exp (torch's SDPA keeps it); use "
+                             "backend='auto', 'tiled', 'reference' or 'flex'")
     if dims.S == 0 or dims.L == 0:
         name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
     result = BACKENDS[name](q, k, v, problem)
+    if return_lse and result.lse is None:
+        raise ValueError(f"return_lse=True: backend={name!r} returned no log-sum-exp for this call (flex's compiled "
+                         "CPU forward has none); use backend='auto', 'tiled' or 'reference'")
     if sinks is not None and result.lse is not None:  # backends with an lse leave the sinks to it
         result = apply_sinks(result, sinks)
     weights = None

@@ -21,12 +21,14 @@ from .positional import (
 )
 from .self_attention import SelfAttention
 from .sparse import LongformerSelfAttention
+from .torch_mha import TorchMultiheadAttention
 
 __all__ = [
     "BahdanauAttention",
     "LuongAttention",
     "SelfAttention",
     "MultiHeadAttention",
+    "TorchMultiheadAttention",
     "GatedAttention",
     "DifferentialAttention",
     "LatentAttention",

@@ -1,0 +1,162 @@
+"""PyTorch's SDPA vocabulary in attnkit: its keyword names in :func:`attnkit.attention`, and a drop-in
+:func:`scaled_dot_product_attention` with ``torch.nn.functional.scaled_dot_product_attention``'s exact
+signature and return type, running attnkit's backends.
+
+Where a name is shared, torch's meaning holds: ``attn_mask`` boolean is True where a query may attend
+(as attnkit's ``mask``), a float one is added to the scaled scores (attnkit's ``bias``); ``is_causal``
+is top-left aligned; ``enable_gqa=False`` refuses a call with fewer key than query heads. Where attnkit
+deliberately differs (docs/api.md):
+
+- a query row with no key it may attend gets a zero output, where torch's SDPA gives NaN (its math
+  kernel) or zeros (its fused ones): attnkit's zeros on every backend;
+- a float ``attn_mask`` entry of -inf or at most finfo.min / 2 is a masked key (torch adds it:
+  finfo.min rows then average their keys), as every attnkit backend reads additive masks;
+- a NaN in a query, key or value makes only the rows it reaches NaN (:mod:`attnkit.functional.nan`).
+
+A wrong keyword is named with the right one (:func:`unexpected_keywords`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["scaled_dot_product_attention", "sdpa_mask", "check_enable_gqa", "unexpected_keywords", "SYNONYMS"]
+
+SYNONYMS = {
+    # other libraries' names -> what attnkit.attention takes instead
+    "key_padding_mask": "mask=attnkit.masks.from_key_padding_mask(key_padding_mask) (torch's True = ignore "
+                        "becomes attnkit's True = may attend)",
+    "attention_mask": "mask= (boolean, True = may attend) or bias= (additive float)",
+    "block_mask": "mask= (torch's or attnkit's BlockMask)",
+    "causal": "is_causal=",
+    "softmax_scale": "scale=",
+    "sm_scale": "scale=",
+    "dropout": "dropout_p=",
+    "attn_dropout": "dropout_p=",
+    "window_size": "window= (a causal sliding window of that many keys)",
+    "sliding_window": "window= (a causal sliding window of that many keys)",
+    "return_attn_probs": "need_weights=",
+    "output_attentions": "need_weights=",
+    "return_weights": "need_weights=",
+    "attn_bias": "bias=",
+    "position_bias": "bias=",
+    "s_aux": "sinks=",
+    "return_aux": "return_lse=True",
+}
+
+
+def unexpected_keywords(function: str, unknown: dict, accepted) -> TypeError:
+    """The error for keywords ``function`` does not take, each with the name it most likely meant:
+    a known synonym from another library (:data:`SYNONYMS`), else the closest accepted name."""
+    parts = []
+    for name in unknown:
+        hint = SYNONYMS.get(name)
+        if hint is None:
+            close = difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.6)
+            hint = f"{close[0]}=" if close else None
+        parts.append(f"{name!r}" + (f" (did you mean {hint}?)" if hint else ""))
+    return TypeError(f"{function}() got unexpected keyword argument{'s' if len(parts) > 1 else ''} "
+                     f"{', '.join(parts)}; it takes {', '.join(accepted)}")
+
+
+def check_enable_gqa(enable_gqa: bool | None, q: Tensor, k: Tensor) -> None:
+    """SDPA's ``enable_gqa``: None (attnkit's default) and True take fewer key than query heads;
+    False refuses them, as torch does."""
+    if enable_gqa is None or enable_gqa is True:
+        return
+    if enable_gqa is not False:
+        raise TypeError(f"enable_gqa must be True, False or None, got {enable_gqa!r}")
+    Hq = q.shape[-3] if isinstance(q, Tensor) and q.dim() >= 3 else 1
+    H = k.shape[-3] if isinstance(k, Tensor) and k.dim() >= 3 else 1
+    if Hq != H:
+        raise ValueError(f"enable_gqa=False, but q has {Hq} heads and k {H}: pass enable_gqa=True (or leave it out) "
+                         "for grouped-query attention")
+
+
+def sdpa_mask(attn_mask: Tensor, mask, bias) -> tuple[Tensor | None, Tensor | None]:
+    """SDPA's ``attn_mask`` as attnkit's ``(mask, bias)``: boolean -> mask (True = may attend, the
+    same convention), float -> bias (added to the scaled scores). Given beside the attnkit argument
+    of the same meaning, refused by name."""
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"attn_mask must be a boolean or float tensor (SDPA's meaning), got {type(attn_mask).__name__}")
+    if attn_mask.dtype == torch.bool:
+        if mask is not None:
+            raise ValueError("attn_mask (boolean) and mask are the same argument: pass one (and them combined with "
+                             "attnkit.masks.and_masks where you need both)")
+        return attn_mask, bias
+    if not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be boolean (True = may attend) or float (added to the scores), "
+                        f"got dtype {attn_mask.dtype}")
+    if bias is not None:
+        raise ValueError("attn_mask (float) and bias are the same argument: pass one (their sum where you need both)")
+    return mask, attn_mask
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, *, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` with attnkit's backends (``auto``):
+    the same signature, shapes and return (a tensor), drop-in.
+
+    query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev): any number of batch dims, equal
+    in the three (torch's fused kernels take no others); the heads dim -3 may differ (Hq a multiple of
+    H) only with ``enable_gqa=True``. ``attn_mask`` broadcastable to (..., Hq, L, S), boolean (True =
+    takes part in attention) or float (added). ``is_causal``: top-left causal, not with an attn_mask
+    (torch refuses both). ``dropout_p`` applies whenever given, as torch's functional call does.
+    Differences from torch (module docstring): zeros for a row with no allowed key, additive masks of
+    finfo.min read as masked keys, attnkit's NaN rule.
+    """
+    from .attention import attention
+
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, Tensor) or x.dim() < 2:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a tensor of at least 2 dims (..., L, E), got {got}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("attn_mask and is_causal=True: pass one (torch's SDPA refuses both as well)")
+    lead = tuple(query.shape[:-2])
+    if tuple(key.shape[:-3]) != lead[:-1] or tuple(value.shape[:-2]) != tuple(key.shape[:-2]) or key.dim() != query.dim():
+        raise ValueError(f"batch dims must be equal: query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                         f"{tuple(value.shape)} (..., H, S, E); attnkit does not broadcast them")
+    Hq = lead[-1] if lead else 1
+    H = key.shape[-3] if key.dim() >= 3 else 1
+    check_enable_gqa(bool(enable_gqa), query, key)
+    batch = math.prod(lead[:-1])
+    L, S = query.shape[-2], key.shape[-2]
+    q = query.reshape(batch, Hq, L, query.shape[-1])
+    k = key.reshape(batch, H, S, key.shape[-1])
+    v = value.reshape(batch, H, S, value.shape[-1])
+    mask = bias = None
+    if attn_mask is not None:
+        mask, bias = sdpa_mask(_broadcast_mask(attn_mask, lead, L, S, batch), None, None)
+    out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p).output
+    return out.reshape(*lead, L, value.shape[-1])
+
+
+def _broadcast_mask(attn_mask: Tensor, lead: tuple, L: int, S: int, batch: int) -> Tensor:
+    """torch's broadcasting of ``attn_mask`` to (..., Hq, L, S), as attnkit's (L|1, S) or
+    (B|1, Hq|1, L|1, S): a mask shared by the batch stays one view; a per-example one is broadcast
+    to the batch dims and flattened."""
+    target = (*lead, L, S)
+    try:
+        full = torch.broadcast_shapes(tuple(attn_mask.shape), target)
+    except RuntimeError as error:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., Hq, L, S) = "
+                         f"{target}") from error
+    if full != target:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} broadcasts beyond the attention's "
+                         f"{target} to {full}")
+    if attn_mask.dim() < 2:
+        attn_mask = attn_mask.reshape(1, -1)
+    if attn_mask.shape[-1] != S:  # attnkit takes every key's entry
+        attn_mask = attn_mask.expand(*attn_mask.shape[:-1], S)
+    if all(n == 1 for n in attn_mask.shape[:-2]):
+        return attn_mask.reshape(attn_mask.shape[-2], S)
+    shaped = attn_mask.reshape((1,) * (len(target) - attn_mask.dim()) + tuple(attn_mask.shape))
+    if all(n == 1 for n in shaped.shape[:-3]):  # one mask per head: (1, Hq, L|1, S)
+        return shaped.reshape(1, shaped.shape[-3], shaped.shape[-2], S)
+    return shaped.expand(target).reshape(batch, lead[-1], L, S)
