@@ -6,6 +6,8 @@ must say why and compile; every other block is executed, each in a fresh namespa
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -40,11 +42,15 @@ def test_the_pages_have_their_blocks():
 
 
 @pytest.mark.parametrize(("page", "line", "code"), CASES)
-def test_every_python_block_runs_as_written(page, line, code):
+def test_every_python_block_runs_as_written(page, line, code, monkeypatch):
     compiled = compile(code, f"{page}:{line}", "exec")
     if code.startswith(NOT_RUN):
         reason = code.splitlines()[0][len(NOT_RUN):].strip()
         assert len(reason) > 10, f"{page}:{line}: say why the block is not run"
         return
     torch.manual_seed(0)
-    exec(compiled, {"__name__": f"docs_block_{line}"})  # noqa: S102 - our own pages
+    # A module of its own in sys.modules: torch.compile (under flex_attention's eager path too) looks up the
+    # module of the functions it traces.
+    module = types.ModuleType(f"docs_block_{line}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compiled, module.__dict__)  # noqa: S102 - our own pages

@@ -121,3 +121,44 @@ def test_a_log_axis_keeps_its_tick_labels_as_mathematics_and_user_text_stays_pla
     assert drawn["ticks"] and all(math for _, math in drawn["ticks"])
     assert any("10^" in text for text, _ in drawn["ticks"])
     assert drawn["title"] == r"costs \$5 and \$6"  # escaped: drawn as the characters "$5 and $6"
+
+
+def test_every_plot_returns_a_picture_a_notebook_shows_inline(tmp_path):
+    """Without a path nothing is written and a Picture comes back: PNG bytes for Jupyter's
+    ``_repr_png_``, the matplotlib Figure to adjust, ``save`` to write it afterwards (issue 47.4)."""
+    rng = np.random.default_rng(1)
+    w = rng.dirichlet(np.ones(6), size=(2, 3, 4))
+    pictures = [
+        viz.plot_heatmap(w[0, 0], x_labels=list("abcdef"), title="costs $5 and $6"),
+        viz.plot_heads(w[0]),
+        viz.plot_overview(w),
+        viz.plot_head_values({"share": w[..., 0, 0]}),
+        viz.plot_lines({"a": ([1, 2, 3], [3.0, 2.0, 1.0])}, x_title="x", y_title="y"),
+        viz.plot_scaling({"time": {"a": ([1, 2, 4], [1.0, 2.0, 4.0])}}, x_title="n", y_title="s"),
+        viz.plot_distributions({"a": [0.1, 0.2]}, x_title="rho"),
+    ]
+    assert list(tmp_path.iterdir()) == []
+    for picture in pictures:
+        assert isinstance(picture, viz.Picture) and picture.figure.axes
+        assert picture._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    heatmap = pictures[0]
+    heatmap.figure.axes[0].set_title("adjusted, $7")  # adjusted after the fact, then saved
+    heatmap.save(tmp_path / "adjusted.png")
+    _png(tmp_path / "adjusted.png")
+    assert heatmap.figure.axes[0].get_title() == "adjusted, \\$7"  # user text stays plain text when saved
+    heatmap._repr_png_()
+    assert heatmap.figure.axes[0].get_title() == "adjusted, \\$7"  # escaped once, however often drawn
+
+
+def test_the_viewer_embeds_in_a_notebook_without_network(tmp_path):
+    import html
+
+    weights = np.random.default_rng(2).dirichlet(np.ones(3), size=(1, 2, 3))
+    shown = viz.viewer([viz.AttentionView("self", ["<b>a</b>", "b", "c"], weights)], title="t & <i>u</i>")
+    frame = shown._repr_html_()
+    assert frame.startswith("<iframe srcdoc=\"") and frame.count("<script") == 0  # the page is escaped inside
+    page = html.unescape(frame.split('srcdoc="', 1)[1].split('" style=', 1)[0])
+    assert page == shown.html and "<script" in page and "<b>a</b>" not in page
+    assert "http://" not in page and "https://" not in page
+    written = viz.write_viewer(tmp_path / "v.html", [viz.AttentionView("self", list("abc"), weights)], title="t & <i>u</i>")
+    assert (tmp_path / "v.html").read_text(encoding="utf-8") == written.html

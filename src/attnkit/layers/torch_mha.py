@@ -172,8 +172,10 @@ def _attnkit_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N:
     """torch's ``key_padding_mask`` (N, S) and ``attn_mask`` (L, S) or (N H, L, S), boolean True = not
     allowed or float added, as attnkit's (mask True = may attend, bias added) of (N|1, H|1, L|1, S)."""
     masks, biases = [], []
-    for name, given, shapes in (("key_padding_mask", key_padding_mask, {(N, S): (N, 1, 1, S)}),
-                                ("attn_mask", attn_mask, {(L, S): (1, 1, L, S), (N * H, L, S): (N, H, L, S)})):
+    options: tuple[tuple[str, Tensor | None, dict[tuple[int, ...], tuple[int, int, int, int]]], ...] = (
+        ("key_padding_mask", key_padding_mask, {(N, S): (N, 1, 1, S)}),
+        ("attn_mask", attn_mask, {(L, S): (1, 1, L, S), (N * H, L, S): (N, H, L, S)}))
+    for name, given, shapes in options:
         if given is None:
             continue
         if not isinstance(given, Tensor) or tuple(given.shape) not in shapes:

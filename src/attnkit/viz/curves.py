@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from .heatmap import _save, _subplots
+from .picture import Picture, finish, subplots
 
 __all__ = ["plot_lines", "plot_distributions"]
 
 
 def plot_lines(
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     x_title: str,
     y_title: str,
@@ -23,12 +23,12 @@ def plot_lines(
     log_x: bool = False,
     log_y: bool = False,
     errors: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-) -> None:
+) -> Picture:
     """One line per ``label: (xs, ys)``; ``x_ticks`` labels the positions 0, 1, ... instead of numbers;
     ``styles`` maps a label to matplotlib line options (color, linestyle, ...); ``errors`` maps a
     label to (lows, highs) drawn as interval bars at its points, from low to high as given (a
     bootstrap interval need not contain the point estimate; a NaN bound draws no bar)."""
-    fig, ax = _subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
         style = {"marker": "o" if markers else None, "markersize": 4, "linewidth": 1.5} | dict((styles or {}).get(label, {}))
         (line,) = ax.plot(list(xs), list(ys), label=label, **style)
@@ -49,25 +49,25 @@ def plot_lines(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    _save(fig, path)
+    return finish(fig, path)
 
 
 def plot_scaling(
     panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     x_title: str,
     y_title: str,
     title: str = "",
     slopes: Sequence[float] = (1.0, 2.0),
-) -> None:
+) -> Picture:
     """Log-log panels side by side, one line per ``label: (xs, ys)`` in each ``panel title``, with
     dashed reference lines of the given slopes (n, n^2 by default) through each panel's lowest
     first point, so growth rates can be read off by eye."""
     names = list(panels)
     if not names:
         raise ValueError("plot_scaling needs at least one panel")
-    fig, axes = _subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
+    fig, axes = subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
     colors: dict = {}
     for ax, name in zip(axes[0], names):
         series = {label: (list(xs), list(ys)) for label, (xs, ys) in panels[name].items() if len(xs)}
@@ -96,7 +96,7 @@ def plot_scaling(
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 5), 1, 1))
-    _save(fig, path)
+    return finish(fig, path)
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -106,19 +106,19 @@ def _version(text: str) -> tuple[int, int]:
 
 def plot_distributions(
     samples: Mapping[str, Sequence[float]],
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     x_title: str,
     title: str = "",
     limits: tuple[float, float] | None = None,
-) -> None:
+) -> Picture:
     """One horizontal box plot per ``label: values``, with every value drawn as a dot over its box."""
     import numpy as np
 
     if not samples or any(len(v) == 0 for v in samples.values()):
         raise ValueError(f"every sample needs at least one value, got sizes {[len(v) for v in samples.values()]}")
     labels = list(samples)
-    fig, ax = _subplots(figsize=(7.5, 0.6 + 0.55 * len(labels)))
+    fig, ax = subplots(figsize=(7.5, 0.6 + 0.55 * len(labels)))
     data = [np.asarray(samples[k], dtype=float) for k in labels]
     import matplotlib
 
@@ -134,4 +134,4 @@ def plot_distributions(
     ax.set_xlabel(x_title)
     ax.set_title(title)
     fig.tight_layout()
-    _save(fig, path)
+    return finish(fig, path)

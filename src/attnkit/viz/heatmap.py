@@ -7,20 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._files import atomic_path
+from .picture import Picture, finish, subplots
 
 __all__ = ["plot_heatmap", "plot_heads", "plot_overview", "plot_head_values"]
-
-
-def _subplots(nrows: int = 1, ncols: int = 1, *, figsize, constrained_layout: bool = False, **options):
-    """``plt.subplots`` without pyplot: a bare :class:`matplotlib.figure.Figure` (no global state, the
-    user's backend left alone; saving picks the canvas from the file's suffix)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as error:  # pragma: no cover - matplotlib is a core dependency
-        raise ImportError("attnkit.viz needs matplotlib: pip install matplotlib") from error
-    fig = Figure(figsize=figsize, layout="constrained" if constrained_layout else None)
-    return fig, fig.subplots(nrows, ncols, **options)
 
 
 def _as_array(matrix) -> np.ndarray:
@@ -49,40 +38,9 @@ def label_step(n: int, max_labels: int) -> int:
     return max(1, int(np.ceil(n / max_labels)))
 
 
-def _save(fig, path: str | os.PathLike) -> None:
-    """Write ``fig`` (PNG or SVG by the suffix), atomically. Text a user gave (titles, axis titles,
-    legends, annotations, tick labels set as words) is plain text: "$5 and $6" is not mathematics, so its
-    dollar signs are escaped. The tick labels matplotlib's own formatters write (a log axis's 10^2) stay
-    mathematics: they are rewritten at every draw from the formatter, which this leaves alone."""
-    from matplotlib.text import Text
-    from matplotlib.ticker import FixedFormatter, FuncFormatter
-
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            formatter = axis.get_major_formatter()
-            # Words given as tick labels (set_ticklabels makes a FixedFormatter, or a FuncFormatter in newer
-            # matplotlib): escaped as they are drawn. matplotlib's numeric formatters are left alone.
-            if isinstance(formatter, (FixedFormatter, FuncFormatter)) and not getattr(formatter, "_attnkit_plain", False):
-                plain = FuncFormatter(lambda x, pos=None, words=formatter: _plain(words(x, pos)))
-                plain._attnkit_plain = True  # type: ignore[attr-defined]
-                axis.set_major_formatter(plain)
-    ticks = {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
-             for label in axis.get_ticklabels(which="both")}
-    for text in fig.findobj(Text):
-        if id(text) not in ticks:
-            text.set_text(_plain(text.get_text()))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(str(path))[1][1:] or "png")
-
-
-def _plain(text: str) -> str:
-    """``text`` shown as written: its dollar signs escaped (matplotlib reads $...$ as mathematics)."""
-    return text.replace("\\$", "$").replace("$", "\\$") if "$" in text else text
-
-
 def plot_heatmap(
     matrix,
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     x_labels: Sequence[str] | None = None,
     y_labels: Sequence[str] | None = None,
@@ -93,9 +51,10 @@ def plot_heatmap(
     cmap: str = "viridis",
     vmin: float | None = None,
     vmax: float | None = None,
-) -> None:
-    """Write one (L, S) matrix as a heatmap (PNG or SVG by the path's suffix); ``vmin`` / ``vmax``
-    fix the colour scale (default: the data's range).
+) -> Picture:
+    """One (L, S) matrix as a heatmap, written to ``path`` (PNG or SVG by its suffix) if given and
+    returned as a :class:`~attnkit.viz.Picture` (shown inline in Jupyter); ``vmin`` / ``vmax`` fix the
+    colour scale (default: the data's range).
 
     Rows are queries (y), columns are keys (x); ``annotate`` writes each value in its cell.
     """
@@ -103,7 +62,7 @@ def plot_heatmap(
     if data.ndim != 2:
         raise ValueError(f"matrix must be 2-D (L, S), got shape {data.shape}")
     L, S = data.shape
-    fig, ax = _subplots(figsize=(min(16, 2 + 0.35 * S), min(16, 1.5 + 0.35 * L)))
+    fig, ax = subplots(figsize=(min(16, 2 + 0.35 * S), min(16, 1.5 + 0.35 * L)))
     image = ax.imshow(data, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _label_axis(ax, x_labels, S, "x")
@@ -115,25 +74,25 @@ def plot_heatmap(
     ax.set_xlabel(x_title)
     ax.set_ylabel(y_title)
     ax.set_title(title)
-    _save(fig, path)
+    return finish(fig, path)
 
 
 def plot_heads(
     weights,
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     x_labels: Sequence[str] | None = None,
     y_labels: Sequence[str] | None = None,
     title: str = "",
-) -> None:
-    """Write a grid of (H, L, S) per-head weights, one panel per head."""
+) -> Picture:
+    """A grid of (H, L, S) per-head weights, one panel per head (written to ``path`` if given; returned)."""
     data = _as_array(weights)
     if data.ndim != 3:
         raise ValueError(f"weights must be 3-D (H, L, S), got shape {data.shape}")
     H, L, S = data.shape
     columns = min(H, 4)
     rows = int(np.ceil(H / columns))
-    fig, axes = _subplots(
+    fig, axes = subplots(
         rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False, constrained_layout=True
     )
     for h, ax in enumerate(axes.flat):
@@ -145,7 +104,7 @@ def plot_heads(
         _label_axis(ax, x_labels, S, "x", max_labels=20)
         _label_axis(ax, y_labels, L, "y", max_labels=20)
     fig.suptitle(title)
-    _save(fig, path)
+    return finish(fig, path)
 
 
 def text_colour(rgba) -> str:
@@ -168,11 +127,11 @@ def _annotate(ax, data: np.ndarray, fmt: str, image) -> None:
 
 def plot_overview(
     attentions,
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     title: str = "",
     layer_names: Sequence[str] | None = None,
-) -> None:
+) -> Picture:
     """A layer x head overview: one small heatmap per head, layers down, heads across.
 
     ``attentions`` is (layers, H, L, S), or a list of per-layer (H, L, S) tensors; each thumbnail
@@ -185,7 +144,7 @@ def plot_overview(
         raise ValueError(f"layer_names: expected {len(layers)}, got {len(layer_names)}")
     H = layers[0].shape[0]
     size = 1.1 if H > 8 else 1.5
-    fig, axes = _subplots(len(layers), H, figsize=(0.6 + size * H, 0.4 + size * len(layers)), squeeze=False)
+    fig, axes = subplots(len(layers), H, figsize=(0.6 + size * H, 0.4 + size * len(layers)), squeeze=False)
     for l, layer in enumerate(layers):
         for h in range(H):
             ax = axes[l, h]
@@ -198,17 +157,17 @@ def plot_overview(
                 ax.set_ylabel(layer_names[l] if layer_names else f"layer {l}", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    _save(fig, path)
+    return finish(fig, path)
 
 
 def plot_head_values(
     values: dict[str, np.ndarray],
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     *,
     title: str = "",
     fmt: str = "{:.2f}",
     vmax: dict[str, float] | None = None,
-) -> None:
+) -> Picture:
     """One annotated (layers, heads) panel per named quantity (e.g. each head role's share and the entropy)."""
     if not values:
         raise ValueError("values is empty")
@@ -219,7 +178,7 @@ def plot_head_values(
     layers, heads = next(iter(shapes))
     columns = min(len(arrays), 2)
     rows = int(np.ceil(len(arrays) / columns))
-    fig, axes = _subplots(rows, columns, figsize=(0.7 + 0.45 * heads * columns + 1.2 * columns, 0.8 + (0.35 * layers + 0.8) * rows),
+    fig, axes = subplots(rows, columns, figsize=(0.7 + 0.45 * heads * columns + 1.2 * columns, 0.8 + (0.35 * layers + 0.8) * rows),
                              squeeze=False, constrained_layout=True)
     for ax, (name, data) in zip(axes.flat, arrays.items()):
         top = (vmax or {}).get(name)
@@ -234,4 +193,4 @@ def plot_head_values(
     for ax in list(axes.flat)[len(arrays):]:
         ax.axis("off")
     fig.suptitle(title)
-    _save(fig, path)
+    return finish(fig, path)

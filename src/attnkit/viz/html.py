@@ -33,7 +33,7 @@ import numpy as np
 
 from .._files import atomic_path
 
-__all__ = ["AttentionView", "write_viewer", "encode_view"]
+__all__ = ["AttentionView", "Viewer", "viewer", "write_viewer", "encode_view"]
 
 THUMBNAIL = 32
 
@@ -130,13 +130,40 @@ def render_page(title_html: str, data_json: str) -> str:
     return re.sub(r"__(STYLE|SCRIPT|TITLE|DATA)__", lambda match: parts[match.group(1)], template)
 
 
-def write_viewer(path: str | os.PathLike, views: Sequence[AttentionView], *, title: str = "attnkit attention viewer",
-                 top_k: int = 16) -> None:
-    """Write the viewer for ``views`` (at least one) to ``path`` as one self-contained HTML file."""
+class Viewer:
+    """The viewer of some views as one self-contained page: ``html`` (the page), ``save(path)``
+    (atomically), and ``_repr_html_`` so that a notebook shows it inline: the page inside an iframe's
+    ``srcdoc`` (HTML-escaped), which needs no file, server or network and keeps the page's script and
+    style apart from the notebook's."""
+
+    def __init__(self, page: str, *, height: int = 720):
+        self.html = page
+        self.height = height
+
+    def save(self, path: str | os.PathLike) -> Viewer:
+        with atomic_path(path) as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self.html)
+        return self
+
+    def _repr_html_(self) -> str:
+        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width: 100%; height: {int(self.height)}px;'
+                ' border: 1px solid #ddd;" sandbox="allow-scripts"></iframe>')
+
+    def __repr__(self) -> str:
+        return f"Viewer({len(self.html):,} characters of HTML)"
+
+
+def viewer(views: Sequence[AttentionView], *, title: str = "attnkit attention viewer", top_k: int = 16,
+           height: int = 720) -> Viewer:
+    """The viewer for ``views`` (at least one): shown inline in a notebook, or ``.save(path)`` as one HTML file."""
     if not views:
         raise ValueError("views is empty: pass at least one AttentionView")
     payload = {"title": str(title), "views": [encode_view(v, top_k=top_k) for v in views]}
-    page = render_page(html.escape(str(title)), _script_json(payload))
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
+    return Viewer(render_page(html.escape(str(title)), _script_json(payload)), height=height)
+
+
+def write_viewer(path: str | os.PathLike, views: Sequence[AttentionView], *, title: str = "attnkit attention viewer",
+                 top_k: int = 16) -> Viewer:
+    """Write the viewer for ``views`` (at least one) to ``path`` as one self-contained HTML file."""
+    return viewer(views, title=title, top_k=top_k).save(path)

@@ -74,11 +74,12 @@ def quality_against_length(pairs: Sequence[Pair], hypotheses: dict[str, list[str
     return length
 
 
-def plot_alignment(translation: Translation, path: str | Path, title: str = "") -> None:
-    """The alignment of one translation as a heatmap: source pieces across, output pieces down."""
+def plot_alignment(translation: Translation, path: str | Path | None = None, title: str = ""):
+    """The alignment of one translation as a heatmap: source pieces across, output pieces down (written to
+    ``path`` if given; returned as a :class:`~attnkit.viz.Picture`, shown inline in a notebook)."""
     from ..viz import plot_heatmap
 
     if translation.weights is None:
         raise ValueError("this translation has no alignment (a model without attention)")
-    plot_heatmap(translation.weights, path, x_labels=translation.source_tokens, y_labels=translation.target_tokens,
+    return plot_heatmap(translation.weights, path, x_labels=translation.source_tokens, y_labels=translation.target_tokens,
                  title=title, x_title="source", y_title="output", cmap="Greys")
