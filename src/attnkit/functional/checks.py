@@ -8,6 +8,7 @@ silently broadcast: a mask or bias must already have one of the documented shape
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal, NamedTuple, overload
 
 import torch
@@ -66,6 +67,11 @@ class Dims(NamedTuple):
         return self.H // self.Hkv
 
 
+make_dims = partial(tuple.__new__, Dims)
+"""``make_dims((B, H, Hkv, L, S, E, Ev))``: a :class:`Dims` built by tuple's own constructor, for the checks that
+run on every attention call. A NamedTuple's ``__new__`` is generated Python and costs ten times as much."""
+
+
 def check_rank(name: str, x: Tensor, rank: int, layout: str) -> None:
     """Raise unless ``x`` is a tensor of the given rank; ``layout`` spells the expected shape."""
     if not isinstance(x, Tensor):
@@ -106,7 +112,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> Dims:
         if (B == Bk == Bv and Hkv == Hv and S == Sv and E == Ek and Hkv and not H % Hkv and k.dtype is dtype
                 and v.dtype is dtype and q.is_floating_point()
                 and ((q.is_cpu and k.is_cpu and v.is_cpu) or q.device == k.device == v.device)):
-            return tuple.__new__(Dims, (B, H, Hkv, L, S, E, Ev))  # Dims(...) without its Python __new__: a tenth
+            return make_dims((B, H, Hkv, L, S, E, Ev))
     except (AttributeError, TypeError, ValueError):  # not tensors, or not of rank 4: named below
         pass
     return _checked_qkv(q, k, v)

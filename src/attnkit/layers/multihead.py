@@ -13,12 +13,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..functional.attention import BACKEND_NAMES, AttentionOutput
+from ..functional.attention import BACKEND_NAMES, AttentionOutput, make_output
 from ..functional.block_mask import BlockMask, as_block_mask
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
-from ._linear import project
-from .attending import Attending, AttentionCall, strategy
+from ._linear import project_by_name
+from .attending import Attending, make_call, strategy
 from .positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention"]
@@ -134,9 +134,8 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (B, Hkv, S, E) and values (B, Hkv, S, E) from the inputs (B, S, kdim|vdim): what an
         attention strategy calls when it needs new ones."""
-        modules = self._modules  # (nn.Module's __getattr__ costs a quarter of a microsecond a lookup)
-        return (split_heads(project(modules["k_proj"], key), self.num_kv_heads),
-                split_heads(project(modules["v_proj"], value), self.num_kv_heads))
+        return (split_heads(project_by_name(self, "k_proj", key), self.num_kv_heads),
+                split_heads(project_by_name(self, "v_proj", value), self.num_kv_heads))
 
     def attention_options(self) -> dict:
         """The keyword arguments of :func:`attnkit.attention` this layer fixes: scale, dropout (in
@@ -194,8 +193,7 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and not isinstance(mask, Tensor):
             mask = as_block_mask(mask)  # torch's flex_attention BlockMask: converted once
         attending = strategy(cache, context_parallel)
-        call = AttentionCall._make((mask, is_causal, window, bias, need_weights, causal_align, positions,
-                                    self_attention, key_mask))  # _make: the fields in order, without __new__'s cost
+        call = make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention, key_mask))
         try:
             q, kept = self.queries(query)  # (B, H, L, E)
             result = attending.attend(self, q, key, value, call)
@@ -204,14 +202,14 @@ class MultiHeadAttention(nn.Module):
             if mismatch is None:
                 raise
             raise mismatch from error
-        output = project(self._modules["out_proj"], self.combine(result.output, kept))  # (B, L, D)
-        return tuple.__new__(AttentionOutput, (output, result.weights, result.lse))
+        output = project_by_name(self, "out_proj", self.combine(result.output, kept))  # (B, L, D)
+        return make_output((output, result.weights, result.lse))
 
     def queries(self, query: Tensor) -> tuple[Tensor, Tensor | None]:
         """The heads' queries (B, H, L, E) from the input (B, L, D), and what :meth:`combine` needs of the
         input besides (None here; a gate in :class:`~attnkit.layers.GatedAttention`). The query heads
         are not rotated: the attention strategy rotates them at the positions it knows."""
-        return split_heads(project(self._modules["q_proj"], query), self.num_heads), None
+        return split_heads(project_by_name(self, "q_proj", query), self.num_heads), None
 
     def combine(self, heads: Tensor, kept: Tensor | None) -> Tensor:
         """The heads' outputs (B, H, L, Ev) as the output projection's input (B, L, H Ev)."""
