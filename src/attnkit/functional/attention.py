@@ -6,6 +6,7 @@ The one place where a backend is chosen. Layers call this function and never bra
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -309,9 +310,9 @@ def attention(
                       backend, need_weights, score_mod, sinks, return_lse)
 
 
-_KEYWORDS = ("mask", "is_causal", "causal_align", "window", "bias", "scale", "dropout_p", "backend", "need_weights",
-             "score_mod", "sinks", "attn_mask", "enable_gqa", "return_lse")
-"""The keywords :func:`attention` takes (a wrong one is named with the closest of them)."""
+_KEYWORDS = tuple(name for name, parameter in inspect.signature(attention).parameters.items()
+                  if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+"""The keywords :func:`attention` takes, read from its signature (a wrong one is named with the closest)."""
 
 
 _any_autocast = torch._C._is_any_autocast_enabled  # one flag read per call (0.2 us; a device's flag takes 0.4)
@@ -394,13 +395,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
             weights = result.weights if heads == list(range(dims.H)) else result.weights[:, heads]
         else:
             weights = head_weights(q, k, problem, heads)
-    output, lse = result.output, result.lse
-    poisoned = _nan.poisoned_rows(q, k, v, dims) if _nan.on() else None
-    if poisoned is not None:  # where(): one kernel (masked_fill is a copy and a fill)
-        output = torch.where(poisoned, math.nan, output)
-        lse = None if lse is None else torch.where(poisoned[..., 0], math.nan, lse)
-        if weights is not None:
-            weights = torch.where(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan, weights)
+    output, lse, weights = _nan.applied(q, k, v, dims, result.output, result.lse, weights, heads)
     return AttentionOutput(output=output, weights=weights, lse=lse)
 
 

@@ -96,7 +96,7 @@ class BlockMask:
         self._runs: dict[int, list[list[tuple[int, int, bool]]]] = {}
         self._additive: dict[tuple, Tensor] = {}
         self._cached = 0
-        self._torch = None  # the torch BlockMask this one was converted from
+        self._torch = None  # the torch BlockMask this one was converted from (from_torch)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -128,18 +128,16 @@ class BlockMask:
 
         if not is_torch_block_mask(mask):
             raise TypeError(f"mask must be a torch.nn.attention.flex_attention.BlockMask, got {type(mask).__name__}")
-        found = _FROM_TORCH.get(id(mask))
-        if found is not None and found[0] is mask and found[1] is mask.kv_indices:
-            return found[2]
+        found = getattr(mask, "_attnkit_block_mask", None)
+        if found is not None and found[0] is mask.kv_indices:  # converted before, from these tables
+            return found[1]
         kinds = flex_tables.kinds_from_torch(mask)
         block_size = flex_tables._pair(mask.BLOCK_SIZE)
         L, S = (int(n) for n in mask.seq_lengths)
         mod = flex_tables.tiled_mask_mod(kinds, block_size, mask.mask_mod)
         result = cls(kinds, (kinds.shape[0], kinds.shape[1], L, S), block_size, mask_mod=mod)
         result._torch = mask
-        if len(_FROM_TORCH) >= _FROM_TORCH_KEPT:
-            _FROM_TORCH.pop(next(iter(_FROM_TORCH)))
-        _FROM_TORCH[id(mask)] = (mask, mask.kv_indices, result)
+        mask._attnkit_block_mask = (mask.kv_indices, result)  # kept on the torch mask: every layer converts once
         return result
 
     def to_torch(self):
@@ -150,9 +148,8 @@ class BlockMask:
         back the torch mask it came from."""
         from .backends import flex, flex_tables
 
-        original = getattr(self, "_torch", None)
-        if original is not None:
-            return original
+        if self._torch is not None:
+            return self._torch
         _, _, L, S = self.shape
         mod = self.mask_mod if self._dense is None else flex._lookup(self._dense)
         return flex.flex_block_mask(flex_tables.tile_kinds(self), (L, S), flex_tables.clamped_mask_mod(mod, L, S))
@@ -254,12 +251,6 @@ class BlockMask:
         if max_blocks not in self._runs:
             self._runs[max_blocks] = _runs(self, max_blocks)
         return self._runs[max_blocks]
-
-
-_FROM_TORCH: dict[int, tuple] = {}
-"""torch block masks converted by :meth:`BlockMask.from_torch`, by id (with the torch mask itself, so
-that an id reused after garbage collection never matches): a model's layers convert one mask once."""
-_FROM_TORCH_KEPT = 16
 
 
 def is_torch_block_mask(obj) -> bool:

@@ -77,6 +77,21 @@ def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -
     return output if poisoned is None else torch.where(poisoned, math.nan, output)
 
 
+def applied(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, lse: Tensor | None, weights: Tensor | None,
+            heads: list[int] | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``output`` (B, H, L, Ev), ``lse`` (B, H, L) and ``weights`` (of query ``heads``) with the rows the rule
+    poisons set to NaN, when the rule is on: what :func:`attnkit.attention` and
+    :func:`attnkit.functional.topk.topk_attention` do after any backend."""
+    poisoned = poisoned_rows(q, k, v, dims) if _on else None
+    if poisoned is None:
+        return output, lse, weights
+    output = torch.where(poisoned, math.nan, output)  # where(): one kernel (masked_fill is a copy and a fill)
+    lse = None if lse is None else torch.where(poisoned[..., 0], math.nan, lse)
+    if weights is not None:
+        weights = torch.where(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan, weights)
+    return output, lse, weights
+
+
 _MAXIMA = getattr(torch, "_foreach_max", None) or (lambda tensors: [x.amax() for x in tensors])
 """Whole-tensor maxima of a list of tensors: torch's foreach form where this PyTorch has it."""
 

@@ -105,15 +105,9 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
         output[..., q0:q1, :] = torch.einsum("bhgqk,bhqke->bhgqe", p, v_sel)
         if weight is not None:  # repeated slots hold 0
             weight[..., q0:q1, :] = weight[..., q0:q1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
-    output = output.flatten(1, 2).to(q.dtype)  # (B, H, L, Ev)
-    lse = lse.flatten(1, 2)
     weight = None if weight is None else weight.flatten(1, 2)[:, heads].to(q.dtype)
-    poisoned = _nan.poisoned_rows(q, k, v, dims) if _nan.on() else None
-    if poisoned is not None:
-        output = torch.where(poisoned, math.nan, output)
-        lse = torch.where(poisoned[..., 0], math.nan, lse)
-        weight = None if weight is None else torch.where(poisoned[:, heads], math.nan, weight)
-    return AttentionOutput(output=output, weights=weight, lse=lse)
+    out, row_lse, weight = _nan.applied(q, k, v, dims, output.flatten(1, 2).to(q.dtype), lse.flatten(1, 2), weight, heads)
+    return AttentionOutput(output=out, weights=weight, lse=row_lse)
 
 
 def _softmax_and_lse(scores: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.attention import BACKEND_NAMES
+from ..functional.masks import from_key_padding_mask
 from .multihead import MultiHeadAttention
 
 __all__ = ["TorchMultiheadAttention", "from_torch_mha", "to_torch_mha"]
@@ -118,19 +119,21 @@ class TorchMultiheadAttention(nn.Module):
             raise ValueError(f"{name}=True: attnkit has no extra learned or zero key; leave it False")
         if backend not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
-        self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
-        self.attention = MultiHeadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, bias=bias, dropout=dropout,
-                                            backend=backend).to(device=device, dtype=dtype)
+        self._hold(MultiHeadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, bias=bias, dropout=dropout,
+                                      backend=backend).to(device=device, dtype=dtype), batch_first)
+
+    def _hold(self, attention: MultiHeadAttention, batch_first: bool) -> None:
+        """Keep ``attention`` as the layer that runs, with torch's attribute names beside it."""
+        self.embed_dim, self.num_heads, self.batch_first = attention.d_model, attention.num_heads, batch_first
+        self.attention = attention
         self.register_load_state_dict_pre_hook(_torch_state_dict)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "auto") -> TorchMultiheadAttention:
-        """The drop-in for ``module``: its weights, its ``batch_first``."""
+        """The drop-in for ``module``: its weights, its ``batch_first`` (no layer of its own is built first)."""
         wrapper = cls.__new__(cls)
         nn.Module.__init__(wrapper)
-        wrapper.embed_dim, wrapper.num_heads, wrapper.batch_first = module.embed_dim, module.num_heads, module.batch_first
-        wrapper.attention = from_torch_mha(module, backend=backend)
-        wrapper.register_load_state_dict_pre_hook(_torch_state_dict)
+        wrapper._hold(from_torch_mha(module, backend=backend), module.batch_first)
         return wrapper.train(module.training)
 
     def to_torch(self) -> nn.MultiheadAttention:
@@ -170,27 +173,33 @@ class TorchMultiheadAttention(nn.Module):
 def _attnkit_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N: int, H: int, L: int, S: int,
                    dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """torch's ``key_padding_mask`` (N, S) and ``attn_mask`` (L, S) or (N H, L, S), boolean True = not
-    allowed or float added, as attnkit's (mask True = may attend, bias added) of (N|1, H|1, L|1, S)."""
-    masks, biases = [], []
-    options: tuple[tuple[str, Tensor | None, dict[tuple[int, ...], tuple[int, int, int, int]]], ...] = (
-        ("key_padding_mask", key_padding_mask, {(N, S): (N, 1, 1, S)}),
-        ("attn_mask", attn_mask, {(L, S): (1, 1, L, S), (N * H, L, S): (N, H, L, S)}))
-    for name, given, shapes in options:
-        if given is None:
-            continue
-        if not isinstance(given, Tensor) or tuple(given.shape) not in shapes:
-            got = tuple(given.shape) if isinstance(given, Tensor) else type(given).__name__
-            raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {got}")
-        shaped = given.reshape(shapes[tuple(given.shape)])
-        if shaped.dtype == torch.bool:
-            masks.append(~shaped)
-        elif shaped.is_floating_point():
-            biases.append(shaped.to(dtype))
+    allowed or float added, as attnkit's ``mask`` (True = may attend) and ``bias`` (added)."""
+    mask = bias = None
+    if key_padding_mask is not None:
+        _check_shape("key_padding_mask", key_padding_mask, (N, S))
+        if key_padding_mask.is_floating_point():
+            bias = key_padding_mask.to(dtype)[:, None, None, :]
+        elif key_padding_mask.dtype == torch.bool:
+            mask = from_key_padding_mask(key_padding_mask)  # (N, 1, 1, S), True = may attend
         else:
-            raise TypeError(f"{name} must be boolean (True = not allowed) or float (added), got dtype {given.dtype}")
-    mask = None if not masks else masks[0] if len(masks) == 1 else masks[0] & masks[1]
-    bias = None if not biases else biases[0] if len(biases) == 1 else biases[0] + biases[1]
+            raise TypeError(f"key_padding_mask must be boolean (True = ignore) or float (added), got dtype "
+                            f"{key_padding_mask.dtype}")
+    if attn_mask is not None:
+        _check_shape("attn_mask", attn_mask, (L, S), (N * H, L, S))
+        shaped = attn_mask.view(N, H, L, S) if attn_mask.dim() == 3 else attn_mask
+        if shaped.is_floating_point():
+            bias = shaped.to(dtype) if bias is None else bias + shaped.to(dtype)
+        elif shaped.dtype == torch.bool:
+            mask = ~shaped if mask is None else mask & ~shaped
+        else:
+            raise TypeError(f"attn_mask must be boolean (True = not allowed) or float (added), got dtype {attn_mask.dtype}")
     return mask, bias
+
+
+def _check_shape(name: str, given, *shapes: tuple[int, ...]) -> None:
+    if not isinstance(given, Tensor) or tuple(given.shape) not in shapes:
+        got = tuple(given.shape) if isinstance(given, Tensor) else type(given).__name__
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {got}")
 
 
 def _torch_state_dict(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
