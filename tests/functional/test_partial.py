@@ -5,6 +5,8 @@ autograd through the reference backend)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -102,3 +104,28 @@ def test_the_fused_kernel_is_named_by_device_and_dtype(monkeypatch):
     assert partial.fused(torch.zeros(1, dtype=torch.int64)) is None
     monkeypatch.setattr(partial, "FUSED", False)
     assert partial.fused(torch.zeros(1)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_bias_beyond_what_a_float32_lse_resolves_is_refused_by_name(dtype):
+    # A row of -1e9 on every key: its float32 lse is -1e9 whatever the scores, so two parts would merge
+    # half and half (output errors of order 1 before this check).
+    q, k, v, _ = _case(3)
+    bias = torch.full((1, 1, q.shape[2], k.shape[2]), -1e9, dtype=dtype)
+    with pytest.raises(ValueError, match=r"bias: some row's largest finite entry is [0-9.]+e\+0[89] .*beyond the \+-64.* -inf"):
+        partial_attention(*(x.to(dtype) for x in (q, k, v)), 0.3, bias)
+    bias[..., 1:] = float("-inf")  # one finite key of -1e9 is as huge; 0 and -inf alone are fine
+    with pytest.raises(ValueError, match="bias"):
+        partial_attention(*(x.to(dtype) for x in (q, k, v)), 0.3, bias)
+    partial_attention(*(x.to(dtype) for x in (q, k, v)), 0.3, torch.zeros_like(bias).masked_fill(torch.isinf(bias), -math.inf))
+
+
+def test_float64_parts_with_a_huge_bias_merge_exactly(kernel):
+    q, k, v, _ = _case(4)
+    bias = torch.full((1, 1, q.shape[2], k.shape[2]), -1e9, dtype=torch.float64)
+    out = torch.zeros(2, 3, q.shape[2], v.shape[-1], dtype=torch.float64)
+    lse = torch.full(out.shape[:-1], float("-inf"), dtype=torch.float64)
+    for a, b in [(0, 20), (20, k.shape[2])]:
+        out, lse = merge_partial(out, lse, *partial_attention(q, k[:, :, a:b], v[:, :, a:b], 0.3, bias[..., a:b]))
+    want = torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v  # a constant bias changes nothing
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)

@@ -13,7 +13,7 @@ from torch import distributed as dist
 
 from ..functional.heads import repeat_kv
 from ..functional.masks import causal_positions
-from ..functional.partial import fused, merge_partial, partial_attention, partial_attention_backward
+from ..functional.partial import fused, merge_partial, partial_attention_backward, partial_attention_trusted
 
 __all__ = ["PeerFailure", "QUERY_TILE", "ring_attention"]
 
@@ -171,7 +171,7 @@ def _forward_step(q: Tensor, ke: Tensor, ve: Tensor, q_pos: Tensor, k_pos: Tenso
     """One ring step: attention of this rank's queries over one key shard (keys and values repeated
     to the query heads), merged into the running ``out`` and ``lse`` in place."""
     for q0, q1, k0, k1, bias, causal in _blocks(q_pos, k_pos, is_causal, window, key_mask, q.dtype, fused(q) is not None):
-        part = partial_attention(q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], scale, bias, causal)
+        part = partial_attention_trusted(q[:, :, q0:q1], ke[:, :, k0:k1], ve[:, :, k0:k1], scale, bias, causal)
         out[:, :, q0:q1], lse[:, :, q0:q1] = merge_partial(out[:, :, q0:q1], lse[:, :, q0:q1], *part)
 
 

@@ -25,7 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["FUSED", "fused", "partial_attention", "partial_attention_backward", "merge_partial"]
+from .backends._common import LSE_RESOLVED_BOUND
+
+__all__ = ["FUSED", "fused", "partial_attention", "partial_attention_trusted", "partial_attention_backward",
+           "merge_partial"]
 
 FUSED = True  # False: always the plain-PyTorch arithmetic (tests compare the two)
 _ALIGN = 16  # the CUDA memory-efficient kernel wants the bias's rows 16-element aligned
@@ -98,7 +101,26 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tenso
                       is_causal: bool = False) -> tuple[Tensor, Tensor]:
     """(output (B, H, Lq, Ev), log-sum-exp (B, H, Lq)) of attention of ``q`` over this part's keys
     (the output in q's dtype from a fused kernel, in the accumulator dtype from plain PyTorch).
-    ``is_causal``: key j allowed for query i when j <= i (top-left), on top of ``bias``."""
+    ``is_causal``: key j allowed for query i when j <= i (top-left), on top of ``bias``.
+
+    A bias that puts some row's largest finite entry beyond +-``LSE_RESOLVED_BOUND`` (64) is refused
+    unless the inputs are float64: the float32 log-sum-exp of such a row (a -1e9 on every key) rounds
+    off its whole content, and merging parts by it weighs them wrongly (output errors of order 1).
+    Rule keys out with -inf, or subtract the row's maximum from the bias first."""
+    if bias is not None and _accumulator(q.dtype) != torch.float64:
+        top = bias.amax(dim=-1) if bias.shape[-1] else None  # -inf: a row with no key, which merges exactly
+        if top is not None and bool(((top.abs() > LSE_RESOLVED_BOUND) & torch.isfinite(top)).any()):
+            raise ValueError(f"bias: some row's largest finite entry is {float(top[torch.isfinite(top)].abs().max()):.3g} "
+                             f"in magnitude, beyond the +-{LSE_RESOLVED_BOUND:g} that a float32 log-sum-exp resolves "
+                             "(merged parts would be weighed wrongly); rule keys out with -inf, or subtract each "
+                             "row's maximum from the bias")
+    return partial_attention_trusted(q, k, v, scale, bias, is_causal)
+
+
+def partial_attention_trusted(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor | None = None,
+                              is_causal: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`partial_attention` for callers whose bias holds only 0 and -inf (ring attention builds
+    its own from masks): the bias is not looked at again (on CUDA the look is a device sync a block)."""
     kernel = fused(q)
     if kernel == "cpu-flash":
         if is_causal and bias is not None:  # the CPU kernel takes one or the other
