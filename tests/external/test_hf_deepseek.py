@@ -25,7 +25,7 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32  # noq
 import attnkit.hf  # noqa: E402
 from attnkit.decoding import generate  # noqa: E402
 from attnkit.layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding  # noqa: E402
-from attnkit.models.deepseek import load_deepseek_folder  # noqa: E402
+from attnkit.models.deepseek import DeepSeekMoE, load_deepseek_folder  # noqa: E402
 
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=8,
              qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, num_hidden_layers=1, vocab_size=60)
@@ -235,3 +235,29 @@ def test_the_bridges_dense_deepseek_models_equal_eager_in_float64(family, float6
     torch.testing.assert_close(loss_b, loss_a, rtol=1e-10, atol=1e-10)
     for name, grad in grads_a.items():
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-8, atol=1e-10)
+
+
+def test_a_bfloat16_model_routes_in_float32_with_the_checkpoints_exact_router_as_transformers_does():
+    # transformers keeps gate.weight and e_score_correction_bias float32 in a bfloat16 model
+    # (_keep_in_fp32_modules_strict); rounded to bfloat16, the bias would choose other experts.
+    _, folder = _checkpoint(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    ours = load_deepseek_folder(folder, dtype=torch.bfloat16)
+    routers = [m for m in theirs.modules() if hasattr(m, "e_score_correction_bias")]
+    moes = [m for m in ours.modules() if isinstance(m, DeepSeekMoE)]
+    assert len(routers) == len(moes) == 2
+    h = torch.randn(64, 32, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    for router, moe in zip(routers, moes):
+        assert moe.gate_weight.dtype == moe.score_bias.dtype == torch.float32
+        assert torch.equal(moe.gate_weight, router.weight) and torch.equal(moe.score_bias, router.e_score_correction_bias)
+        _, want_weights, want = router(h)
+        got, got_weights = moe.route(h)
+        order_want, order_got = want.sort(dim=-1), got.sort(dim=-1)
+        assert torch.equal(order_got.values, order_want.values)
+        torch.testing.assert_close(got_weights.gather(1, order_got.indices), want_weights.gather(1, order_want.indices))
+    rounded = moes[0].score_bias.to(torch.bfloat16).float()
+    assert not torch.equal(rounded, moes[0].score_bias)  # the case can tell: bfloat16 would round the bias
+    moe = moes[0].to(torch.float64)  # a wider dtype applies as asked
+    assert moe.gate_weight.dtype == moe.score_bias.dtype == torch.float64

@@ -52,6 +52,24 @@ class DeepSeekMoE(nn.Module):
         self.shared = (GatedFeedForward(c.d_model, c.moe_d_ff * c.num_shared_experts)
                        if c.num_shared_experts else None)
 
+    ROUTER_FLOAT32 = ("gate_weight", "score_bias")
+    """Kept float32 when the model goes to float16 / bfloat16, as transformers keeps ``gate.weight`` and
+    ``e_score_correction_bias`` (``_keep_in_fp32_modules_strict``): the routing reads them in float32,
+    and a bias rounded to bfloat16 would choose other experts than the checkpoint's."""
+
+    def _apply(self, fn, recurse=True):
+        before = {name: getattr(self, name).detach() for name in self.ROUTER_FLOAT32}  # the values, not rounded
+        super()._apply(fn, recurse)
+        for name, kept in before.items():
+            now = getattr(self, name)
+            if now.dtype in (torch.float16, torch.bfloat16):
+                exact = kept.to(device=now.device, dtype=torch.float32)
+                if isinstance(now, nn.Parameter):
+                    now.data = exact  # the same Parameter object: an optimizer holding it still does
+                else:
+                    setattr(self, name, exact)
+        return self
+
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(experts (N, k), weights (N, k)) for tokens x (N, D); routing in float32."""
         c = self.config
