@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .backends._common import LSE_RESOLVED_BOUND
+from .backends._common import LSE_RESOLVED_BOUND, beyond_resolution
 
 __all__ = ["FUSED", "fused", "partial_attention", "partial_attention_trusted", "partial_attention_backward",
            "merge_partial"]
@@ -107,10 +107,11 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tenso
     unless the inputs are float64: the float32 log-sum-exp of such a row (a -1e9 on every key) rounds
     off its whole content, and merging parts by it weighs them wrongly (output errors of order 1).
     Rule keys out with -inf, or subtract the row's maximum from the bias first."""
-    if bias is not None and _accumulator(q.dtype) != torch.float64:
-        top = bias.amax(dim=-1) if bias.shape[-1] else None  # -inf: a row with no key, which merges exactly
-        if top is not None and bool(((top.abs() > LSE_RESOLVED_BOUND) & torch.isfinite(top)).any()):
-            raise ValueError(f"bias: some row's largest finite entry is {float(top[torch.isfinite(top)].abs().max()):.3g} "
+    if bias is not None and bias.shape[-1] and _accumulator(q.dtype) != torch.float64:
+        top = bias.amax(dim=-1)
+        beyond = beyond_resolution(top)
+        if bool(beyond.any()):
+            raise ValueError(f"bias: some row's largest finite entry is {float(top[beyond].abs().max()):.3g} "
                              f"in magnitude, beyond the +-{LSE_RESOLVED_BOUND:g} that a float32 log-sum-exp resolves "
                              "(merged parts would be weighed wrongly); rule keys out with -inf, or subtract each "
                              "row's maximum from the bias")

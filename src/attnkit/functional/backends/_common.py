@@ -288,4 +288,10 @@ def lse_unresolved(problem: Problem, device) -> bool:
         return False
     allowed = problem.dense_mask(device)
     top = (bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))).amax(dim=-1)
-    return bool(((top.abs() > LSE_RESOLVED_BOUND) & torch.isfinite(top)).any())
+    return bool(beyond_resolution(top).any())
+
+
+def beyond_resolution(top: Tensor) -> Tensor:
+    """True where a row's largest allowed bias entry ``top`` is finite and beyond +-:data:`LSE_RESOLVED_BOUND`
+    (-inf: a row with no key, which every backend and merge handles exactly)."""
+    return (top.abs() > LSE_RESOLVED_BOUND) & torch.isfinite(top)
