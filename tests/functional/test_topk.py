@@ -27,6 +27,14 @@ def _case(generator, *, per_head: bool, B=2, H=4, Hkv=2, L=9, S=13, K=5, dtype=t
     return q, k, v, indices
 
 
+@pytest.fixture(params=["per-query", "union"])
+def strategy(request, monkeypatch):
+    """Each block of queries attends its selections one way or the other (the numbers must not tell which):
+    forced here, whatever the cost rule would choose."""
+    monkeypatch.setattr(topk, "_union_pays", lambda union, slots, groups: request.param == "union")
+    return request.param
+
+
 def _oracle(q, k, v, indices, key_mask, causal, align):
     """The float64 oracle with the selection, padding and causality as one boolean mask (B, H, L, S)."""
     B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
@@ -41,7 +49,8 @@ def _oracle(q, k, v, indices, key_mask, causal, align):
 
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-key-head"])
 @pytest.mark.parametrize(("causal", "align"), [(False, "top-left"), (True, "top-left"), (True, "bottom-right")])
-def test_topk_attention_equals_the_oracle_with_the_selection_as_a_mask(per_head, causal, align, rng, monkeypatch):
+def test_topk_attention_equals_the_oracle_with_the_selection_as_a_mask(per_head, causal, align, rng, monkeypatch,
+                                                                       strategy):
     monkeypatch.setattr(topk, "GATHER_ELEMENTS", 200)  # several blocks of queries
     q, k, v, indices = _case(rng, per_head=per_head)
     key_mask = torch.ones(2, 13, dtype=torch.bool)
@@ -55,7 +64,7 @@ def test_topk_attention_equals_the_oracle_with_the_selection_as_a_mask(per_head,
     np.testing.assert_allclose(numpy(got.lse)[finite], want_lse[finite], rtol=1e-10, atol=1e-12)
 
 
-def test_gradients_equal_autograd_of_the_masked_softmax(rng):
+def test_gradients_equal_autograd_of_the_masked_softmax(rng, strategy):
     q, k, v, indices = _case(rng, per_head=False)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     got = topk_attention(*leaves, indices, is_causal=True)
@@ -77,7 +86,8 @@ def test_gradients_equal_autograd_of_the_masked_softmax(rng):
         torch.testing.assert_close(a, b.grad, rtol=1e-10, atol=1e-12)
 
 
-def test_values_that_are_the_keys_leading_numbers_are_gathered_once_with_the_same_results(rng, monkeypatch):
+def test_values_that_are_the_keys_leading_numbers_are_gathered_once_with_the_same_results(rng, monkeypatch,
+                                                                                         strategy):
     """MLA's absorbed attention: v = k[..., :Ev], a view. One gather serves both; the numbers and the gradients
     (through both uses of k) are those of a separate copy."""
     monkeypatch.setattr(topk, "GATHER_ELEMENTS", 300)
@@ -85,6 +95,10 @@ def test_values_that_are_the_keys_leading_numbers_are_gathered_once_with_the_sam
     calls = []
     real = topk._gathered
     monkeypatch.setattr(topk, "_gathered", lambda x, index: calls.append(x.shape[-1]) or real(x, index))
+    real_select = torch.Tensor.index_select
+    if strategy == "union":  # the union's gathers are index_selects of whole key rows
+        monkeypatch.setattr(torch.Tensor, "index_select",
+                            lambda x, dim, index: calls.append(x.shape[-1]) or real_select(x, dim, index))
     results = []
     for view in (True, False):
         calls.clear()
@@ -100,7 +114,7 @@ def test_values_that_are_the_keys_leading_numbers_are_gathered_once_with_the_sam
     torch.testing.assert_close(dk_view, dk_copy, rtol=1e-12, atol=1e-14)
 
 
-def test_weights_of_chosen_heads_are_those_heads_of_all_weights(rng):
+def test_weights_of_chosen_heads_are_those_heads_of_all_weights(rng, strategy):
     q, k, v, indices = _case(rng, per_head=True)
     every = topk_attention(q, k, v, indices, is_causal=True, need_weights=True).weights
     chosen = topk_attention(q, k, v, indices, is_causal=True, need_weights=[3, 0]).weights
@@ -109,7 +123,7 @@ def test_weights_of_chosen_heads_are_those_heads_of_all_weights(rng):
         topk_attention(q, k, v, indices, need_weights=[4])
 
 
-def test_the_nan_rule_holds(rng):
+def test_the_nan_rule_holds(rng, strategy):
     q, k, v, indices = _case(rng, per_head=False)
     k[0, 1, 12, 0] = math.nan  # a key no query may select still poisons its key head's query heads
     out = topk_attention(q, k, v, indices.clamp(max=11)).output
@@ -126,3 +140,28 @@ def test_bad_selections_are_named(indices, error, match, rng):
     q, k, v, _ = _case(rng, per_head=False)
     with pytest.raises(error, match=match):
         topk_attention(q, k, v, indices)
+
+
+def test_each_block_attends_the_union_of_its_selections_where_that_costs_less(rng, monkeypatch):
+    """The cost rule: a block whose queries select the same keys scores them once against the union (no
+    per-query gather); a block of scattered selections from many keys gathers per query. Either way the
+    numbers are the other way's (float32, one GEMM against many small ones)."""
+    gathers = []
+    real = topk._gathered
+    monkeypatch.setattr(topk, "_gathered", lambda x, index: gathers.append(index.shape) or real(x, index))
+    q = randn(1, 8, 64, 16, generator=rng)
+    k, v = randn(1, 1, 4096, 16, generator=rng), randn(1, 1, 4096, 16, generator=rng)
+    shared = torch.randperm(4096, generator=rng)[:32].expand(1, 64, 32)  # u = 32 <= 32 x (1 + 32 / 8)
+    scattered = torch.stack([torch.randperm(4096, generator=rng)[:32] for _ in range(64)])[None]  # u near 2,048
+    results = {}
+    for name, indices in (("shared", shared), ("scattered", scattered)):
+        gathers.clear()
+        results[name] = topk_attention(q, k, v, indices, need_weights=True)
+        assert bool(gathers) == (name == "scattered"), name
+        monkeypatch.setattr(topk, "_union_pays", lambda union, slots, groups: name == "scattered")  # the other way
+        other = topk_attention(q, k, v, indices, need_weights=True)
+        monkeypatch.undo()
+        monkeypatch.setattr(topk, "_gathered", lambda x, index: gathers.append(index.shape) or real(x, index))
+        for a, b in zip(results[name], other):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert topk._union_pays(32 * 5, 32, 8) and not topk._union_pays(32 * 5 + 1, 32, 8)

@@ -3,9 +3,19 @@ DeepSeek-AI 2025, DeepSeek-V3.2), after an indexer chose the top-k keys of every
 
     o_i = sum_{j in K_i} softmax_j(q_i . k_j * scale) v_j,   K_i the (at most k) keys query i selected
 
-Each block of queries gathers its selected keys and values, (B, Hkv, block, k, E + Ev), and attends
-over them: memory and work grow with k, never with S, and no L x S score matrix exists (the weights are
-scattered into one only when asked for). The selection joins the call's other rules: a negative entry
+Each block of queries attends in one of two ways, whichever costs less for that block (the numbers are the
+same either way):
+
+- **per query**: it gathers every query's selected keys and values, (B, Hkv, block, k, E + Ev), and
+  attends over them; work grows with k, but the gathered copy is read once by a few query heads, so the
+  time goes to memory traffic (4-18 times a GEMM's per score on a 2-core CPU, `_union_pays`);
+- **over the union**: it gathers once the keys any of its queries selected (u of them), scores the block's
+  queries against all u in one GEMM and masks each query to its own selection; work grows with u, which
+  for a block of nearby queries stays close to k when their selections overlap (an indexer's usually do)
+  and is at most S. Chosen where u <= k x (1 + 32 / G) (G query heads a key head), on the CPU only.
+
+Either way memory beyond the output is one block's, bounded whatever S, and no L x S score matrix exists
+(the weights are scattered into one only when asked for). The selection joins the call's other rules: a negative entry
 is an empty slot, a repeated key counts once, a key after the query's aligned position is dropped with
 ``is_causal``, a padded key with ``key_mask``; a query left with no key gets zeros (attnkit's rule).
 Gradients by autograd (through the gathers). The NaN rule is :func:`attnkit.attention`'s.
@@ -98,6 +108,26 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
         safe = chosen.clamp(min=0)
         if key_mask is not None:
             allowed = allowed & key_mask.gather(1, safe.flatten(1)).view(safe.shape)
+        if q.device.type == "cpu":
+            union, slot = _union(safe, allowed, S)
+            if not union.numel():  # no query of the block attends any key: zeros, lse -inf (attnkit's rule)
+                output[..., q0:q1, :] = 0.0
+                lse[..., q0:q1] = -math.inf
+                continue
+            if _union_pays(union.numel(), selection.shape[-1], dims.groups):
+                k_union = k_acc.index_select(2, union)  # (B, Hkv, u, E)
+                v_union = k_union[..., :dims.Ev] if shared else v_acc.index_select(2, union)
+                selected = allowed.new_zeros(*allowed.shape[:-1], union.numel() + 1)  # the last column: no key
+                selected = selected.scatter_(-1, slot, True)[..., :-1]  # (B, Hkv|1, bq, u)
+                bq = q1 - q0
+                scores = q_g[..., q0:q1, :].reshape(B, Hkv, dims.groups * bq, dims.E) @ k_union.transpose(-1, -2)
+                scores = (scores * scale).view(B, Hkv, dims.groups, bq, -1)  # (B, Hkv, G, bq, u)
+                p, lse[..., q0:q1] = _softmax_and_lse(scores, selected[:, :, None])
+                attended = p.reshape(B, Hkv, dims.groups * bq, -1) @ v_union
+                output[..., q0:q1, :] = attended.view(B, Hkv, dims.groups, bq, dims.Ev)
+                if weight is not None:
+                    weight[..., q0:q1, :] = weight[..., q0:q1, :].index_copy(-1, union, p)
+                continue
         k_sel = _gathered(k_acc, safe)  # (B, Hkv, bq, K, E)
         v_sel = k_sel[..., :dims.Ev] if shared else _gathered(v_acc, safe)  # (B, Hkv, bq, K, Ev)
         scores = torch.einsum("bhgqe,bhqke->bhgqk", q_g[..., q0:q1, :], k_sel) * scale  # (B, Hkv, G, bq, K)
@@ -121,6 +151,24 @@ def _softmax_and_lse(scores: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     total = exponentials.sum(dim=-1, keepdim=True)
     p = exponentials / total.masked_fill(total == 0, 1.0)
     return p, (total.log() + shift).squeeze(-1)
+
+
+def _union(safe: Tensor, allowed: Tensor, S: int) -> tuple[Tensor, Tensor]:
+    """The keys a block of queries may attend, sorted (u,), and each slot's place among them, (B, Hkv|1, bq, K):
+    u for a slot that attends nothing (an empty, repeated, causally dropped or padded one)."""
+    union, slot = torch.unique(safe.masked_fill(~allowed, S), sorted=True, return_inverse=True)
+    if union.numel() and int(union[-1]) == S:  # the stand-in of the slots that attend nothing
+        return union[:-1], slot
+    return union, slot.masked_fill(~allowed, union.numel())
+
+
+def _union_pays(union: int, slots: int, groups: int) -> bool:
+    """Whether scoring a block's queries against the union of their selections (one GEMM over ``union`` keys)
+    costs less than gathering each query's ``slots`` keys. Measured on a 2-core CPU (torch 2.13.0, E 576, the
+    absorbed MLA shape, 2,048 slots of 8,192 keys): a gathered score costs about 1 + 32 / G GEMM scores with G
+    query heads a key head (18x at G 1, 5.0x at 8, 2.0x at 32, 1.2x at 128), the gather's memory traffic
+    shared by fewer heads the smaller G is (``benchmarks/sparse_latent.py``, docs/latent.md)."""
+    return union <= slots * (1 + 32 / groups)
 
 
 def _deduplicated(indices: Tensor) -> Tensor:
