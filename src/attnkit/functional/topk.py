@@ -98,46 +98,65 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     weight = q_g.new_zeros(B, Hkv, dims.groups, L, S) if heads is not None else None
     gathered = dims.E if shared else dims.E + dims.Ev
     block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * selection.shape[-1] * gathered))
+    keys = (k_acc, v_acc, shared)
     for q0 in range(0, L, block):
         q1 = min(L, q0 + block)
-        chosen = _deduplicated(selection[:, :, q0:q1])  # (B, Hkv|1, bq, K)
-        allowed = chosen >= 0
-        if is_causal:
-            rows = torch.arange(q0, q1, device=q.device)[:, None]  # (bq, 1)
-            allowed = allowed & (chosen <= rows + offset)
-        safe = chosen.clamp(min=0)
-        if key_mask is not None:
-            allowed = allowed & key_mask.gather(1, safe.flatten(1)).view(safe.shape)
-        if q.device.type == "cpu":
+        rows = torch.arange(q0, q1, device=q.device)[:, None] + offset if is_causal else None  # (bq, 1)
+        if q.device.type == "cpu":  # repeats need no removal here: a key of the union is attended once
+            safe, allowed = _allowed(selection[:, :, q0:q1].long(), rows, key_mask)
             union, slot = _union(safe, allowed, S)
-            if not union.numel():  # no query of the block attends any key: zeros, lse -inf (attnkit's rule)
-                output[..., q0:q1, :] = 0.0
-                lse[..., q0:q1] = -math.inf
-                continue
             if _union_pays(union.numel(), selection.shape[-1], dims.groups):
-                k_union = k_acc.index_select(2, union)  # (B, Hkv, u, E)
-                v_union = k_union[..., :dims.Ev] if shared else v_acc.index_select(2, union)
-                selected = allowed.new_zeros(*allowed.shape[:-1], union.numel() + 1)  # the last column: no key
-                selected = selected.scatter_(-1, slot, True)[..., :-1]  # (B, Hkv|1, bq, u)
-                bq = q1 - q0
-                scores = q_g[..., q0:q1, :].reshape(B, Hkv, dims.groups * bq, dims.E) @ k_union.transpose(-1, -2)
-                scores = (scores * scale).view(B, Hkv, dims.groups, bq, -1)  # (B, Hkv, G, bq, u)
-                p, lse[..., q0:q1] = _softmax_and_lse(scores, selected[:, :, None])
-                attended = p.reshape(B, Hkv, dims.groups * bq, -1) @ v_union
-                output[..., q0:q1, :] = attended.view(B, Hkv, dims.groups, bq, dims.Ev)
+                p, lse[..., q0:q1], output[..., q0:q1, :] = _attend_union(q_g[..., q0:q1, :], keys, union, slot, scale)
                 if weight is not None:
                     weight[..., q0:q1, :] = weight[..., q0:q1, :].index_copy(-1, union, p)
                 continue
-        k_sel = _gathered(k_acc, safe)  # (B, Hkv, bq, K, E)
-        v_sel = k_sel[..., :dims.Ev] if shared else _gathered(v_acc, safe)  # (B, Hkv, bq, K, Ev)
-        scores = torch.einsum("bhgqe,bhqke->bhgqk", q_g[..., q0:q1, :], k_sel) * scale  # (B, Hkv, G, bq, K)
-        p, lse[..., q0:q1] = _softmax_and_lse(scores, allowed[:, :, None])  # the mask (B, Hkv|1, 1, bq, K)
-        output[..., q0:q1, :] = torch.einsum("bhgqk,bhqke->bhgqe", p, v_sel)
+        safe, allowed = _allowed(_deduplicated(selection[:, :, q0:q1]), rows, key_mask)
+        p, lse[..., q0:q1], output[..., q0:q1, :] = _attend_each(q_g[..., q0:q1, :], keys, safe, allowed, scale)
         if weight is not None:  # repeated slots hold 0
             weight[..., q0:q1, :] = weight[..., q0:q1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
     weight = None if weight is None else weight.flatten(1, 2)[:, heads].to(q.dtype)
     out, row_lse, weight = _nan.applied(q, k, v, dims, output.flatten(1, 2).to(q.dtype), lse.flatten(1, 2), weight, heads)
     return AttentionOutput(output=out, weights=weight, lse=row_lse)
+
+
+def _allowed(chosen: Tensor, rows: Tensor | None, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A block's selection (B, Hkv|1, bq, K) made safe to index with (empty slots read key 0), and which slots
+    attend their key: not empty, not after the query's aligned position ``rows`` (bq, 1), not padding."""
+    allowed = chosen >= 0
+    if rows is not None:
+        allowed = allowed & (chosen <= rows)
+    safe = chosen.clamp(min=0)
+    if key_mask is not None:
+        allowed = allowed & key_mask.gather(1, safe.flatten(1)).view(safe.shape)
+    return safe, allowed
+
+
+def _attend_each(q: Tensor, keys: tuple, safe: Tensor, allowed: Tensor, scale: float):
+    """A block of queries q (B, Hkv, G, bq, E), each over the keys it selected, gathered per query: the weights
+    (B, Hkv, G, bq, K) over its slots, the lse and the output (B, Hkv, G, bq, Ev)."""
+    k, v, shared = keys
+    k_sel = _gathered(k, safe)  # (B, Hkv, bq, K, E)
+    v_sel = k_sel[..., :v.shape[-1]] if shared else _gathered(v, safe)  # (B, Hkv, bq, K, Ev)
+    scores = torch.einsum("bhgqe,bhqke->bhgqk", q, k_sel) * scale
+    p, lse = _softmax_and_lse(scores, allowed[:, :, None])  # the mask (B, Hkv|1, 1, bq, K)
+    return p, lse, torch.einsum("bhgqk,bhqke->bhgqe", p, v_sel)
+
+
+def _attend_union(q: Tensor, keys: tuple, union: Tensor, slot: Tensor, scale: float):
+    """A block of queries q (B, Hkv, G, bq, E) against the union of their selections (u,), gathered once and
+    scored in one GEMM, each query masked to its own slots (``slot``: their places in the union, u for none):
+    the weights (B, Hkv, G, bq, u), the lse and the output (B, Hkv, G, bq, Ev)."""
+    k, v, shared = keys
+    B, Hkv, G, bq, E = q.shape
+    if not union.numel():  # no query of the block attends any key: zeros and lse -inf (attnkit's rule)
+        return q.new_zeros(B, Hkv, G, bq, 0), q.new_full((B, Hkv, G, bq), -math.inf), q.new_zeros(B, Hkv, G, bq, v.shape[-1])
+    k_union = k.index_select(2, union)  # (B, Hkv, u, E)
+    v_union = k_union[..., :v.shape[-1]] if shared else v.index_select(2, union)
+    selected = slot.new_zeros(*slot.shape[:-1], union.numel() + 1, dtype=torch.bool)  # the last column: no key
+    selected = selected.scatter_(-1, slot, True)[..., :-1]  # (B, Hkv|1, bq, u)
+    scores = (q.reshape(B, Hkv, G * bq, E) @ k_union.transpose(-1, -2)) * scale
+    p, lse = _softmax_and_lse(scores.view(B, Hkv, G, bq, -1), selected[:, :, None])
+    return p, lse, (p.reshape(B, Hkv, G * bq, -1) @ v_union).view(B, Hkv, G, bq, -1)
 
 
 def _softmax_and_lse(scores: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
