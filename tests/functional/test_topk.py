@@ -31,7 +31,7 @@ def _case(generator, *, per_head: bool, B=2, H=4, Hkv=2, L=9, S=13, K=5, dtype=t
 def strategy(request, monkeypatch):
     """Each block of queries attends its selections one way or the other (the numbers must not tell which):
     forced here, whatever the cost rule would choose."""
-    monkeypatch.setattr(topk, "_union_pays", lambda union, slots, groups: request.param == "union")
+    monkeypatch.setattr(topk, "_union_limit", lambda slots, groups: math.inf if request.param == "union" else -1)
     return request.param
 
 
@@ -158,10 +158,30 @@ def test_each_block_attends_the_union_of_its_selections_where_that_costs_less(rn
         gathers.clear()
         results[name] = topk_attention(q, k, v, indices, need_weights=True)
         assert bool(gathers) == (name == "scattered"), name
-        monkeypatch.setattr(topk, "_union_pays", lambda union, slots, groups: name == "scattered")  # the other way
+        monkeypatch.setattr(topk, "_union_limit", lambda slots, groups: math.inf if name == "scattered" else -1)
         other = topk_attention(q, k, v, indices, need_weights=True)
         monkeypatch.undo()
         monkeypatch.setattr(topk, "_gathered", lambda x, index: gathers.append(index.shape) or real(x, index))
         for a, b in zip(results[name], other):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert topk._union_pays(32 * 5, 32, 8) and not topk._union_pays(32 * 5 + 1, 32, 8)
+    assert topk._union_limit(32, 8) == 32 * 5
+
+
+def test_blocks_attended_either_way_in_one_call_equal_the_oracle(rng, monkeypatch):
+    """The cost rule chooses per block: early queries whose selections overlap take the union, later ones with
+    scattered selections fall back to per-query gathers inside the same larger block; float64, 1e-10."""
+    monkeypatch.setattr(topk, "GATHER_ELEMENTS", 2 * 4 * 14)  # two queries' 4 keys and values (8 + 6) at once
+    monkeypatch.setattr(topk, "UNION_SCORES", 12 * 4 * 36)  # union blocks of 12 queries: G 4, at most 4 x 9 keys
+    taken = []
+    real_union, real_each = topk._attend_union, topk._attend_each
+    monkeypatch.setattr(topk, "_attend_union", lambda q, *a: taken.append(("union", q.shape[-2])) or real_union(q, *a))
+    monkeypatch.setattr(topk, "_attend_each", lambda q, *a: taken.append(("each", q.shape[-2])) or real_each(q, *a))
+    q, k, v, _ = _case(rng, per_head=False, B=1, H=4, Hkv=1, L=36, S=200, K=4)
+    indices = torch.stack([torch.randperm(200, generator=rng)[:4] for _ in range(36)])[None]  # about 44 a block
+    indices[0, :12] = torch.tensor([3, 5, 7, 7])  # one union of 3 keys
+    want_out, want_weights, want_lse = _oracle(q, k, v, indices, None, False, "top-left")
+    got = topk_attention(q, k, v, indices, need_weights=True)
+    np.testing.assert_allclose(numpy(got.output), want_out, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(numpy(got.weights), want_weights, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(numpy(got.lse), want_lse, rtol=1e-10, atol=1e-12)
+    assert taken == [("union", 12)] + [("each", 2)] * 12, taken

@@ -8,7 +8,7 @@ same either way):
 
 - **per query**: it gathers every query's selected keys and values, (B, Hkv, block, k, E + Ev), and
   attends over them; work grows with k, but the gathered copy is read once by a few query heads, so the
-  time goes to memory traffic (4-18 times a GEMM's per score on a 2-core CPU, `_union_pays`);
+  time goes to memory traffic (1.2-18 times a GEMM's per score on a 2-core CPU, `_union_limit`);
 - **over the union**: it gathers once the keys any of its queries selected (u of them), scores the block's
   queries against all u in one GEMM and masks each query to its own selection; work grows with u, which
   for a block of nearby queries stays close to k when their selections overlap (an indexer's usually do)
@@ -35,12 +35,18 @@ from .attention import AttentionOutput, _heads
 from .backends._common import compute_dtype, group_heads
 from .checks import check_qkv
 
-__all__ = ["topk_attention", "GATHER_ELEMENTS"]
+__all__ = ["topk_attention", "GATHER_ELEMENTS", "UNION_SCORES"]
 
 GATHER_ELEMENTS = 1 << 24
 """The keys and values a block of queries gathers, (B, Hkv, block, k, E + Ev) (E alone when the values are
 the keys' first Ev numbers, as in MLA), hold about this many numbers (64 MiB in float32): the block is as
 many queries as fit, at least one."""
+
+
+UNION_SCORES = 1 << 22
+"""A block of queries attended over the union of its selections scores (B, Hkv, G, block, u) numbers, about
+this many (16 MiB in float32) at the largest union it takes: the block is as many queries as fit, and never
+fewer than a per-query block (a block 4 times larger ran 23% faster at 4K tokens, E 576, G 8)."""
 
 
 def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask: Tensor | None = None,
@@ -97,23 +103,28 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     lse = q_g.new_empty(B, Hkv, dims.groups, L)
     weight = q_g.new_zeros(B, Hkv, dims.groups, L, S) if heads is not None else None
     gathered = dims.E if shared else dims.E + dims.Ev
-    block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * selection.shape[-1] * gathered))
+    slots = selection.shape[-1]
+    block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * slots * gathered))  # queries gathered per query at once
+    union_block = max(1, int(UNION_SCORES // max(1, B * Hkv * dims.groups * _union_limit(slots, dims.groups))))
+    outer = max(block, union_block) if q.device.type == "cpu" else block  # the union's way: on the CPU only
     keys = (k_acc, v_acc, shared)
-    for q0 in range(0, L, block):
-        q1 = min(L, q0 + block)
-        rows = torch.arange(q0, q1, device=q.device)[:, None] + offset if is_causal else None  # (bq, 1)
+    for q0 in range(0, L, outer):
+        q1 = min(L, q0 + outer)
         if q.device.type == "cpu":  # repeats need no removal here: a key of the union is attended once
-            safe, allowed = _allowed(selection[:, :, q0:q1].long(), rows, key_mask)
+            safe, allowed = _allowed(selection[:, :, q0:q1].long(), _rows(q0, q1, offset, is_causal, q.device), key_mask)
             union, slot = _union(safe, allowed, S)
-            if _union_pays(union.numel(), selection.shape[-1], dims.groups):
+            if union.numel() <= _union_limit(slots, dims.groups):
                 p, lse[..., q0:q1], output[..., q0:q1, :] = _attend_union(q_g[..., q0:q1, :], keys, union, slot, scale)
                 if weight is not None:
                     weight[..., q0:q1, :] = weight[..., q0:q1, :].index_copy(-1, union, p)
                 continue
-        safe, allowed = _allowed(_deduplicated(selection[:, :, q0:q1]), rows, key_mask)
-        p, lse[..., q0:q1], output[..., q0:q1, :] = _attend_each(q_g[..., q0:q1, :], keys, safe, allowed, scale)
-        if weight is not None:  # repeated slots hold 0
-            weight[..., q0:q1, :] = weight[..., q0:q1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
+        for s0 in range(q0, q1, block):
+            s1 = min(q1, s0 + block)
+            rows = _rows(s0, s1, offset, is_causal, q.device)
+            safe, allowed = _allowed(_deduplicated(selection[:, :, s0:s1]), rows, key_mask)
+            p, lse[..., s0:s1], output[..., s0:s1, :] = _attend_each(q_g[..., s0:s1, :], keys, safe, allowed, scale)
+            if weight is not None:  # repeated slots hold 0
+                weight[..., s0:s1, :] = weight[..., s0:s1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
     weight = None if weight is None else weight.flatten(1, 2)[:, heads].to(q.dtype)
     out, row_lse, weight = _nan.applied(q, k, v, dims, output.flatten(1, 2).to(q.dtype), lse.flatten(1, 2), weight, heads)
     return AttentionOutput(output=out, weights=weight, lse=row_lse)
@@ -181,13 +192,18 @@ def _union(safe: Tensor, allowed: Tensor, S: int) -> tuple[Tensor, Tensor]:
     return union, slot.masked_fill(~allowed, union.numel())
 
 
-def _union_pays(union: int, slots: int, groups: int) -> bool:
-    """Whether scoring a block's queries against the union of their selections (one GEMM over ``union`` keys)
-    costs less than gathering each query's ``slots`` keys. Measured on a 2-core CPU (torch 2.13.0, E 576, the
-    absorbed MLA shape, 2,048 slots of 8,192 keys): a gathered score costs about 1 + 32 / G GEMM scores with G
-    query heads a key head (18x at G 1, 5.0x at 8, 2.0x at 32, 1.2x at 128), the gather's memory traffic
-    shared by fewer heads the smaller G is (``benchmarks/sparse_latent.py``, docs/latent.md)."""
-    return union <= slots * (1 + 32 / groups)
+def _union_limit(slots: int, groups: int) -> float:
+    """The largest union a block of queries attends in one GEMM rather than gathering each query's ``slots``
+    keys: where that costs less. Measured on a 2-core CPU (torch 2.13.0, E 576, the absorbed MLA shape, 2,048
+    slots of 8,192 keys): a gathered score costs about 1 + 32 / G GEMM scores with G query heads a key head
+    (18x at G 1, 5.0x at 8, 2.0x at 32, 1.2x at 128), the gather's memory traffic shared by fewer heads the
+    smaller G is (``benchmarks/sparse_latent.py``, docs/latent.md)."""
+    return slots * (1 + 32 / groups)
+
+
+def _rows(q0: int, q1: int, offset: int, is_causal: bool, device) -> Tensor | None:
+    """The aligned positions (q1 - q0, 1) of queries q0..q1-1, past which a causal query attends no key."""
+    return torch.arange(q0, q1, device=device)[:, None] + offset if is_causal else None
 
 
 def _deduplicated(indices: Tensor) -> Tensor:
