@@ -4,7 +4,8 @@ kv_lora_rank + qk_rope_head_dim, values of kv_lora_rank), at 4K-32K tokens.
 
     dense   attnkit.attention(is_causal=True), every earlier key (backend auto: SDPA's fused kernel)
     dsa     attnkit.functional.topk.topk_attention over the top-k keys each query selected, the indexer's
-            selection given (random causal top-k: its cost is the attention's, not the indexer's)
+            selection given (random causal top-k: its cost is the attention's, not the indexer's; random is
+            the worst case for the union of a block's selections, which the CPU scores in one GEMM)
     indexer the LightningIndexer's selection itself (its own small heads scoring every earlier key, by blocks)
 
 Memory: one call in a fresh process, peak resident set above what was held (the inputs included in
