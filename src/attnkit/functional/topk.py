@@ -8,7 +8,7 @@ same either way):
 
 - **per query**: it gathers every query's selected keys and values, (B, Hkv, block, k, E + Ev), and
   attends over them; work grows with k, but the gathered copy is read once by a few query heads, so the
-  time goes to memory traffic (1.2-18 times a GEMM's per score on a 2-core CPU, `_union_limit`);
+  time goes to memory traffic (1.0-23 times a GEMM's per score on a 2-core CPU, `_union_limit`);
 - **over the union**: it gathers once the keys any of its queries selected (u of them), scores the block's
   queries against all u in one GEMM and masks each query to its own selection; work grows with u, which
   for a block of nearby queries stays close to k when their selections overlap (an indexer's usually do)
@@ -45,8 +45,8 @@ many queries as fit, at least one."""
 
 UNION_SCORES = 1 << 22
 """A block of queries attended over the union of its selections scores (B, Hkv, G, block, u) numbers, about
-this many (16 MiB in float32) at the largest union it takes: the block is as many queries as fit, and never
-fewer than a per-query block (a block 4 times larger ran 23% faster at 4K tokens, E 576, G 8)."""
+this many (16 MiB in float32) at the largest union it takes: the block is as many queries as fit (the more
+queries, the larger its GEMM), and never fewer than a per-query block."""
 
 
 def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask: Tensor | None = None,
@@ -185,7 +185,8 @@ def _softmax_and_lse(scores: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
 
 def _union(safe: Tensor, allowed: Tensor, S: int) -> tuple[Tensor, Tensor]:
     """The keys a block of queries may attend, sorted (u,), and each slot's place among them, (B, Hkv|1, bq, K):
-    u for a slot that attends nothing (an empty, repeated, causally dropped or padded one)."""
+    u for a slot that attends nothing (an empty, causally dropped or padded one); a repeated key's slots share
+    its place, so it counts once."""
     union, slot = torch.unique(safe.masked_fill(~allowed, S), sorted=True, return_inverse=True)
     if union.numel() and int(union[-1]) == S:  # the stand-in of the slots that attend nothing
         return union[:-1], slot
@@ -194,10 +195,12 @@ def _union(safe: Tensor, allowed: Tensor, S: int) -> tuple[Tensor, Tensor]:
 
 def _union_limit(slots: int, groups: int) -> float:
     """The largest union a block of queries attends in one GEMM rather than gathering each query's ``slots``
-    keys: where that costs less. Measured on a 2-core CPU (torch 2.13.0, E 576, the absorbed MLA shape, 2,048
-    slots of 8,192 keys): a gathered score costs about 1 + 32 / G GEMM scores with G query heads a key head
-    (18x at G 1, 5.0x at 8, 2.0x at 32, 1.2x at 128), the gather's memory traffic shared by fewer heads the
-    smaller G is (``benchmarks/sparse_latent.py``, docs/latent.md)."""
+    keys: about where that costs less. Measured on a 2-core CPU (``benchmarks/topk_union_cost.py``,
+    ``benchmarks/results/topk_union_cost.json``: torch 2.13.0, E 576, the absorbed MLA shape, 2,048 slots of
+    8,192 keys), a gathered score costs 22.8, 4.6, 1.9 and 1.0 GEMM scores with G = 1, 8, 32 and 128 query
+    heads a key head (the gather's memory traffic is shared by fewer heads the smaller G is). 1 + 32 / G
+    leans to the union: it takes unions 6% (G 32) to 45% (G 1) larger than where the two ways cost the
+    same, so a block near the limit may cost that much more than its gathers would."""
     return slots * (1 + 32 / groups)
 
 
