@@ -106,11 +106,12 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     slots = selection.shape[-1]
     block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * slots * gathered))  # queries gathered per query at once
     union_block = max(1, int(UNION_SCORES // max(1, B * Hkv * dims.groups * _union_limit(slots, dims.groups))))
-    outer = max(block, union_block) if q.device.type == "cpu" else block  # the union's way: on the CPU only
+    by_union = q.device.type == "cpu"  # the union's way: on the CPU only (measured there)
+    outer = max(block, union_block) if by_union else block
     keys = (k_acc, v_acc, shared)
     for q0 in range(0, L, outer):
         q1 = min(L, q0 + outer)
-        if q.device.type == "cpu":  # repeats need no removal here: a key of the union is attended once
+        if by_union:  # repeats need no removal here: a key of the union is attended once
             safe, allowed = _allowed(selection[:, :, q0:q1].long(), _rows(q0, q1, offset, is_causal, q.device), key_mask)
             union, slot = _union(safe, allowed, S)
             if union.numel() <= _union_limit(slots, dims.groups):
@@ -155,7 +156,7 @@ def _attend_each(q: Tensor, keys: tuple, safe: Tensor, allowed: Tensor, scale: f
 
 def _attend_union(q: Tensor, keys: tuple, union: Tensor, slot: Tensor, scale: float):
     """A block of queries q (B, Hkv, G, bq, E) against the union of their selections (u,), gathered once and
-    scored in one GEMM, each query masked to its own slots (``slot``: their places in the union, u for none):
+    scored in one GEMM, each query masked to its own slots (``slot``: their places in the union, -1 for none):
     the weights (B, Hkv, G, bq, u), the lse and the output (B, Hkv, G, bq, Ev)."""
     k, v, shared = keys
     B, Hkv, G, bq, E = q.shape
@@ -163,8 +164,7 @@ def _attend_union(q: Tensor, keys: tuple, union: Tensor, slot: Tensor, scale: fl
         return q.new_zeros(B, Hkv, G, bq, 0), q.new_full((B, Hkv, G, bq), -math.inf), q.new_zeros(B, Hkv, G, bq, v.shape[-1])
     k_union = k.index_select(2, union)  # (B, Hkv, u, E)
     v_union = k_union[..., :v.shape[-1]] if shared else v.index_select(2, union)
-    selected = slot.new_zeros(*slot.shape[:-1], union.numel() + 1, dtype=torch.bool)  # the last column: no key
-    selected = selected.scatter_(-1, slot, True)[..., :-1]  # (B, Hkv|1, bq, u)
+    selected = _masks.selected(slot, union.numel())  # (B, Hkv|1, bq, u)
     scores = (q.reshape(B, Hkv, G * bq, E) @ k_union.transpose(-1, -2)) * scale
     p, lse = _softmax_and_lse(scores.view(B, Hkv, G, bq, -1), selected[:, :, None])
     return p, lse, (p.reshape(B, Hkv, G * bq, -1) @ v_union).view(B, Hkv, G, bq, -1)
@@ -185,12 +185,12 @@ def _softmax_and_lse(scores: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
 
 def _union(safe: Tensor, allowed: Tensor, S: int) -> tuple[Tensor, Tensor]:
     """The keys a block of queries may attend, sorted (u,), and each slot's place among them, (B, Hkv|1, bq, K):
-    u for a slot that attends nothing (an empty, causally dropped or padded one); a repeated key's slots share
+    -1 for a slot that attends nothing (an empty, causally dropped or padded one); a repeated key's slots share
     its place, so it counts once."""
     union, slot = torch.unique(safe.masked_fill(~allowed, S), sorted=True, return_inverse=True)
     if union.numel() and int(union[-1]) == S:  # the stand-in of the slots that attend nothing
-        return union[:-1], slot
-    return union, slot.masked_fill(~allowed, union.numel())
+        union = union[:-1]
+    return union, slot.masked_fill(~allowed, -1)
 
 
 def _union_limit(slots: int, groups: int) -> float:
