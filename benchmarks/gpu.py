@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 import attnkit
 from attnkit._files import write_json
-from attnkit.bench.harness import cuda_back_to_back_ms, cuda_median_ms, peak_extra_mb
+from attnkit.bench.harness import cuda_back_to_back_ms, cuda_median_ms, machine_info, peak_extra_mb
 from attnkit.functional.backends import flex, flex_tables
 from attnkit.functional.block_patterns import longformer_block_mask
 
@@ -96,10 +96,11 @@ def _chosen(q, k, v, kwargs) -> str:
 
 
 def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, patterns=PATTERNS,
-                   shape=(B, H, E)) -> list[dict]:
+                   shape=(B, H, E), long_repeats: int | None = None) -> list[dict]:
     rows = [] if rows is None else rows
     batch, heads, head_dim = shape
     for n in sizes:
+        repeats_here = repeats if n <= 16384 or long_repeats is None else long_repeats
         torch.manual_seed(0)
         q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
@@ -116,11 +117,12 @@ def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, 
                     else:
                         def run(call=call):
                             call(q, k, v).backward(d_out)
-                    row[f"{label}_{mode}_ms"] = cuda_median_ms(run, repeats)
-                    row[f"{label}_{mode}_back_to_back_ms"] = cuda_back_to_back_ms(run, repeats)
+                    row[f"{label}_{mode}_ms"] = cuda_median_ms(run, repeats_here)
+                    row[f"{label}_{mode}_back_to_back_ms"] = cuda_back_to_back_ms(run, repeats_here)
                 row[f"ratio_{mode}"] = row[f"torch_{mode}_ms"] / row[f"attnkit_{mode}_ms"]
                 row[f"ratio_{mode}_back_to_back"] = (row[f"torch_{mode}_back_to_back_ms"]
                                                      / row[f"attnkit_{mode}_back_to_back_ms"])
+            row["repeats"] = repeats_here
             rows.append(row)
             save()  # a run cut short keeps its finished rows
             progress.update()
@@ -188,18 +190,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _driver() -> str | None:
-    """The NVIDIA driver's version, from nvidia-smi where it is on the PATH."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") is None:
-        return None
-    done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                          text=True, timeout=30)
-    return done.stdout.strip() or None
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
@@ -208,6 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
                         help="off: attnkit's calls run inside attnkit.nan_rule(False) (what the rule costs)")
     parser.add_argument("--repeats", type=int, default=20, help="calls per measure (each alone; then back to back)")
+    parser.add_argument("--long-repeats", type=int, help="calls per measure past 16K tokens (default: --repeats)")
     parser.add_argument("--batch", type=int, default=B)
     parser.add_argument("--heads", type=int, default=H)
     parser.add_argument("--head-dim", type=int, default=E)
@@ -216,23 +207,14 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    machine = machine_info("cuda")
     report = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "device": machine["gpu"], "torch": torch.__version__, "cuda": torch.version.cuda, "driver": machine["driver"],
+        "triton": machine["triton"], "transformers": machine["transformers"], "commit": machine["commit"],
+        "machine": machine,
         "shape": {"B": args.batch, "H": args.heads, "E": args.head_dim, "dtype": "bfloat16"}, "repeats": args.repeats,
-        "nan_rule": args.nan_rule, "driver": _driver(),
+        "nan_rule": args.nan_rule,
     }
-    try:
-        import triton
-
-        report["triton"] = triton.__version__
-    except ImportError:
-        pass
-    try:
-        import transformers
-
-        report["transformers"] = transformers.__version__
-    except ImportError:
-        pass
     # torch's compiled flex_attention and attnkit's share one code object, and each (length, scale,
     # pattern) is a graph of its own: past dynamo's default of 8 the baseline would silently run eager.
     torch._dynamo.config.recompile_limit = 512
@@ -241,7 +223,8 @@ def main(argv=None) -> int:
     with tqdm(total=len(args.patterns) * len(args.sizes) + len(args.mask_sizes), desc="gpu bench", unit="row") as progress, \
             attnkit.nan_rule(args.nan_rule == "on"):
         attention_rows(args.sizes, args.repeats, progress, save=lambda: write_json(args.out, report),
-                       rows=report["attention"], patterns=args.patterns, shape=(args.batch, args.heads, args.head_dim))
+                       rows=report["attention"], patterns=args.patterns, shape=(args.batch, args.heads, args.head_dim),
+                       long_repeats=args.long_repeats)
         report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
     write_json(args.out, report)
     print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")

@@ -1,10 +1,12 @@
 """Batched greedy generation against transformers' ``generate`` on the same weights (issue 24's row):
-8 prompts of different lengths as one left-padded batch, ``--new-tokens`` each, no stop token.
+``--batches`` prompts of different lengths (default 8) as one left-padded batch, ``--new-tokens`` each,
+no stop token.
 
 Rows, each timed in this one process (median of ``--repeats`` after a warm-up that includes any
 compile), tokens per second = 8 x new tokens / seconds:
 
-- transformers ``generate``, its default (dynamic) cache;
+- transformers ``generate``, its default (dynamic) cache, attention ``"sdpa"`` (its default);
+- the same with ``attn_implementation="eager"`` (row ``hf-eager``);
 - transformers ``generate`` with ``cache_implementation="static"``, transformers' own recipe for
   fast decoding: on CUDA it compiles the forward itself (CUDA graphs); elsewhere the benchmark
   compiles it (``--backend``);
@@ -20,6 +22,7 @@ atomically) with the device and versions, and prints a markdown table with ratio
 default row.
 
     python benchmarks/gpu_generation.py                       # CUDA, fp32 then bf16
+    python benchmarks/gpu_generation.py --dtypes bfloat16 --batches 1 16 --rows hf-eager attnkit hf-static attnkit-compiled
     python benchmarks/gpu_generation.py --device cpu --tiny --backend aot_eager   # a smoke run
 """
 
@@ -62,7 +65,7 @@ def _time(run, repeats: int, device: str) -> tuple[float, torch.Tensor]:
     return statistics.median(seconds), tokens.cpu()
 
 
-def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lambda: None) -> list[dict]:
+def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lambda: None, batch: int = 8) -> list[dict]:
     from attnkit.decoding import generate, pad_prompts
     from attnkit.models.decoder import DecoderLM
     from attnkit.models.pretrained import config_from_hf, load_hf_state_dict
@@ -73,7 +76,8 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
     hf, ours = hf.to(args.device, dtype), ours.to(args.device, dtype)
     generator = torch.Generator().manual_seed(1)
     vocab = hf.config.vocab_size
-    prompts = [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in (5, 9, 17, 24, 31, 40, 48, 64)]
+    lengths = (5, 9, 17, 24, 31, 40, 48, 64)
+    prompts = [torch.randint(3, vocab, (lengths[i % 8],), generator=generator).tolist() for i in range(batch)]
     ids, mask = pad_prompts(prompts)
     ids, mask = ids.to(args.device), mask.to(args.device)
     new = args.new_tokens
@@ -82,6 +86,15 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
         with torch.no_grad():
             return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
                                do_sample=False, pad_token_id=0)[:, ids.shape[1]:]
+
+    def theirs_eager() -> torch.Tensor:
+        hf.config._attn_implementation = "eager"
+        try:
+            return theirs()
+        finally:
+            hf.config._attn_implementation = implementation
+
+    implementation = hf.config._attn_implementation
 
     def theirs_static() -> torch.Tensor:
         with torch.no_grad():
@@ -98,7 +111,8 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
     rows = [] if rows is None else rows
     reference = None
     plain_forward = hf.forward
-    candidates = {"hf-static": ("transformers generate, static cache + compile", theirs_static),
+    candidates = {"hf-eager": ("transformers generate, eager attention", theirs_eager),
+                  "hf-static": ("transformers generate, static cache + compile", theirs_static),
                   "attnkit": ("attnkit generate", ours_plain), "attnkit-compiled": ("attnkit generate, compile_step", ours_compiled)}
     chosen = [("transformers generate", theirs)] + [candidates[key] for key in args.rows]  # the baseline always runs
     for name, run in chosen:
@@ -117,9 +131,9 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
         if reference is None and tokens is not None:
             reference = tokens
         same = None if tokens is None or reference is None else bool(torch.equal(tokens, reference))
-        rows.append({"dtype": str(dtype).removeprefix("torch."), "row": name, "seconds": seconds,
+        rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, "row": name, "seconds": seconds,
                      "tokens_per_s": len(prompts) * new / seconds, "same_tokens_as_transformers": same, "error": error})
-        print(f"  {rows[-1]['dtype']:>8}  {name:<48} {rows[-1]['tokens_per_s']:>10,.0f} tok/s  same tokens: {same}"
+        print(f"  {rows[-1]['dtype']:>8}  batch {batch:>3}  {name:<48} {rows[-1]['tokens_per_s']:>10,.0f} tok/s  same tokens: {same}"
               + (f"  ({error})" if error else ""), flush=True)
         save()  # a run cut short keeps its finished rows
     return rows
@@ -133,8 +147,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (a smoke run)")
     parser.add_argument("--backend", help="torch.compile backend for the compiled rows (default: inductor)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8], help="prompts a batch, one batch size a pass")
     parser.add_argument("--rows", nargs="+", default=["hf-static", "attnkit", "attnkit-compiled"],
-                        choices=["hf-static", "attnkit", "attnkit-compiled"],
+                        choices=["hf-eager", "hf-static", "attnkit", "attnkit-compiled"],
                         help="rows beside transformers' default generate, which always runs (the baseline and the "
                              "tokens every row is checked against); a compiled row alone fits a shorter GPU call")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "generation.json")
@@ -155,14 +170,17 @@ def main(argv=None) -> int:
 
     def save() -> None:
         for row in rows:
-            base = next(r for r in rows if r["dtype"] == row["dtype"] and r["row"] == "transformers generate")
+            base = next(r for r in rows if r["dtype"] == row["dtype"] and r["batch"] == row["batch"]
+                        and r["row"] == "transformers generate")
             row["ratio_to_transformers"] = row["tokens_per_s"] / base["tokens_per_s"]
         write_json(args.out, report)
 
     for dtype in args.dtypes:
-        rows_for(getattr(torch, dtype), args, rows, save)
-    print("\n".join(markdown_table(["dtype", "row", "tokens/s", "vs transformers generate", "same tokens"],
-                                   [[r["dtype"], r["row"], f"{r['tokens_per_s']:,.0f}", f"{r['ratio_to_transformers']:.2f}x",
+        for batch in args.batches:
+            rows_for(getattr(torch, dtype), args, rows, save, batch=batch)
+    print("\n".join(markdown_table(["dtype", "batch", "row", "tokens/s", "vs transformers generate", "same tokens"],
+                                   [[r["dtype"], r["batch"], r["row"], f"{r['tokens_per_s']:,.0f}",
+                                     f"{r['ratio_to_transformers']:.2f}x",
                                      r["same_tokens_as_transformers"]] for r in rows])))
     print(f"wrote {args.out}")
     return 0

@@ -18,9 +18,15 @@ baseline's. The NaN rule's share of a call is 1 - (time without it) / (time with
 Targets (issue 39): attention() <= 1.5x SDPA on the dense tiny call with the NaN rule on;
 MultiHeadAttention <= 1.15x the plain projections + SDPA.
 
+On CUDA (``--device cuda``) the same cases run on the GPU in float32; each round ends with a
+synchronisation, so a call's time is what back-to-back calls cost (for these tiny calls: the host's
+work, which decides whether the GPU is kept busy). There the baselines repeat grouped keys per query
+head as transformers does (PyTorch's math path otherwise).
+
 Usage:
     python benchmarks/overhead.py                       # every case, writes benchmarks/results/overhead.json
     python benchmarks/overhead.py --calls 300 --rounds 3 --out /tmp/overhead.json
+    python benchmarks/overhead.py --device cuda --out benchmarks/results/gpu/overhead.json
 """
 
 from __future__ import annotations
@@ -63,8 +69,10 @@ def aten_ops(fn) -> int:
     return counter.count
 
 
-def per_call_us(fns: dict, calls: int, rounds: int) -> dict[str, float]:
-    """Best-of-``rounds`` mean microseconds per call of each function, the functions alternating by round."""
+def per_call_us(fns: dict, calls: int, rounds: int, device: str = "cpu") -> dict[str, float]:
+    """Best-of-``rounds`` mean microseconds per call of each function, the functions alternating by round
+    (on CUDA each round's calls are issued back to back and the round ends when the GPU has run them)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     best = {name: math.inf for name in fns}
     with torch.no_grad():
         for fn in fns.values():  # warm-up
@@ -74,9 +82,11 @@ def per_call_us(fns: dict, calls: int, rounds: int) -> dict[str, float]:
             order = list(fns.items())
             order = order[r % len(order):] + order[: r % len(order)]
             for name, fn in order:
+                sync()
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn()
+                sync()
                 best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
     return best
 
@@ -94,22 +104,25 @@ def _written_out(q, k, v, scale, score=None, sinks=None, allowed=None):
     return torch.softmax(s, -1) @ v
 
 
-def attention_cases(generator) -> list[dict]:
+def attention_cases(generator, device: str = "cpu") -> list[dict]:
     """(name, attnkit call, baseline call) for attention() on the tiny shape (and a decode step)."""
-    q, k, v = (torch.randn(B, H, L, E, generator=generator) for _ in range(3))
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device)
+
+    q, k, v = (randn(B, H, L, E) for _ in range(3))
     scale = E**-0.5
-    padding = masks.padding(torch.tensor([L - 3]), L)  # (B, 1, 1, S)
-    window = masks.sliding_window(L, L, 4)
-    blocks = masks.causal_block_mask(L, block=8)
+    padding = masks.padding(torch.tensor([L - 3], device=device), L)  # (B, 1, 1, S)
+    window = masks.sliding_window(L, L, 4, device=device)
+    blocks = masks.causal_block_mask(L, block=8, device=device)
     dense_blocks = blocks.to_dense()
-    sinks = torch.randn(H, generator=generator)
+    sinks = randn(H)
 
     def softcap(score, b, h, q_idx, kv_idx):
         return 30 * torch.tanh(score / 30)
 
-    q1 = torch.randn(B, H, 1, E, generator=generator)
-    kd, vd = (torch.randn(B, H, 128, E, generator=generator) for _ in range(2))
-    qp, kp, vp = (torch.randn(B, H, 64, E, generator=generator) for _ in range(3))
+    q1 = randn(B, H, 1, E)
+    kd, vd = (randn(B, H, 128, E) for _ in range(2))
+    qp, kp, vp = (randn(B, H, 64, E) for _ in range(3))
     return [
         dict(case="dense", ours=lambda: attnkit.attention(q, k, v).output,
              torch=lambda: F.scaled_dot_product_attention(q, k, v), baseline="F.sdpa"),
@@ -135,12 +148,12 @@ def attention_cases(generator) -> list[dict]:
     ]
 
 
-def mha_case(generator) -> dict:
+def mha_case(generator, device: str = "cpu") -> dict:
     D = 128
     torch.manual_seed(0)
-    layer = attnkit.MultiHeadAttention(D, H).eval()
-    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
-    x = torch.randn(B, L, D, generator=generator)
+    layer = attnkit.MultiHeadAttention(D, H).eval().to(device)
+    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval().to(device)
+    x = torch.randn(B, L, D, generator=generator).to(device)
     Wq, Wk, Wv, Wo = layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj
 
     def plain():  # the same four projections and SDPA, written out
@@ -152,14 +165,14 @@ def mha_case(generator) -> dict:
                                                           lambda: theirs(x, x, x, need_weights=False)[0]})
 
 
-def decode_case(generator, prompt: int = 32) -> dict:
+def decode_case(generator, prompt: int = 32, device: str = "cpu") -> dict:
     """One decoding step of a small Llama-style DecoderLM with a KV cache, and the same model as plain
     torch ops; both continue the same prompt, each with its own cache, restored before every call."""
     config = DecoderConfig(vocab_size=512, d_model=256, num_heads=4, num_kv_heads=2, num_layers=4, d_ff=512,
                            max_len=256, positional="rope", norm="rmsnorm", mlp="swiglu", bias="none")
     torch.manual_seed(0)
-    model = DecoderLM(config).eval()
-    ids = torch.randint(0, 512, (1, prompt + 1), generator=generator)
+    model = DecoderLM(config).eval().to(device)
+    ids = torch.randint(0, 512, (1, prompt + 1), generator=generator).to(device)
     with torch.no_grad():
         cache = model.new_cache()
         model(ids[:, :prompt], cache=cache)
@@ -176,9 +189,11 @@ def decode_case(generator, prompt: int = 32) -> dict:
     Hkv, Eh = config.num_kv_heads, config.head_dim
     keys = [c.keys.clone() for c in cache]
     values = [c.values.clone() for c in cache]
-    store_k = [torch.cat([kk, torch.zeros(1, Hkv, 1, Eh)], 2) for kk in keys]
-    store_v = [torch.cat([vv, torch.zeros(1, Hkv, 1, Eh)], 2) for vv in values]
-    position = torch.tensor([prompt])
+    store_k = [torch.cat([kk, kk.new_zeros(1, Hkv, 1, Eh)], 2) for kk in keys]
+    store_v = [torch.cat([vv, vv.new_zeros(1, Hkv, 1, Eh)], 2) for vv in values]
+    position = torch.tensor([prompt], device=device)
+    groups = config.num_heads // Hkv
+    on_cuda = device.startswith("cuda")
 
     def plain():
         cos, sin = rotary.angles(position)  # once per step, shared by every layer
@@ -194,7 +209,11 @@ def decode_case(generator, prompt: int = 32) -> dict:
             k = k * cos + torch.cat(k.chunk(2, -1)[::-1], -1) * sin
             store_k[i][:, :, prompt:] = k
             store_v[i][:, :, prompt:] = v
-            out = F.scaled_dot_product_attention(q, store_k[i], store_v[i], scale=attn.scale, enable_gqa=True)
+            if on_cuda:  # transformers' recipe there: keys repeated per query head (enable_gqa: the math path)
+                kk, vv = (s.repeat_interleave(groups, dim=1) for s in (store_k[i], store_v[i]))
+                out = F.scaled_dot_product_attention(q, kk, vv, scale=attn.scale)
+            else:
+                out = F.scaled_dot_product_attention(q, store_k[i], store_v[i], scale=attn.scale, enable_gqa=True)
             x = x + attn.out_proj(out.transpose(1, 2).reshape(1, 1, -1))
             x = x + block.mlp(block.mlp_norm(x))
         return model.lm_head(model.norm(x))
@@ -203,7 +222,7 @@ def decode_case(generator, prompt: int = 32) -> dict:
                 baseline="the same model as plain torch ops")
 
 
-def measure(case: dict, calls: int, rounds: int) -> dict:
+def measure(case: dict, calls: int, rounds: int, device: str = "cpu") -> dict:
     """One case's row: attnkit with the NaN rule on and off, and its baseline, timed in the same rounds."""
     with torch.no_grad():
         got, want = case["ours"](), case["torch"]()
@@ -215,7 +234,7 @@ def measure(case: dict, calls: int, rounds: int) -> dict:
             return ours()
 
     fns = {"attnkit": ours, "attnkit, NaN rule off": without_rule, "torch": case["torch"], **case.get("extra", {})}
-    us = per_call_us(fns, calls if "decode step (" not in case["case"] else max(1, calls // 3), rounds)
+    us = per_call_us(fns, calls if "decode step (" not in case["case"] else max(1, calls // 3), rounds, device)
     row = {"case": case["case"], "baseline": case["baseline"], "attnkit_us": us["attnkit"],
            "torch_us": us["torch"], "ratio": us["attnkit"] / us["torch"],
            "nan_rule_off_us": us["attnkit, NaN rule off"],
@@ -234,17 +253,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the best is kept")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: the same cases on the GPU (float32)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/overhead.json"))
     args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device")
     torch.set_num_threads(1)  # per-call overhead: one thread, no pool hand-offs to time
     generator = torch.Generator().manual_seed(0)
-    cases = [*attention_cases(generator), mha_case(generator), decode_case(generator)]
-    rows = [measure(case, args.calls, args.rounds) for case in cases]  # the NaN rule on, and off in a column
-    write_json(args.out, {"machine": machine_info(), "threads": 1, "nan_rule": "on, and off in its own column",
-                          "calls": args.calls,
-                          "rounds": args.rounds, "shape": {"B": B, "H": H, "L": L, "E": E}, "results": rows})
+    cases = [*attention_cases(generator, args.device), mha_case(generator, args.device),
+             decode_case(generator, device=args.device)]
+    rows = []
+    report = {"machine": machine_info(args.device), "threads": 1, "nan_rule": "on, and off in its own column",
+              "calls": args.calls, "rounds": args.rounds, "shape": {"B": B, "H": H, "L": L, "E": E}, "results": rows}
+    mismatched = []
+    for case in cases:  # the NaN rule on, and off in a column
+        try:
+            rows.append(measure(case, args.calls, args.rounds, args.device))
+        except AssertionError as error:  # recorded and reported, the other cases still measured
+            rows.append({"case": case["case"], "error": str(error).splitlines()[0]})
+            mismatched.append(case["case"])
+            print(f"{case['case']}: attnkit's result differs from the baseline's: {rows[-1]['error']}", flush=True)
+        write_json(args.out, report)  # a run cut short keeps its finished rows
     print(f"wrote {args.out}")
-    return 0
+    return 1 if mismatched else 0
 
 
 if __name__ == "__main__":

@@ -189,3 +189,29 @@ def test_million_token_block_masks_on_the_gpu_are_fast_and_small():
         peak_mb = peak_extra_mb(run, CUDA)
         assert timed["built"].kinds.device.type == CUDA
         assert timed["seconds"] < 1.0 and peak_mb < 256, (name, timed["seconds"], peak_mb)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "padding"])
+def test_latent_decoding_folds_query_heads_instead_of_repeating_the_latent(masked, rng):
+    """MLA's absorbed decoding step: 16 query heads over one 576-wide latent key head (values its first 512).
+    Flash takes no head of 576, so the backend folds the query heads into rows of the one key head rather than
+    repeating the latent 16 times: equal to the float64 oracle, and the call's extra memory far below one
+    repeated copy of the keys."""
+    S = 4096
+    q = randn(2, 16, 1, 576, dtype=torch.float64, generator=rng)
+    k = randn(2, 1, S, 576, dtype=torch.float64, generator=rng)
+    v = k[..., :512]
+    kwargs = {"is_causal": True, "causal_align": "bottom-right", "scale": 192**-0.5}
+    if masked:
+        mask = torch.ones(2, 1, 1, S, dtype=torch.bool)
+        mask[1, ..., :1000] = False
+        kwargs["mask"] = mask
+    expected = oracle(q, k, v, kwargs)[0]
+    args = [x.to(CUDA, torch.bfloat16) for x in (q, k)]
+    args.append(args[1][..., :512])
+    moved = {name: x.to(CUDA) if isinstance(x, torch.Tensor) else x for name, x in kwargs.items()}
+    out = attnkit.attention(*args, **moved).output
+    _close(out, expected, torch.bfloat16, f"masked={masked}")
+    repeated_mb = 2 * 16 * S * (576 + 512) * 2 / 2**20
+    peak = peak_extra_mb(lambda: attnkit.attention(*args, **moved), CUDA)
+    assert peak < repeated_mb / 8, (peak, repeated_mb)

@@ -171,7 +171,34 @@ def machine_info(device: str = "cpu") -> dict:
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
+        info["driver"] = _driver()
+        for package in ("triton", "transformers"):
+            try:
+                info[package] = __import__(package).__version__
+            except ImportError:
+                info[package] = None
+    # The code measured: ATTNKIT_COMMIT where a copy without .git runs (the GPU record), else git's HEAD.
+    info["commit"] = os.environ.get("ATTNKIT_COMMIT") or _git_head()
     return info
+
+
+def _driver() -> str | None:
+    """The NVIDIA driver's version, from nvidia-smi where it is on the PATH."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
+def _git_head() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def _cpu_name() -> str:

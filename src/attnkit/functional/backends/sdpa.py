@@ -5,7 +5,10 @@ materialised as a boolean mask. Fully masked rows are made zero whatever the PyT
 Learned sinks become one more key: a zero key and value whose additive mask column is the sink
 logit of each head, so SDPA's softmax counts exp(sink) and the sink attends nothing.
 Grouped keys and values (GQA) go to SDPA as they are only where its CUDA kernel reads them
-(:func:`repeats_kv_on_cuda`); elsewhere on CUDA they are repeated per query head first.
+(:func:`repeats_kv_on_cuda`); elsewhere on CUDA, a call without causal structure whose mask (if any) is
+the same for every head of a group has each group's query heads folded into rows of its one key head
+(:func:`folded`: no key or value copied, as MLA's absorbed decoding needs), and any other call repeats
+keys and values per query head first.
 Values narrower than the queries are padded to their width on the CPU (:func:`_widened`: the fused
 kernel instead of the math path). A call under autograd whose bias puts a row's scores beyond what SDPA's float32 log-sum-exp resolves
 (a row of -1e9) runs the reference backend's written-out softmax instead, whose gradients are exact.
@@ -39,6 +42,32 @@ def repeats_kv_on_cuda(dtype: torch.dtype, head_dim: int, has_mask: bool) -> boo
     return not flash
 
 
+def foldable(q: Tensor, attn_mask: Tensor | None, is_causal: bool) -> bool:
+    """Whether a grouped call can fold each group's query heads into rows of its key head (:func:`folded`):
+    no causal structure (it would differ between the folded rows), and no mask, or one shared by the heads
+    (head dim 1) on a single query row, where folding repeats nothing (a longer mask would be copied G times)."""
+    if is_causal or q.dim() != 4:
+        return False
+    return attn_mask is None or (attn_mask.dim() == 4 and attn_mask.shape[1] == 1 and q.shape[2] == 1)
+
+
+def folded(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, options: dict) -> Tensor:
+    """SDPA on grouped heads with the G query heads of each key head as G x L rows of that head: q (B, H, L, E)
+    -> (B, Hkv, G L, E) against k (B, Hkv, S, E) as they are, the output back to (B, H, L, Ev). Every query row
+    attends the same keys either way, so the result is the same; what differs is the memory read: the keys and
+    values once, not G times (PyTorch's CUDA kernels other than flash take no grouped heads, and repeating
+    MLA's one 576-wide latent key head for 128 query heads read 9 GB a decoding step at 32K tokens).
+    Callers check :func:`foldable` first."""
+    B, H, L, E = q.shape
+    Hkv = k.shape[1]
+    groups = H // Hkv
+    if attn_mask is not None:  # (B|1, 1, 1, S): the one row serves every folded row
+        attn_mask = attn_mask.expand(-1, -1, groups * L, -1)
+    options = options | {"enable_gqa": False}
+    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, groups * L, E), k, v, attn_mask=attn_mask, **options)
+    return out.reshape(B, H, L, v.shape[-1])
+
+
 def _grouped(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, options: dict) -> tuple[Tensor, Tensor, dict]:
     """k and v for SDPA, and its options: repeated per query head where CUDA needs it."""
     if not options["enable_gqa"] or not q.is_cuda or not repeats_kv_on_cuda(q.dtype, q.shape[-1], attn_mask is not None):
@@ -48,6 +77,9 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, options:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, options: dict, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    if (options["enable_gqa"] and q.is_cuda and repeats_kv_on_cuda(q.dtype, q.shape[-1], attn_mask is not None)
+            and foldable(q, attn_mask, is_causal)):
+        return folded(q, k, v, attn_mask, options)
     k, v, options = _grouped(q, k, v, attn_mask, options)
     Ev = v.shape[-1]
     if Ev < q.shape[-1] and q.is_cpu:
@@ -74,6 +106,8 @@ def plain(q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal: bool,
         return plain(q, k, _widened(v, q.shape[-1]), scale, is_causal, grouped)[..., :v.shape[-1]]
     if grouped:
         if q.is_cuda and repeats_kv_on_cuda(q.dtype, q.shape[-1], False):
+            if foldable(q, None, is_causal):
+                return folded(q, k, v, None, {"scale": scale})
             groups = q.shape[1] // k.shape[1]
             return F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), is_causal=is_causal,
                                                   scale=scale)
