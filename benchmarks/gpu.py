@@ -61,37 +61,39 @@ PATTERNS = ("dense", "causal", "window", "longformer")
 
 
 def _cases(n: int, patterns=PATTERNS):
-    """(name, torch call, attnkit keyword arguments) per pattern at length n."""
+    """(name, torch call, attnkit keyword arguments) per pattern at length n, each built when it is reached
+    (a generator: the dense and causal rows are timed and saved before any block mask compiles)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    cases = []
     if "dense" in patterns:
-        cases.append(("dense", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), {}))
+        yield ("dense", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), {})
     if "causal" in patterns:
-        cases.append(("causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), {"is_causal": True}))
+        yield ("causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), {"is_causal": True})
     compiled = torch.compile(flex_attention, dynamic=False)
     mods, flags = _torch_mods(n)
     if "window" in patterns:
         window_blocks = create_block_mask(mods["window"], None, None, n, n, device="cuda", _compile=True)
-        cases.append((f"causal window {WINDOW}", lambda q, k, v: compiled(q, k, v, block_mask=window_blocks),
-                      {"window": WINDOW}))
+        yield (f"causal window {WINDOW}", lambda q, k, v: compiled(q, k, v, block_mask=window_blocks),
+               {"window": WINDOW})
     if "longformer" in patterns:
         longformer_blocks = create_block_mask(mods["longformer"], None, None, n, n, device="cuda", _compile=True)
-        cases.append((f"Longformer {LONGFORMER_WINDOW} + {GLOBALS} globals",
-                      lambda q, k, v: compiled(q, k, v, block_mask=longformer_blocks),
-                      {"mask": longformer_block_mask(LONGFORMER_WINDOW, flags)}))
-    return cases
+        yield (f"Longformer {LONGFORMER_WINDOW} + {GLOBALS} globals",
+               lambda q, k, v: compiled(q, k, v, block_mask=longformer_blocks),
+               {"mask": longformer_block_mask(LONGFORMER_WINDOW, flags)})
 
 
 def _chosen(q, k, v, kwargs) -> str:
+    """The backend ``auto`` runs for this call: what it chooses, or "sdpa" where a plain call (no mask, window
+    or score_mod) goes straight to SDPA without choosing."""
     chosen = []
-    real = attention_module.choose_backend
+    real, plain = attention_module.choose_backend, attention_module._plain
     attention_module.choose_backend = lambda problem: chosen.append(real(problem)) or chosen[-1]
+    attention_module._plain = lambda *args: chosen.append("sdpa (plain call)") or plain(*args)
     try:
         with torch.no_grad():
             attnkit.attention(q, k, v, **kwargs)
     finally:
-        attention_module.choose_backend = real
+        attention_module.choose_backend, attention_module._plain = real, plain
     return chosen[0]
 
 

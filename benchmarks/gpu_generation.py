@@ -65,7 +65,10 @@ def _time(run, repeats: int, device: str) -> tuple[float, torch.Tensor]:
     return statistics.median(seconds), tokens.cpu()
 
 
-def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lambda: None, batch: int = 8) -> list[dict]:
+def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lambda: None, batch: int = 8,
+             kinds: list[str] | None = None, baseline: bool = True, references: dict | None = None) -> list[dict]:
+    """Rows of ``kinds`` (default ``args.rows``) at one dtype and batch size, after transformers' default
+    ``generate`` when ``baseline`` (the tokens the others are checked against)."""
     from attnkit.decoding import generate, pad_prompts
     from attnkit.models.decoder import DecoderLM
     from attnkit.models.pretrained import config_from_hf, load_hf_state_dict
@@ -109,12 +112,14 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
                         compile_step=args.backend if args.backend else True).tokens
 
     rows = [] if rows is None else rows
-    reference = None
+    references = {} if references is None else references  # (dtype, batch) -> the baseline's tokens
+    reference = references.get((dtype, batch))
     plain_forward = hf.forward
     candidates = {"hf-eager": ("transformers generate, eager attention", theirs_eager),
                   "hf-static": ("transformers generate, static cache + compile", theirs_static),
                   "attnkit": ("attnkit generate", ours_plain), "attnkit-compiled": ("attnkit generate, compile_step", ours_compiled)}
-    chosen = [("transformers generate", theirs)] + [candidates[key] for key in args.rows]  # the baseline always runs
+    chosen = [("transformers generate", theirs)] if baseline else []
+    chosen += [candidates[key] for key in (args.rows if kinds is None else kinds)]
     for name, run in chosen:
         # On CUDA transformers compiles the forward itself for a static cache (its auto-compile);
         # wrapping it again in CUDA graphs broke that row on an H100 ("accessing tensor output of
@@ -128,8 +133,8 @@ def rows_for(dtype: torch.dtype, args, rows: list[dict] | None = None, save=lamb
             seconds, tokens, error = float("nan"), None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         finally:
             hf.forward = plain_forward
-        if reference is None and tokens is not None:
-            reference = tokens
+        if name == "transformers generate":
+            reference = references[(dtype, batch)] = tokens
         same = None if tokens is None or reference is None else bool(torch.equal(tokens, reference))
         rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, "row": name, "seconds": seconds,
                      "tokens_per_s": len(prompts) * new / seconds, "same_tokens_as_transformers": same, "error": error})
@@ -175,9 +180,17 @@ def main(argv=None) -> int:
             row["ratio_to_transformers"] = row["tokens_per_s"] / base["tokens_per_s"]
         write_json(args.out, report)
 
+    # Every batch's uncompiled rows first, then the compiled ones (their compiles take the time): a run cut
+    # short keeps the most rows.
+    compiled = [key for key in args.rows if key in ("hf-static", "attnkit-compiled")]
+    groups = [[key for key in args.rows if key not in compiled], compiled]
+    references: dict = {}
     for dtype in args.dtypes:
-        for batch in args.batches:
-            rows_for(getattr(torch, dtype), args, rows, save, batch=batch)
+        for number, kinds in enumerate(groups):
+            for batch in args.batches:
+                if kinds or number == 0:
+                    rows_for(getattr(torch, dtype), args, rows, save, batch=batch, kinds=kinds, baseline=number == 0,
+                             references=references)
     print("\n".join(markdown_table(["dtype", "batch", "row", "tokens/s", "vs transformers generate", "same tokens"],
                                    [[r["dtype"], r["batch"], r["row"], f"{r['tokens_per_s']:,.0f}",
                                      f"{r['ratio_to_transformers']:.2f}x",

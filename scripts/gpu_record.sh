@@ -2,29 +2,41 @@
 # The GPU record (issue 63) in one prepared call on the lent device: every step under its own time cap,
 # writing under $OUT as it goes, so that a run cut short still returns what it finished. Eight files
 # come back (the device tool's most): log.txt (every step's output, the versions), core_4k.json,
-# core_long.json, overhead.json, generation.json, generation_compiled.json, latent.json, profiles.tgz.
+# core_long.json, core_structured.json, overhead.json, generation.json, latent.json, profiles.tgz.
 #
 #   ATTNKIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_record.sh      # on the device, repository root
+#   STEPS="2a 2b" TESTS="tests/gpu/test_hf_cuda.py" bash scripts/gpu_record.sh   # a rerun of some steps
 #
-# Steps (caps in seconds, 505 in all; most steps end well before their cap):
+# Steps (caps in seconds, 550 in all; most end well before their cap), in an order that puts the
+# compile-heavy ones last (the first run of 2026-11-26 lost its core rows to block-mask compiles):
 #   1 tests/gpu (8 workers; --maxfail 10 rather than -x: one run shows every failure it can)      170
 #   2 the core, bf16, NaN rule on, H 32, E 128: dense and causal auto against SDPA at 4K (B 8),
-#     16K and 64K (B 1); window 1024 and Longformer against compiled flex at 16K and 64K            35 + 100
-#     the per-call cases of benchmarks/overhead.py on CUDA                                         25
+#     16K and 64K (B 1)                                                                        35 + 45
+#     the per-call cases of benchmarks/overhead.py on CUDA                                         30
+#   4 MLA absorbed decoding against DeepseekV3Attention at 4K-32K; DSA against dense at 16K-32K     45
+#   5 a torch.profiler trace of the worst missed dense and causal cells                            20
 #   3 decoding: DecoderLM (Llama-shaped, bf16) against transformers sdpa and eager, then static
-#     cache + compile against attnkit's compile_step, batch 1 and 16                              30 + 75
-#   4 MLA absorbed decoding against DeepseekV3Attention at 4K-32K; DSA against dense at 16K-64K     45
-#   5 a torch.profiler trace of the worst missed core cells                                        25
+#     cache + compile against attnkit's compile_step, batch 1 and 16                              105
+#   2d window 1024 and Longformer against compiled flex at 16K and 64K (B 1)                       100
 set -u
 OUT=${OUT:-out/gpu_record}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore::FutureWarning
 LOG="$OUT/log.txt"
 PY=${PYTHON:-python3}
+# Python packages the device's image lacks (num2words, captum), carried as wheels in .whl/ (the device
+# tool's README says how): installed beside the image's own.
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=src:/tmp/site
+fi
 
 step() {  # step CAP NAME COMMAND...: the command under a time cap, its output into the log
     local cap=$1 name=$2
     shift 2
+    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" ${name%% *} "* ]]; then
+        return 0  # STEPS="2a 2b ..." reruns only those steps
+    fi
     local started=$SECONDS
     echo "=== $name (cap ${cap} s) at $(date +%T)" >>"$LOG"
     timeout -k 10 "$cap" "$@" >>"$LOG" 2>&1
@@ -39,19 +51,20 @@ step() {  # step CAP NAME COMMAND...: the command under a time cap, its output i
     echo "commit ${ATTNKIT_COMMIT:-unknown}"
 } >>"$LOG" 2>&1
 
-step 170 "1 tests/gpu" $PY -m pytest tests/gpu -q -n 8 --maxfail 10 -p no:cacheprovider
+step 170 "1 tests/gpu" $PY -m pytest ${TESTS:-tests/gpu} -q -n 8 --maxfail 10 -p no:cacheprovider
 step 35 "2a core 4K, B 8" $PY benchmarks/gpu.py --sizes 4096 --batch 8 --heads 32 --patterns dense causal \
     --mask-sizes --repeats 10 --out "$OUT/core_4k.json"
-step 100 "2b core 16K-64K, B 1" $PY benchmarks/gpu.py --sizes 16384 65536 --batch 1 --heads 32 --mask-sizes \
-    --repeats 10 --long-repeats 3 --out "$OUT/core_long.json"
-step 25 "2c per call" $PY benchmarks/overhead.py --device cuda --calls 300 --rounds 3 --out "$OUT/overhead.json"
-step 30 "3a decoding" $PY benchmarks/gpu_generation.py --dtypes bfloat16 --batches 1 16 --new-tokens 64 --repeats 2 \
-    --rows hf-eager attnkit --out "$OUT/generation.json"
-step 75 "3b decoding, compiled" $PY benchmarks/gpu_generation.py --dtypes bfloat16 --batches 1 16 --new-tokens 64 \
-    --repeats 2 --rows hf-static attnkit-compiled --out "$OUT/generation_compiled.json"
-step 45 "4 MLA and DSA" $PY benchmarks/gpu_latent.py --repeats 10 --out "$OUT/latent.json"
+step 45 "2b core 16K-64K, B 1" $PY benchmarks/gpu.py --sizes 16384 65536 --batch 1 --heads 32 --patterns dense causal \
+    --mask-sizes --repeats 10 --long-repeats 3 --out "$OUT/core_long.json"
+step 30 "2c per call" $PY benchmarks/overhead.py --device cuda --calls 200 --rounds 3 --out "$OUT/overhead.json"
+step 45 "4 MLA and DSA" $PY benchmarks/gpu_latent.py --repeats 10 --dsa-sizes 16384 32768 --dsa-repeats 2 \
+    --out "$OUT/latent.json"
 echo "=== 4 gated delta rule against flash-linear-attention: not run (no gated_delta_rule in attnkit yet)" | tee -a "$LOG"
-step 25 "5 profiles" $PY benchmarks/gpu_profile.py "$OUT/core_4k.json" "$OUT/core_long.json" --cases 3 \
+step 20 "5 profiles" $PY benchmarks/gpu_profile.py "$OUT/core_4k.json" "$OUT/core_long.json" --cases 2 \
     --out "$OUT/profiles"
-tar -czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"
+[ -d "$OUT/profiles" ] && tar -czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"
+step 105 "3 decoding" $PY benchmarks/gpu_generation.py --dtypes bfloat16 --batches 1 16 --new-tokens 64 --repeats 2 \
+    --rows hf-eager attnkit hf-static attnkit-compiled --out "$OUT/generation.json"
+step 100 "2d structured 16K-64K, B 1" $PY benchmarks/gpu.py --sizes 16384 65536 --batch 1 --heads 32 \
+    --patterns window longformer --mask-sizes --repeats 10 --long-repeats 3 --out "$OUT/core_structured.json"
 grep -E "^\| |MLA decode|DSA n=|passed|failed|error" "$LOG" | tail -n 120

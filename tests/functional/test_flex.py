@@ -278,6 +278,31 @@ def test_compiled_cpu_forward_with_every_part_at_a_padded_length(rng):
     torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
 
 
+def test_a_short_query_block_the_decoding_kernel_cannot_take_compiles_the_main_kernel(monkeypatch, rng):
+    """Inductor's "NoValidChoicesError" for FlexAttention's decoding kernel (an H100, torch 2.11, float32,
+    64 queries of 8 heads over 2 key heads) makes the call compile the main kernel instead, remembered; the
+    same error on a long query block (no decoding kernel involved) propagates."""
+    calls = []
+
+    def fake(q, k, v, **options):
+        calls.append(options.get("kernel_options"))
+        if "kernel_options" not in options:
+            raise RuntimeError("LoweringException: NoValidChoicesError: No choices to select. target: flex_attention")
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(flex, "_compiled", lambda: fake)
+    monkeypatch.setattr(flex, "_fallbacks", {})
+    options = dict(score_mod=None, block_mask=None, scale=None, enable_gqa=True)
+    q = torch.randn(1, 8, 64, 32, generator=rng)
+    k = v = torch.randn(1, 2, 64, 32, generator=rng)
+    flex._run_compiled(q, k, v, options)
+    flex._run_compiled(q, k, v, options)
+    assert calls == [None, flex.MAIN_KERNEL, flex.MAIN_KERNEL]
+    long_q = torch.randn(1, 8, 256, 32, generator=rng)
+    with pytest.raises(RuntimeError, match="NoValidChoicesError"):
+        flex._run_compiled(long_q, k, v, options)
+
+
 def test_a_pattern_too_big_for_shared_memory_compiles_again_with_small_tiles(monkeypatch, rng):
     """Triton's "out of resource: shared memory" (an H100, a bias in bf16) makes the compiled call
     retry once with SMALL_TILES, remembered for the pattern; any other compile error propagates."""
@@ -291,7 +316,7 @@ def test_a_pattern_too_big_for_shared_memory_compiles_again_with_small_tiles(mon
         return torch.zeros_like(q)
 
     monkeypatch.setattr(flex, "_compiled", lambda: fake)
-    monkeypatch.setattr(flex, "_needs_small_tiles", set())
+    monkeypatch.setattr(flex, "_fallbacks", {})
     q, k, v = (torch.randn(1, 2, 8, 16, generator=rng) for _ in range(3))
     options = dict(score_mod=None, block_mask=None, scale=None, enable_gqa=False)
     flex._run_compiled(q, k, v, options)

@@ -202,25 +202,43 @@ SMALL_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 1,
 """FlexAttention's ``kernel_options`` for the patterns whose default tiles need more shared memory
 than the GPU has (Triton's "out of resource: shared memory", seen on an H100 with a bias tensor in
 bf16 and fp16): smaller tiles, one pipeline stage, forward and backward."""
-_needs_small_tiles: set[tuple] = set()
+MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}
+"""``kernel_options`` for short query blocks (under 128 queries, where FlexAttention takes its decoding
+kernel) whose shape that kernel has no configuration for (inductor's "NoValidChoicesError", seen on an
+H100 with torch 2.11 in float32, 64 queries of 8 heads over 2 key heads of 32): the main kernel, the
+same arithmetic."""
+_fallbacks: dict[tuple, dict] = {}
+
+
+def fallback_for(error: Exception, queries: int) -> dict | None:
+    """The ``kernel_options`` that compile a pattern whose default kernel failed with ``error``, or None
+    where no other kernel would help (the error then propagates)."""
+    text = str(error)
+    if "out of resource" in text:
+        return SMALL_TILES
+    if "NoValidChoicesError" in text and queries < 128:
+        return MAIN_KERNEL
+    return None
 
 
 def _run_compiled(q: Tensor, k: Tensor, v: Tensor, options: dict):
-    """The compiled flex call. A pattern whose default kernel does not fit the GPU's shared memory
-    compiles again with :data:`SMALL_TILES` (the same arithmetic in smaller tiles), once per
-    (device, dtype, head sizes, score_mod or not); any other compile error propagates."""
-    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], options["score_mod"] is not None)
-    if key in _needs_small_tiles:
-        options = {**options, "kernel_options": SMALL_TILES}
+    """The compiled flex call. A pattern whose default kernel does not compile for this GPU compiles again
+    with other ``kernel_options`` (:func:`fallback_for`: smaller tiles, or the main kernel instead of the
+    decoding one; the same arithmetic), once per (device, dtype, head sizes, score_mod or not, short query
+    block or not); any other compile error propagates."""
+    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], options["score_mod"] is not None, q.shape[-2] < 128)
+    if key in _fallbacks:
+        options = {**options, "kernel_options": _fallbacks[key]}
     with _loud_recompiles():
         try:
             try:
                 return _compiled()(q, k, v, **options)
-            except Exception as error:  # InductorError wraps Triton's OutOfResources
-                if "out of resource" not in str(error) or "kernel_options" in options:
+            except Exception as error:  # InductorError wraps Triton's OutOfResources and inductor's lowering errors
+                chosen = fallback_for(error, q.shape[-2])
+                if chosen is None or "kernel_options" in options:
                     raise
-                _needs_small_tiles.add(key)
-                return _compiled()(q, k, v, **options, kernel_options=SMALL_TILES)
+                _fallbacks[key] = chosen
+                return _compiled()(q, k, v, **options, kernel_options=chosen)
         except torch._dynamo.exc.FailOnRecompileLimitHit as error:
             limit = torch._dynamo.config.recompile_limit
             raise FlexRecompileLimit(
