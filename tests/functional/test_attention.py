@@ -521,7 +521,18 @@ def test_a_compiled_call_follows_the_nan_rule_setting(rng):
     assert compiled(q, k, v)[0, 0].isnan().all()
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.5", True])
-def test_scale_must_be_finite_and_positive(scale):
-    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), "0.5", True])
+def test_scale_must_be_a_finite_number(scale):
+    with pytest.raises(ValueError, match="scale must be a finite number"):
         attnkit.attention(*_qkv(), scale=scale)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [0.0, -0.7])
+def test_a_zero_or_negative_scale_is_taken_as_torch_takes_it(scale, backend, rng):
+    """scale 0 averages the allowed values; a negative one prefers the least similar keys (torch's SDPA takes
+    both): every backend equals the float64 oracle."""
+    q, k, v, kwargs = make_call("gqa-33x97", "padding", torch.float64, rng)
+    got = attnkit.attention(q, k, v, scale=scale, backend=backend, **kwargs).output
+    torch.testing.assert_close(got, torch.from_numpy(oracle(q, k, v, kwargs | {"scale": scale})[0]), rtol=1e-10,
+                               atol=1e-10)

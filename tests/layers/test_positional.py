@@ -78,29 +78,35 @@ def test_rotary_is_bit_for_bit_the_pairwise_rotation(interleaved, rng):
     assert torch.equal(rope(x, positions=positions), expected)
 
 
-def test_rotary_reuses_the_factors_of_the_same_unchanged_positions(rng, monkeypatch):
+def test_rotary_reuses_the_factors_of_one_positions_tensor_within_one_model_call(rng, monkeypatch):
     """The layers of a model share one RotaryEmbedding and rotate queries and keys at the same
-    positions: the angles are computed once per positions tensor, and again when it changes in
-    place or another tensor comes."""
+    positions: within one model call (``kept.one_call``) the angles are computed once per positions
+    tensor; outside one, and in the next call, again (a tensor rewritten between calls is read afresh),
+    inference tensors included."""
+    from attnkit.functional import kept
+
     rope = RotaryEmbedding(8)
     calls = []
     angles = rope.angles
     monkeypatch.setattr(rope, "angles", lambda *a, **k: calls.append(1) or angles(*a, **k))
     x = randn(2, 1, 3, 8, generator=rng)
     positions = torch.tensor([[3, 4, 5], [0, 1, 2]])
-    first = rope(x, positions=positions)
-    assert torch.equal(rope(x, positions=positions), first) and len(calls) == 1
-    positions += 10  # in place: the version counter moves, the factors are recomputed
+    with kept.one_call():
+        first = rope(x, positions=positions)
+        assert torch.equal(rope(x, positions=positions), first) and len(calls) == 1
+        rope(x, positions=positions.clone())  # an equal but other tensor: computed again (no look at the values)
+        assert len(calls) == 2
+    positions.data += 10  # behind the version counter, between calls: read afresh
     assert torch.equal(rope(x, positions=positions), RotaryEmbedding(8)(x, positions=positions.clone()))
-    assert len(calls) == 2
-    rope(x, positions=positions.clone())  # an equal but other tensor: computed again (no look at the values)
     assert len(calls) == 3
-    with torch.inference_mode():  # inference tensors keep no version counter: never reused, still right
+    rope(x, positions=positions)  # outside a model call: nothing kept
+    assert len(calls) == 4
+    with torch.inference_mode(), kept.one_call():  # inference tensors: kept within the call as any other
         frozen = torch.tensor([[3, 4, 5], [0, 1, 2]])
         assert torch.equal(rope(x, positions=frozen), first)
         assert torch.equal(rope(x, positions=frozen), first)
     assert len(calls) == 5
-    rope.double()  # a cast drops what was computed in the old dtype
+    rope.double()  # a cast: the table of the old dtype is dropped, explicit positions in float64 computed anew
     assert rope(x.double(), positions=positions).dtype == torch.float64 and len(calls) == 6
 
 

@@ -375,13 +375,15 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         problem = _classified(problem)
         name = choose_backend(problem)
         if return_lse and name == "sdpa":  # SDPA's kernels keep their lse to themselves
-            name = lse_backend(q, problem.dropout_p)
+            learned_bias = problem.bias is not None and problem.bias.requires_grad and torch.is_grad_enabled()
+            # the lse backends take no bias gradients: the written-out softmax does, and has the lse
+            name = "reference" if learned_bias else lse_backend(q, problem.dropout_p)
     else:
         name = backend
         if return_lse and name == "sdpa":
             raise ValueError("return_lse=True: backend='sdpa' returns no log-sum-exp (torch's SDPA keeps it); use "
                              "backend='auto', 'tiled', 'reference' or 'flex'")
-    if dims.S == 0 or dims.L == 0:
+    if dims.S == 0 or dims.L == 0 or dims.Ev == 0:
         name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
     result = BACKENDS[name](q, k, v, problem)
     if return_lse and result.lse is None:
@@ -409,12 +411,13 @@ def _default_scale(E: int) -> float:
 
 
 def _checked_scale(scale, dims: Dims, dtype: torch.dtype) -> float:
-    """The call's scale: 1/sqrt(E) by default; a given one finite, > 0, and not overflowing the dtype."""
+    """The call's scale: 1/sqrt(E) by default; a given one finite (0 and negative ones too, as torch's SDPA
+    takes them) and not overflowing the dtype."""
     if scale is None:
         return _default_scale(dims.E)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0 (or None for 1/sqrt(E)), got {scale!r}")
-    if scale * max(1, dims.E) > torch.finfo(dtype).max:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number (or None for 1/sqrt(E)), got {scale!r}")
+    if abs(scale) * max(1, dims.E) > torch.finfo(dtype).max:
         raise ValueError(f"scale={scale!r} overflows {dtype}: scale x E = {scale * dims.E:.3g} is beyond its largest "
                          f"value {torch.finfo(dtype).max:.3g}, so the scores of unit-size q and k would be inf")
     return float(scale)

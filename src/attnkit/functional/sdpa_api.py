@@ -102,13 +102,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """``torch.nn.functional.scaled_dot_product_attention`` with attnkit's backends (``auto``):
     the same signature, shapes and return (a tensor), drop-in.
 
-    query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev): any number of batch dims, equal
-    in the three (torch's fused kernels take no others); the heads dim -3 may differ (Hq a multiple of
-    H) only with ``enable_gqa=True``. ``attn_mask`` broadcastable to (..., Hq, L, S), boolean (True =
-    takes part in attention) or float (added). ``is_causal``: top-left causal, not with an attn_mask
-    (torch refuses both). ``dropout_p`` applies whenever given, as torch's functional call does.
-    Differences from torch (module docstring): zeros for a row with no allowed key, additive masks of
-    finfo.min read as masked keys, attnkit's NaN rule.
+    query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev): any number of batch dims, broadcast
+    against each other as torch broadcasts them (a 3-D query against 4-D keys shares the query across the
+    batch); with ``enable_gqa=True`` the heads dim -3 may differ (Hq a multiple of H) and the dims before
+    it broadcast. ``attn_mask`` broadcastable to (..., Hq, L, S), boolean (True = takes part in attention)
+    or float (added, in the query's dtype as torch adds it). ``scale``: any finite number (0 and negative
+    ones too). ``is_causal``: top-left causal, not with an attn_mask (torch refuses both). ``dropout_p``
+    applies whenever given, as torch's functional call does. Differences from torch (module docstring):
+    zeros for a row with no allowed key, additive masks of finfo.min read as masked keys, attnkit's NaN rule.
     """
     from .attention import attention
 
@@ -118,10 +119,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             raise ValueError(f"{name} must be a tensor of at least 2 dims (..., L, E), got {got}")
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal=True: pass one (torch's SDPA refuses both as well)")
+    query, key, value = _broadcast_batch(query, key, value, bool(enable_gqa))
     lead = tuple(query.shape[:-2])
-    if tuple(key.shape[:-3]) != lead[:-1] or tuple(value.shape[:-2]) != tuple(key.shape[:-2]) or key.dim() != query.dim():
-        raise ValueError(f"batch dims must be equal: query {tuple(query.shape)}, key {tuple(key.shape)}, value "
-                         f"{tuple(value.shape)} (..., H, S, E); attnkit does not broadcast them")
     Hq = lead[-1] if lead else 1
     H = key.shape[-3] if key.dim() >= 3 else 1
     check_enable_gqa(bool(enable_gqa), query, key)
@@ -135,9 +134,27 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     v = value.reshape(batch, H, S, value.shape[-1])
     mask = bias = None
     if attn_mask is not None:
+        if attn_mask.is_floating_point() and attn_mask.dtype != query.dtype:  # torch adds it in the query's dtype
+            attn_mask = attn_mask.to(query.dtype)
         mask, bias = sdpa_mask(_broadcast_mask(attn_mask, lead, L, S, batch), None, None)
     out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p).output
     return out.reshape(*lead, L, value.shape[-1])
+
+
+def _broadcast_batch(query: Tensor, key: Tensor, value: Tensor, grouped: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """query, key and value with their batch dims broadcast as torch's SDPA broadcasts them: every dim before
+    (L, E), or, for a grouped call whose heads differ (``enable_gqa``), every dim before the heads."""
+    heads_differ = query.dim() >= 3 and key.dim() >= 3 and query.shape[-3] != key.shape[-3]
+    kept = 3 if grouped and heads_differ else 2
+    try:
+        batch = torch.broadcast_shapes(*(x.shape[:-kept] for x in (query, key, value)))
+    except RuntimeError as error:
+        if heads_differ and not grouped:
+            check_enable_gqa(False, query, key)  # the likelier mistake: grouped heads without enable_gqa=True
+        raise ValueError(f"the batch dims of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                         f"{tuple(value.shape)} do not broadcast (torch's rule; (..., H, L|S, E))") from error
+    return tuple(x if tuple(x.shape[:-kept]) == tuple(batch) else x.expand(*batch, *x.shape[-kept:])
+                 for x in (query, key, value))  # type: ignore[return-value]
 
 
 def _broadcast_mask(attn_mask: Tensor, lead: tuple, L: int, S: int, batch: int) -> Tensor:

@@ -160,10 +160,12 @@ def _attend_union(q: Tensor, keys: tuple, union: Tensor, slot: Tensor, scale: fl
     the weights (B, Hkv, G, bq, u), the lse and the output (B, Hkv, G, bq, Ev)."""
     k, v, shared = keys
     B, Hkv, G, bq, E = q.shape
-    if not union.numel():  # no query of the block attends any key: zeros and lse -inf (attnkit's rule)
-        return q.new_zeros(B, Hkv, G, bq, 0), q.new_full((B, Hkv, G, bq), -math.inf), q.new_zeros(B, Hkv, G, bq, v.shape[-1])
     k_union = k.index_select(2, union)  # (B, Hkv, u, E)
     v_union = k_union[..., :v.shape[-1]] if shared else v.index_select(2, union)
+    if not union.numel():  # no query of the block attends any key: zeros and lse -inf (attnkit's rule), on the
+        scores = q.reshape(B, Hkv, G * bq, E) @ k_union.transpose(-1, -2)  # graph (zero gradients), as each way
+        return scores.view(B, Hkv, G, bq, 0), q.new_full((B, Hkv, G, bq), -math.inf), \
+            (scores @ v_union).view(B, Hkv, G, bq, -1)
     selected = _masks.selected(slot, union.numel())  # (B, Hkv|1, bq, u)
     scores = (q.reshape(B, Hkv, G * bq, E) @ k_union.transpose(-1, -2)) * scale
     p, lse = _softmax_and_lse(scores.view(B, Hkv, G, bq, -1), selected[:, :, None])

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import NamedTuple, Protocol
 
-import torch
 from torch import Tensor
 
+from ..functional import kept
 from ..functional.attention import AttentionOutput, attention_trusted
 from ..functional.block_mask import BlockMask
 
@@ -78,15 +78,10 @@ an :class:`AttentionCall` built by tuple's own constructor, once per layer call 
 
 
 def _as_keys(key_mask: Tensor) -> Tensor:
-    """``key_mask`` (B, S) as a boolean (B, 1, 1, S) mask, built once per tensor and version: every layer
-    of a model gets the same key mask, and the same mask back (whose own checks are then kept on it)."""
-    if torch.compiler.is_compiling():  # a compiled graph builds it in place (no version counter to read)
-        return key_mask.bool()[:, None, None, :]
-    built = getattr(key_mask, "_attnkit_keys", None)
-    if built is None or built[0] != key_mask._version:
-        built = (key_mask._version, key_mask.bool()[:, None, None, :])
-        key_mask._attnkit_keys = built  # type: ignore[attr-defined]  # kept on the tensor
-    return built[1]
+    """``key_mask`` (B, S) as a boolean (B, 1, 1, S) mask, built once per model call (:mod:`.kept`): every
+    layer of a model gets the same key mask, and the same mask back (whose own checks are then kept beside
+    it); a mask rewritten between calls, by any means, is read afresh."""
+    return kept.get(key_mask, "keys", lambda: key_mask.bool()[:, None, None, :])
 
 
 class Attending(Protocol):

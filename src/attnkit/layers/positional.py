@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..functional import kept
 from ..functional import masks as _masks
 from ..functional.checks import check_int, check_rank
 
@@ -194,12 +195,11 @@ class RotaryEmbedding(nn.Module):
         self.attention_factor = 1.0 if scaling != "yarn" else _yarn_attention_factor(self.factor, mscale, mscale_all_dim,
                                                                                       attention_factor)
         self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
-        self._cached: tuple[Tensor, Tensor] | None = None  # (cos, sin) of positions 0.. (full width)
-        # The factors of the last explicit positions tensor, reused while it is the same tensor,
-        # unchanged (its version counter): the layers of a model share one RotaryEmbedding, and
-        # each rotates queries and keys at the same positions (24 computations per decoding step of
-        # a 12-layer model, one with this).
-        self._last: tuple[Tensor, int, torch.dtype, Tensor, Tensor] | None = None
+        # (cos, sin) of positions 0.. (full width): a table of this module's own, not of any input. The
+        # factors of explicit positions are kept beside the positions for one model call instead (the
+        # layers of a model share one RotaryEmbedding: 24 computations a decoding step of a 12-layer
+        # model, one with that).
+        self._cached: tuple[Tensor, Tensor] | None = None
 
     def _frequencies(self, device, dtype: torch.dtype = torch.float32) -> Tensor:
         """theta_i = base^(-2i/E) in ``dtype`` (computed in float64)."""
@@ -247,7 +247,7 @@ class RotaryEmbedding(nn.Module):
         # the numbers do not depend on the dtype or on what ran before the cast.
         super()._apply(fn, recurse)
         self.inv_freq = self._frequencies(self.inv_freq.device)
-        self._cached = self._last = None
+        self._cached = None
         return self
 
     def _table(self, length: int, device, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -263,16 +263,15 @@ class RotaryEmbedding(nn.Module):
         return cached
 
     def _factors(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """:func:`_rotate`'s factors for explicit positions, reused for the same unchanged tensor."""
-        last = self._last
-        reuse = not torch.compiler.is_compiling() and not positions.is_inference()
-        if reuse and last is not None and last[0] is positions and last[1] == positions._version and last[2] == dtype:
-            return last[3], last[4]
+        """:func:`_rotate`'s factors for explicit positions, built once per model call for the layers that
+        share this rotary embedding (:mod:`attnkit.functional.kept`); positions rewritten between calls are
+        read afresh."""
+        return kept.get(positions, ("rotary", id(self), dtype), lambda: self._explicit_factors(positions, dtype))
+
+    def _explicit_factors(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         cos, sin = _full_width(*self.angles(positions, dtype), self.interleaved)
         if cos.dim() == 3:  # (B, L, E) -> (B, 1, L, E): one table per row, shared by the heads
             cos, sin = cos[:, None], sin[:, None]
-        if reuse:
-            self._last = (positions, positions._version, dtype, cos, sin)
         return cos, sin
 
     def angles(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import check_context_parallel
+from ..functional import kept
 from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
@@ -177,6 +178,7 @@ class DecoderLM(nn.Module):
             raise ValueError("a sinks cache needs window= (the most recent keys each query attends)")
         return [SinkCache(sinks, window) for _ in self.layers]
 
+    @kept.per_call
     def forward(
         self,
         input_ids: Tensor,

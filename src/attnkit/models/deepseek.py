@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..errors import InputError
+from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
 from .blocks import GatedFeedForward
@@ -60,10 +61,10 @@ class DeepSeekMoE(nn.Module):
     def _apply(self, fn, recurse=True):
         before = {name: getattr(self, name).detach() for name in self.ROUTER_FLOAT32}  # the values, not rounded
         super()._apply(fn, recurse)
-        for name, kept in before.items():
+        for name, value in before.items():
             now = getattr(self, name)
             if now.dtype in (torch.float16, torch.bfloat16):
-                exact = kept.to(device=now.device, dtype=torch.float32)
+                exact = value.to(device=now.device, dtype=torch.float32)
                 if isinstance(now, nn.Parameter):
                     now.data = exact  # the same Parameter object: an optimizer holding it still does
                 else:
@@ -149,6 +150,7 @@ class DeepSeekLM(nn.Module):
         """One latent cache per layer: (kv_lora_rank + qk_rope_head_dim) numbers a token and layer."""
         return [LatentCache() for _ in self.layers]
 
+    @kept.per_call
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list[LatentCache] | None = None,
                 position_ids: Tensor | None = None, need_weights: bool = False, last_only: bool = False) -> LMOutput:
         """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import check_context_parallel
+from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import LearnedPositionalEmbedding
 from .config import EncoderConfig
@@ -58,6 +59,7 @@ class EncoderModel(nn.Module):
         )
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
 
+    @kept.per_call
     def forward(
         self,
         input_ids: Tensor,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..functional import masks
+from ..functional import kept, masks
 from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, SinusoidalPositionalEncoding
 from .blocks import FeedForward
@@ -153,6 +153,7 @@ class TransformerEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
+    @kept.per_call
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
             x, _ = layer(x, mask)
@@ -171,6 +172,7 @@ class TransformerDecoder(nn.Module):
         )
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
+    @kept.per_call
     def forward(
         self,
         x: Tensor,
@@ -269,6 +271,7 @@ class TransformerEncoderDecoder(nn.Module):
         state.offset += 1
         return StepOutput(self.generator(x[:, 0]), weights[:, :, 0].mean(1))
 
+    @kept.per_call
     def forward(
         self, source: Tensor, source_lengths: Tensor, target_in: Tensor, *, need_weights: bool = False,
         weights_layer: int = -1, weights_head: int | None = None,

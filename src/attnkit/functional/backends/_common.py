@@ -247,8 +247,14 @@ def apply_sinks(result: BackendResult, sinks: Tensor) -> BackendResult:
     lse = result.lse
     if lse is None:
         raise ValueError("apply_sinks needs a backend result with its log-sum-exp")
-    total = torch.logaddexp(lse, sinks.to(lse.dtype)[None, :, None])
-    factor = torch.exp(lse - total)  # (B, H, L); 0 where lse = -inf
+    sink = sinks.to(lse.dtype)[None, :, None]
+    # A row with no key whose head has no sink (-inf) has nothing to normalise: its factor is 0 and its lse
+    # -inf, computed on finite stand-ins so that no NaN reaches the values or the gradients.
+    nothing = (lse == float("-inf")) & (sink == float("-inf"))
+    lse_part, sink_part = lse.masked_fill(nothing, 0.0), sink.masked_fill(nothing, 0.0)
+    total = torch.logaddexp(lse_part, sink_part)
+    factor = torch.exp(lse_part - total).masked_fill(nothing, 0.0)  # (B, H, L); 0 where lse = -inf
+    total = total.masked_fill(nothing, float("-inf"))
     output = result.output * factor[..., None].to(result.output.dtype)
     weights = None if result.weights is None else result.weights * factor[..., None].to(result.weights.dtype)
     return BackendResult(output=output, lse=total, weights=weights)

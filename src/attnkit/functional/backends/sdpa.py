@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import kept
 from ..heads import repeat_kv
 from . import reference
 from ._common import BackendResult, Problem, lse_unresolved, needs_grad
@@ -163,15 +164,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
 
 
 def _has_empty_rows(mask: Tensor) -> bool:
-    """Whether a boolean CPU mask has a row with no allowed key: looked at once per mask tensor and
-    kept on it with its version counter (an in-place change looks again), so that the layers of a
-    model, which share one padding mask, pay for one look."""
-    seen = getattr(mask, "_attnkit_empty_rows", None)
-    if seen is not None and seen[0] == mask._version:
-        return seen[1]
-    empty = not bool(mask.any(dim=-1).all())
-    mask._attnkit_empty_rows = (mask._version, empty)  # type: ignore[attr-defined]  # kept on the tensor
-    return empty
+    """Whether a boolean CPU mask has a row with no allowed key: looked at once per mask and model call
+    (:mod:`..kept`), so that the layers of a model, which share one padding mask, pay for one look; a mask
+    rewritten between calls is looked at again."""
+    return kept.get(mask, "empty_rows", lambda: not bool(mask.any(dim=-1).all()))
 
 
 def _with_sinks(q: Tensor, k: Tensor, v: Tensor, problem: Problem, options: dict) -> BackendResult:
