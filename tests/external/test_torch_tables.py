@@ -70,3 +70,42 @@ def test_the_calls_torch_takes_that_attnkit_refused(case, rng):
         kwargs = {"enable_gqa": True}
     torch.testing.assert_close(attnkit.scaled_dot_product_attention(q, k, v, **kwargs),
                                F.scaled_dot_product_attention(q, k, v, **kwargs), rtol=1e-5, atol=1e-5)
+
+
+from torch.testing._internal.common_modules import module_db  # noqa: E402
+
+from attnkit.layers import TorchMultiheadAttention  # noqa: E402
+
+MHA = next(info for info in module_db if info.module_cls is torch.nn.MultiheadAttention)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_every_moduleinfo_sample_of_multihead_attention_gives_torchs_result(dtype, training):
+    """torch's ModuleInfo samples of nn.MultiheadAttention (add_bias_kv, add_zero_attn, batch_first, bias,
+    masks, unbatched inputs) built with torch's constructor arguments from the same seed: the same parameters
+    under the same names, the same outputs and weights, and the same parameter gradients."""
+    inputs = MHA.module_inputs_func(MHA, device="cpu", dtype=dtype, requires_grad=False, training=training)
+    assert len(inputs) >= 32
+    extras = 0
+    for number, sample in enumerate(inputs):
+        args, kwargs = sample.constructor_input.args, sample.constructor_input.kwargs
+        extras += bool(kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"))
+        torch.manual_seed(number)
+        theirs = torch.nn.MultiheadAttention(*args, **kwargs, dtype=dtype).train(training)
+        torch.manual_seed(number)
+        ours = TorchMultiheadAttention(*args, **kwargs, dtype=dtype).train(training)
+        what = f"sample {number}: {kwargs}"
+        assert list(ours.state_dict()) == list(theirs.state_dict()), what
+        forward_args, forward_kwargs = sample.forward_input.args, sample.forward_input.kwargs
+        want = theirs(*forward_args, **forward_kwargs)
+        got = ours(*forward_args, **forward_kwargs)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, **TOLERANCES[dtype], msg=lambda m, w=what: f"{w}: {m}")
+        got[0].sum().backward()
+        want[0].sum().backward()
+        grads = dict(theirs.named_parameters())
+        for name, parameter in ours.named_parameters():
+            torch.testing.assert_close(parameter.grad, grads[name].grad, **TOLERANCES[dtype],
+                                       msg=lambda m, w=what, n=name: f"{w} {n}: {m}")
+    assert extras >= len(inputs) // 2  # the samples with a learned or zero key are run, not skipped

@@ -72,9 +72,8 @@ def test_drop_in_trains_as_torchs_module():
     theirs(q, k, v, attn_mask=mask)[0].square().sum().backward()
     ours(q, k, v, attn_mask=mask)[0].square().sum().backward()
     grads = dict(theirs.named_parameters())
-    torch.testing.assert_close(ours.attention.out_proj.weight.grad, grads["out_proj.weight"].grad)
-    packed = torch.cat([getattr(ours.attention, f"{n}_proj").weight.grad for n in "qkv"])
-    torch.testing.assert_close(packed, grads["in_proj_weight"].grad)
+    for name, parameter in ours.named_parameters():  # torch's names, torch's gradients
+        torch.testing.assert_close(parameter.grad, grads[name].grad, msg=name)
 
 
 def test_unbatched_inputs_and_separate_projections():
@@ -117,7 +116,7 @@ def test_what_torchs_module_cannot_hold_is_named():
     with pytest.raises(ValueError, match="add_zero_attn"):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(D, H, add_zero_attn=True))
     with pytest.raises(ValueError, match="add_bias_kv"):
-        TorchMultiheadAttention(D, H, add_bias_kv=True)
+        TorchMultiheadAttention(D, H, add_bias_kv=True).to_attnkit()
     with pytest.raises(ValueError, match="num_kv_heads=2"):
         MultiHeadAttention(D, H, num_kv_heads=2).to_torch()
     layer = TorchMultiheadAttention(D, H)
@@ -136,6 +135,27 @@ def test_documented_difference_a_fully_masked_row_is_zero_where_torch_gives_nan(
     expected, got = theirs(q, k, v, attn_mask=mask), ours(q, k, v, attn_mask=mask)
     assert torch.isnan(expected[0][:, 2]).all()
     # the output projection's bias is what a zero context gives
-    torch.testing.assert_close(got[0][:, 2], ours.attention.out_proj.bias.expand(N, D))
+    torch.testing.assert_close(got[0][:, 2], ours.out_proj.bias.expand(N, D))
     keep = torch.arange(L) != 2
     torch.testing.assert_close(got[0][:, keep], expected[0][:, keep])
+
+
+@pytest.mark.parametrize("extras", [{}, {"add_bias_kv": True}, {"add_zero_attn": True}, {"kdim": 24, "vdim": 20}])
+def test_the_state_dict_is_torchs_both_ways_and_the_same_seed_gives_the_same_weights(extras):
+    """A model that swapped the drop-in in saves a checkpoint that loads strictly into the same model with
+    nn.MultiheadAttention, and back (issue 59, item 8)."""
+    torch.manual_seed(3)
+    theirs = nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64, **extras)
+    torch.manual_seed(3)
+    ours = TorchMultiheadAttention(D, H, batch_first=True, dtype=torch.float64, **extras)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    fresh = nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64, **extras)
+    fresh.load_state_dict(ours.state_dict(), strict=True)
+    again = TorchMultiheadAttention(D, H, batch_first=True, dtype=torch.float64, **extras)
+    again.load_state_dict(theirs.state_dict(), strict=True)
+    kdim, vdim = extras.get("kdim", D), extras.get("vdim", D)
+    q, k, v = _inputs(True, kdim, vdim)
+    torch.testing.assert_close(again.eval()(q, k, v), theirs.eval()(q, k, v))
+    assert ours.in_proj_weight is None if "kdim" in extras else ours.in_proj_weight.shape == (3 * D, D)

@@ -7,10 +7,11 @@ with its constructor, calling convention and return value running attnkit's atte
   name (attnkit has no extra learned key).
 - :func:`to_torch_mha` (``MultiHeadAttention.to_torch``): the reverse, where torch's module can hold
   the layer (as many key as query heads, no rotary, the default scale, all biases or none).
-- :class:`TorchMultiheadAttention`: ``nn.MultiheadAttention``'s constructor and ``forward(query, key,
-  value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
-  is_causal=False) -> (output, weights)``, ``batch_first`` both ways and unbatched inputs, loading
-  torch's state dicts as they are. Masks keep torch's meaning (True = NOT allowed, floats added).
+- :class:`TorchMultiheadAttention`: ``nn.MultiheadAttention``'s constructor (``add_bias_kv`` and
+  ``add_zero_attn`` included), parameters, state dict and ``forward(query, key, value,
+  key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False) ->
+  (output, weights)``, ``batch_first`` both ways and unbatched inputs, running attnkit's attention on the
+  heads. Masks keep torch's meaning (True = NOT allowed, floats added).
 
 Where it deliberately differs from torch (docs/api.md): a query with no key it may attend gets a zero
 output (torch's gives NaN); the weights returned in training with dropout are those before dropout
@@ -19,12 +20,15 @@ output (torch's gives NaN); the weights returned in training with dropout are th
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional.attention import BACKEND_NAMES
+from ..functional.attention import BACKEND_NAMES, attention
+from ..functional.heads import merge_heads, split_heads
 from ..functional.masks import from_key_padding_mask
 from .multihead import MultiHeadAttention
 
@@ -104,40 +108,69 @@ def to_torch_mha(layer: MultiHeadAttention, *, batch_first: bool = True) -> nn.M
 class TorchMultiheadAttention(nn.Module):
     """``torch.nn.MultiheadAttention``, drop-in, running attnkit's attention (``backend``).
 
-    The constructor takes torch's arguments (``add_bias_kv`` and ``add_zero_attn`` only as False);
-    ``forward`` torch's, returning ``(attn_output, attn_weights)``: weights averaged over the heads
-    (N, L, S) by default, per head (N, H, L, S) with ``average_attn_weights=False``, None without
-    ``need_weights``. ``load_state_dict`` takes torch's module's state dict as it is; the module's own
-    is attnkit's (``attention.q_proj.weight``, ...). ``self.attention`` is the attnkit layer."""
+    The constructor takes torch's arguments, ``add_bias_kv`` (a learned key and value appended to every
+    sequence) and ``add_zero_attn`` (a zero key and value appended after the projections) among them, and
+    builds torch's parameters under torch's names, initialised as torch initialises them (the same seed, the
+    same weights): ``in_proj_weight`` (or ``q/k/v_proj_weight`` with other ``kdim``/``vdim``),
+    ``in_proj_bias``, ``bias_k``, ``bias_v``, ``out_proj``. Its state dict is torch's module's, both ways.
+    ``forward`` takes torch's arguments and returns ``(attn_output, attn_weights)``: weights averaged over the
+    heads (N, L, S) by default, per head (N, H, L, S) with ``average_attn_weights=False``, None without
+    ``need_weights``; S counts the appended keys, as torch's does. :meth:`to_attnkit` gives the equivalent
+    :class:`MultiHeadAttention` where one exists (no appended keys)."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *, backend: str = "auto"):
         super().__init__()
-        if add_bias_kv or add_zero_attn:
-            name = "add_bias_kv" if add_bias_kv else "add_zero_attn"
-            raise ValueError(f"{name}=True: attnkit has no extra learned or zero key; leave it False")
+        # torch's own module builds and initialises the parameters (its order of random draws), then hands
+        # them over: the drop-in holds torch's tensors under torch's names
+        self._adopt(nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
+                                          batch_first, device=device, dtype=dtype), backend)
+
+    def _adopt(self, module: nn.MultiheadAttention, backend: str) -> None:
         if backend not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
-        self._hold(MultiHeadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim, bias=bias, dropout=dropout,
-                                      backend=backend).to(device=device, dtype=dtype), batch_first)
-
-    def _hold(self, attention: MultiHeadAttention, batch_first: bool) -> None:
-        """Keep ``attention`` as the layer that runs, with torch's attribute names beside it."""
-        self.embed_dim, self.num_heads, self.batch_first = attention.d_model, attention.num_heads, batch_first
-        self.attention = attention
-        self.register_load_state_dict_pre_hook(_torch_state_dict)
+        self.embed_dim, self.num_heads, self.head_dim = module.embed_dim, module.num_heads, module.head_dim
+        self.kdim, self.vdim, self._qkv_same_embed_dim = module.kdim, module.vdim, module._qkv_same_embed_dim
+        self.dropout, self.batch_first, self.add_zero_attn = module.dropout, module.batch_first, module.add_zero_attn
+        self.backend = backend
+        for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
+            self.register_parameter(name, getattr(module, name))
+        self.out_proj = module.out_proj
+        self.register_parameter("bias_k", module.bias_k)
+        self.register_parameter("bias_v", module.bias_v)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "auto") -> TorchMultiheadAttention:
-        """The drop-in for ``module``: its weights, its ``batch_first`` (no layer of its own is built first)."""
+        """The drop-in for ``module``: a copy of its parameters, its settings (no random draws)."""
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
         wrapper = cls.__new__(cls)
         nn.Module.__init__(wrapper)
-        wrapper._hold(from_torch_mha(module, backend=backend), module.batch_first)
+        wrapper._adopt(copy.deepcopy(module), backend)
         return wrapper.train(module.training)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        return to_torch_mha(self.attention, batch_first=self.batch_first)
+        """A ``torch.nn.MultiheadAttention`` with a copy of these parameters and settings."""
+        weight = self.out_proj.weight
+        module = nn.MultiheadAttention(self.embed_dim, self.num_heads, self.dropout, self.in_proj_bias is not None,
+                                       self.bias_k is not None, self.add_zero_attn, self.kdim, self.vdim,
+                                       self.batch_first, device=weight.device, dtype=weight.dtype)
+        module.load_state_dict(self.state_dict())
+        return module.train(self.training)
+
+    def to_attnkit(self) -> MultiHeadAttention:
+        """attnkit's :class:`MultiHeadAttention` with these weights (refused by name with ``add_bias_kv`` or
+        ``add_zero_attn``, which it has no place for)."""
+        return from_torch_mha(self.to_torch(), backend=self.backend)
+
+    def _projections(self) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor | None, Tensor | None, Tensor | None]]:
+        if self._qkv_same_embed_dim:
+            weights = self.in_proj_weight.chunk(3)
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        biases = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
+        return weights, biases  # type: ignore[return-value]
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
@@ -158,9 +191,22 @@ class TorchMultiheadAttention(nn.Module):
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         N, L, _ = query.shape
         S = key.shape[1]
-        mask, bias = _attnkit_masks(key_padding_mask, attn_mask, N, self.num_heads, L, S, query.dtype)
-        result = self.attention(query, key, value, mask=mask, bias=bias, need_weights=bool(need_weights))
-        output, weights = result.output, result.weights
+        _check_masks(key_padding_mask, attn_mask, N, self.num_heads, L, S)
+        (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
+        q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        if self.bias_k is not None and self.bias_v is not None:  # a learned key and value after every sequence
+            k = torch.cat([k, self.bias_k.expand(N, 1, -1)], dim=1)
+            v = torch.cat([v, self.bias_v.expand(N, 1, -1)], dim=1)
+            key_padding_mask, attn_mask = _one_more_key(key_padding_mask, attn_mask)
+        q, k, v = (split_heads(x, self.num_heads) for x in (q, k, v))  # (N, H, ., head_dim)
+        if self.add_zero_attn:  # a zero key and value, after the projections (torch's order)
+            k, v = (torch.cat([x, x.new_zeros(N, self.num_heads, 1, self.head_dim)], dim=2) for x in (k, v))
+            key_padding_mask, attn_mask = _one_more_key(key_padding_mask, attn_mask)
+        mask, bias = _attnkit_masks(key_padding_mask, attn_mask, N, self.num_heads, L, k.shape[2], query.dtype)
+        result = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
+                           backend=self.backend, need_weights=bool(need_weights))
+        output = self.out_proj(merge_heads(result.output))
+        weights = result.weights
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         if unbatched:
@@ -168,6 +214,20 @@ class TorchMultiheadAttention(nn.Module):
         if not self.batch_first:
             output = output.transpose(0, 1)
         return output, weights
+
+
+def _one_more_key(key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """torch's masks for one more key at the end, which every query may attend (torch pads with 0: False /
+    0.0)."""
+    pad = (lambda m: None if m is None else F.pad(m, (0, 1)))
+    return pad(key_padding_mask), pad(attn_mask)
+
+
+def _check_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N: int, H: int, L: int, S: int) -> None:
+    if key_padding_mask is not None:
+        _check_shape("key_padding_mask", key_padding_mask, (N, S))
+    if attn_mask is not None:
+        _check_shape("attn_mask", attn_mask, (L, S), (N * H, L, S))
 
 
 def _attnkit_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N: int, H: int, L: int, S: int,
@@ -200,24 +260,3 @@ def _check_shape(name: str, given, *shapes: tuple[int, ...]) -> None:
     if not isinstance(given, Tensor) or tuple(given.shape) not in shapes:
         got = tuple(given.shape) if isinstance(given, Tensor) else type(given).__name__
         raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {got}")
-
-
-def _torch_state_dict(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-    """Rename a torch module's state dict (``in_proj_weight``, ``q_proj_weight``, ``in_proj_bias``,
-    ``out_proj.*``) to the wrapper's own keys, in place, before loading."""
-    inner = prefix + "attention."
-    if prefix + "in_proj_weight" in state_dict:
-        for name, w in zip("qkv", state_dict.pop(prefix + "in_proj_weight").chunk(3)):
-            state_dict[f"{inner}{name}_proj.weight"] = w
-    for name in "qkv":
-        if prefix + f"{name}_proj_weight" in state_dict:
-            state_dict[f"{inner}{name}_proj.weight"] = state_dict.pop(prefix + f"{name}_proj_weight")
-    if prefix + "in_proj_bias" in state_dict:
-        for name, b in zip("qkv", state_dict.pop(prefix + "in_proj_bias").chunk(3)):
-            state_dict[f"{inner}{name}_proj.bias"] = b
-    for name in ("weight", "bias"):
-        if prefix + f"out_proj.{name}" in state_dict:
-            state_dict[f"{inner}out_proj.{name}"] = state_dict.pop(prefix + f"out_proj.{name}")
-    for name in ("bias_k", "bias_v"):
-        if state_dict.get(prefix + name) is not None:
-            error_msgs.append(f"{prefix}{name}: attnkit has no extra learned key and value (add_bias_kv)")
