@@ -118,6 +118,15 @@ class TorchMultiheadAttention(nn.Module):
     ``need_weights``; S counts the appended keys, as torch's does. :meth:`to_attnkit` gives the equivalent
     :class:`MultiHeadAttention` where one exists (no appended keys)."""
 
+    in_proj_weight: nn.Parameter | None
+    q_proj_weight: nn.Parameter | None
+    k_proj_weight: nn.Parameter | None
+    v_proj_weight: nn.Parameter | None
+    in_proj_bias: nn.Parameter | None
+    bias_k: nn.Parameter | None
+    bias_v: nn.Parameter | None
+    out_proj: nn.Linear
+
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *, backend: str = "auto"):
@@ -137,8 +146,8 @@ class TorchMultiheadAttention(nn.Module):
         for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
             self.register_parameter(name, getattr(module, name))
         self.out_proj = module.out_proj
-        self.register_parameter("bias_k", module.bias_k)
-        self.register_parameter("bias_v", module.bias_v)
+        for name in ("bias_k", "bias_v"):  # Parameters or None (torch annotates them as tensors)
+            self.register_parameter(name, getattr(module, name))
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "auto") -> TorchMultiheadAttention:
@@ -219,8 +228,7 @@ class TorchMultiheadAttention(nn.Module):
 def _one_more_key(key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
     """torch's masks for one more key at the end, which every query may attend (torch pads with 0: False /
     0.0)."""
-    pad = (lambda m: None if m is None else F.pad(m, (0, 1)))
-    return pad(key_padding_mask), pad(attn_mask)
+    return tuple(None if m is None else F.pad(m, (0, 1)) for m in (key_padding_mask, attn_mask))  # type: ignore[return-value]
 
 
 def _check_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N: int, H: int, L: int, S: int) -> None:
