@@ -174,7 +174,7 @@ class TorchMultiheadAttention(nn.Module):
         return from_torch_mha(self.to_torch(), backend=self.backend)
 
     def _projections(self) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor | None, Tensor | None, Tensor | None]]:
-        if self._qkv_same_embed_dim:
+        if self.in_proj_weight is not None:  # embed_dim = kdim = vdim: torch's packed weight
             weights = self.in_proj_weight.chunk(3)
         else:
             weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
