@@ -174,6 +174,7 @@ class TorchMultiheadAttention(nn.Module):
         return from_torch_mha(self.to_torch(), backend=self.backend)
 
     def _projections(self) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor | None, Tensor | None, Tensor | None]]:
+        weights: tuple
         if self.in_proj_weight is not None:  # embed_dim = kdim = vdim: torch's packed weight
             weights = self.in_proj_weight.chunk(3)
         else:
