@@ -154,8 +154,8 @@ def test_gradients_of_the_two_ways_equal_transformers(float64_inside):
 
 
 # ------------------------------------------------------------------------ the native decoder
-def _checkpoint(sparse: bool) -> tuple[object, str]:
-    extra = dict(index_n_heads=8, index_head_dim=8, index_topk=4) if sparse else {}
+def _checkpoint(sparse: bool, **overrides) -> tuple[object, str]:
+    extra = (dict(index_n_heads=8, index_head_dim=8, index_topk=4) if sparse else {}) | overrides
     Config = transformers.DeepseekV32Config if sparse else transformers.DeepseekV3Config
     config = Config(**(SIZES | dict(num_hidden_layers=3, intermediate_size=40, moe_intermediate_size=12,
                                     first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
@@ -186,6 +186,17 @@ def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens
         want = theirs.generate(ids[:1], max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, 12:]
     got = generate(ours, ids[:1], max_new_tokens=10).tokens[0, :10]
     assert torch.equal(got, want)
+
+
+def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says():
+    """transformers (and DeepSeek's reference code) build q_a_layernorm and kv_a_layernorm with eps 1e-6,
+    whatever rms_norm_eps is (issue 59, item 10): with rms_norm_eps 1e-2 the logits still agree."""
+    theirs, folder = _checkpoint(False, rms_norm_eps=1e-2)
+    ours = load_deepseek_folder(folder)
+    assert ours.layers[0].self_attn.kv_a_norm.eps == 1e-6 and ours.layers[0].attn_norm.eps == 1e-2
+    ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path):

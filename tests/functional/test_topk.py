@@ -64,6 +64,21 @@ def test_topk_attention_equals_the_oracle_with_the_selection_as_a_mask(per_head,
     np.testing.assert_allclose(numpy(got.lse)[finite], want_lse[finite], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", ["per-query", "one-row"])
+def test_a_mask_shared_by_the_heads_drops_the_selected_keys_it_rules_out(rows, rng, monkeypatch, strategy):
+    monkeypatch.setattr(topk, "GATHER_ELEMENTS", 200)
+    q, k, v, indices = _case(rng, per_head=True)
+    mask = torch.rand(2, 1, 9 if rows == "per-query" else 1, 13, generator=rng) < 0.6
+    got = topk_attention(q, k, v, indices, is_causal=True, mask=mask, need_weights=True)
+    B, H, L, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    allowed = masks.selected(indices, S, heads=H).expand(B, H, L, S) & mask & masks.causal(L, S)
+    want_out, want_weights, _ = reference.attention(numpy(q), numpy(k), numpy(v), mask=allowed.numpy())
+    np.testing.assert_allclose(numpy(got.output), want_out, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(numpy(got.weights), want_weights, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="shared by the heads"):
+        topk_attention(q, k, v, indices, mask=torch.ones(2, 4, 9, 13, dtype=torch.bool))
+
+
 def test_gradients_equal_autograd_of_the_masked_softmax(rng, strategy):
     q, k, v, indices = _case(rng, per_head=False)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]

@@ -73,3 +73,30 @@ def test_wrong_inputs_are_named(rng):
     with pytest.raises(ValueError, match=r"indexer: .* q_lora_rank"):
         LatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, q_lora_rank=None,
                         indexer=LightningIndexer(32, 12, num_heads=2, head_dim=8, rope_dim=4, topk=2))
+
+
+def test_sparse_attention_applies_the_mask_in_its_selection_and_its_attention(rng, monkeypatch):
+    """``mask=`` with a LightningIndexer (issue 59, item 9): with the indexer selecting every key, DSA is the
+    dense layer, and both follow a restrictive mask alike; a key the mask rules out is never selected."""
+    dense, sparse = _layer(), _layer(sparse=True)
+    sparse.indexer.topk = 16  # every key: DSA must equal the dense layer under any mask
+    state = {name: value for name, value in sparse.state_dict().items() if not name.startswith("indexer.")}
+    dense.load_state_dict(state)
+    x = randn(2, 9, 32, dtype=torch.float64, generator=rng)
+    mask = torch.rand(2, 1, 9, 9, generator=rng) < 0.5
+    mask[..., 0] = True  # every query keeps a key
+    for absorbed in (False, True):
+        want = dense(x, mask=mask, absorbed=absorbed).output
+        torch.testing.assert_close(sparse(x, mask=mask, absorbed=absorbed).output, want, rtol=1e-10, atol=1e-10)
+    assert (sparse(x, mask=mask).output - sparse(x).output).abs().max() > 1e-3  # the mask changes something
+    chosen = []
+    select = sparse.indexer.select
+    monkeypatch.setattr(sparse.indexer, "select", lambda *a, **k: chosen.append(select(*a, **k)) or chosen[-1])
+    sparse.indexer.topk = 3
+    sparse(x, mask=mask)
+    picked = chosen[0]  # (B, L, 3)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    allowed = (mask[:, 0] & causal).gather(-1, picked.clamp(min=0))
+    assert (allowed | (picked < 0)).all()
+    with pytest.raises(ValueError, match="shared by the heads"):
+        sparse(x, mask=torch.ones(2, 4, 9, 9, dtype=torch.bool))

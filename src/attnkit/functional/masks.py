@@ -95,6 +95,11 @@ def causal_block(
                             torch.arange(k0, k1, device=device), window)
 
 
+def mask_rows(mask: Tensor, r0: int, r1: int) -> Tensor:
+    """Rows r0 .. r1-1 of a mask (..., L|1, S), for a block of queries: a mask of one row serves every query."""
+    return mask if mask.shape[-2] == 1 else mask[..., r0:r1, :]
+
+
 def causal_positions(query_positions: Tensor, key_positions: Tensor, window: int | None = None) -> Tensor:
     """(L, S) causal (or causal sliding-window) mask from the positions of the queries (L,) and of
     the keys (S,): a query at position p may attend a key at position k iff ``k <= p`` and, with a

@@ -51,7 +51,7 @@ queries, the larger its GEMM), and never fewer than a per-query block."""
 
 def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask: Tensor | None = None,
                    is_causal: bool = False, causal_align: str = "top-left", scale: float | None = None,
-                   need_weights: bool | Sequence[int] = False) -> AttentionOutput:
+                   need_weights: bool | Sequence[int] = False, mask: Tensor | None = None) -> AttentionOutput:
     """Each query attends only the keys ``indices`` lists for it.
 
     Shape legend: B batch, H query heads, Hkv key/value heads, L queries, S keys, E head dim, Ev value dim,
@@ -62,6 +62,8 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
         indices: (B, L, K), one selection for every head (DeepSeek-V3.2's indexer), or (B, Hkv, L, K), one
             per key/value head; integers in [0, S), -1 for an empty slot.
         key_mask: (B, S) True at real keys (padding False).
+        mask: boolean (B|1, 1, L|1, S), True where a query may attend, shared by the heads: a selected key it
+            rules out is dropped (a per-head mask is refused: the selection is shared by the heads).
         is_causal, causal_align: as in :func:`attnkit.attention`: a selected key after the query's aligned
             position is dropped.
         scale: multiplies q . k (default 1 / sqrt(E)).
@@ -88,6 +90,12 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
                                  or key_mask.dtype != torch.bool):
         got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
         raise ValueError(f"key_mask must be boolean of shape (B, S) = ({B}, {S}), got {got}")
+    if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 4
+                             or mask.shape[0] not in (1, B) or mask.shape[1] != 1 or mask.shape[2] not in (1, L)
+                             or mask.shape[3] != S):
+        got = (mask.dtype, tuple(mask.shape)) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be boolean of shape (B|1, 1, L|1, S) = ({B}|1, 1, {L}|1, {S}), shared by the "
+                         f"heads as the selection is, got {got}")
     if causal_align not in _masks.ALIGNMENTS:
         raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
     scale = 1.0 / math.sqrt(dims.E) if scale is None else float(scale)
@@ -112,7 +120,8 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     for q0 in range(0, L, outer):
         q1 = min(L, q0 + outer)
         if by_union:  # repeats need no removal here: a key of the union is attended once
-            safe, allowed = _allowed(selection[:, :, q0:q1].long(), _rows(q0, q1, offset, is_causal, q.device), key_mask)
+            safe, allowed = _allowed(selection[:, :, q0:q1].long(), _rows(q0, q1, offset, is_causal, q.device), key_mask,
+                                     None if mask is None else _masks.mask_rows(mask, q0, q1))
             union, slot = _union(safe, allowed, S)
             if union.numel() <= _union_limit(slots, dims.groups):
                 p, lse[..., q0:q1], output[..., q0:q1, :] = _attend_union(q_g[..., q0:q1, :], keys, union, slot, scale)
@@ -122,7 +131,8 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
         for s0 in range(q0, q1, block):
             s1 = min(q1, s0 + block)
             rows = _rows(s0, s1, offset, is_causal, q.device)
-            safe, allowed = _allowed(_deduplicated(selection[:, :, s0:s1]), rows, key_mask)
+            safe, allowed = _allowed(_deduplicated(selection[:, :, s0:s1]), rows, key_mask,
+                                     None if mask is None else _masks.mask_rows(mask, s0, s1))
             p, lse[..., s0:s1], output[..., s0:s1, :] = _attend_each(q_g[..., s0:s1, :], keys, safe, allowed, scale)
             if weight is not None:  # repeated slots hold 0
                 weight[..., s0:s1, :] = weight[..., s0:s1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
@@ -131,15 +141,20 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     return AttentionOutput(output=out, weights=weight, lse=row_lse)
 
 
-def _allowed(chosen: Tensor, rows: Tensor | None, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def _allowed(chosen: Tensor, rows: Tensor | None, key_mask: Tensor | None,
+             block_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """A block's selection (B, Hkv|1, bq, K) made safe to index with (empty slots read key 0), and which slots
-    attend their key: not empty, not after the query's aligned position ``rows`` (bq, 1), not padding."""
+    attend their key: not empty, not after the query's aligned position ``rows`` (bq, 1), not padding, not
+    ruled out by the block's rows of the call's mask (B|1, 1, bq|1, S)."""
     allowed = chosen >= 0
     if rows is not None:
         allowed = allowed & (chosen <= rows)
     safe = chosen.clamp(min=0)
     if key_mask is not None:
         allowed = allowed & key_mask.gather(1, safe.flatten(1)).view(safe.shape)
+    if block_mask is not None:
+        B, H, bq, _ = safe.shape
+        allowed = allowed & block_mask.expand(B, H, bq, -1).gather(-1, safe)
     return safe, allowed
 
 

@@ -68,12 +68,13 @@ class LightningIndexer(nn.Module):
 
     @torch.no_grad()
     def select(self, query_latent: Tensor, x: Tensor, keys: Tensor, positions: Tensor, *, key_mask: Tensor | None = None,
-               is_causal: bool = True, causal_align: str = "top-left") -> Tensor:
+               is_causal: bool = True, causal_align: str = "top-left", mask: Tensor | None = None) -> Tensor:
         """The top-k keys of each query: (B, L, min(topk, S)) key positions, -1 where fewer are allowed.
 
         ``query_latent`` c_Q (B, L, q_lora_rank) and ``x`` (B, L, D) of the queries at ``positions``; ``keys``
         (B, S, E_I) of every token attended; ``key_mask`` (B, S) True at real tokens; causal with
-        ``causal_align`` (bottom-right with a cache). No gradient: the selection is a choice, as in the paper
+        ``causal_align`` (bottom-right with a cache); ``mask`` (B|1, 1, L|1, S) True where a query may attend
+        (a key it rules out is never selected). No gradient: the selection is a choice, as in the paper
         (the indexer trains by its own loss)."""
         B, L, _ = x.shape
         S = keys.shape[1]
@@ -94,6 +95,8 @@ class LightningIndexer(nn.Module):
                 allowed = allowed & _masks.causal_block(q0, q1, 0, S, offset, None, device=x.device)
             if key_mask is not None:
                 allowed = allowed & key_mask.bool()[:, None, :]
+            if mask is not None:
+                allowed = allowed & _masks.mask_rows(mask, q0, q1)[:, 0]
             index = index.masked_fill(~allowed, float("-inf"))
             top = index.topk(k, dim=-1)
             chosen.append(top.indices.masked_fill(torch.isneginf(top.values), -1))

@@ -170,16 +170,35 @@ class LatentAttention(nn.Module):
             query = torch.cat([q_nope, q_rope], dim=-1)
         if self.indexer is not None:
             assert latents.index_key is not None and latent_call.query_latent is not None  # set with an indexer
+            mask = _shared_mask(call.mask)
             indices = self.indexer.select(latent_call.query_latent, x, latents.index_key, positions,
-                                          key_mask=call.key_mask, is_causal=call.is_causal, causal_align=causal_align)
+                                          key_mask=call.key_mask, is_causal=call.is_causal, causal_align=causal_align,
+                                          mask=mask)
             result = topk_attention(query, key, value, indices, key_mask=_bool(call.key_mask), is_causal=call.is_causal,
-                                    causal_align=causal_align, scale=self.scale, need_weights=call.need_weights)
+                                    causal_align=causal_align, scale=self.scale, need_weights=call.need_weights,
+                                    mask=mask)
         else:
             result = attention(query, key, value, mask=call.mask_for(B, S), is_causal=call.is_causal,
                                causal_align=causal_align, scale=self.scale, backend=self.backend,
                                need_weights=call.need_weights)
         output = result.output @ value_up.transpose(-1, -2) if latent_call.absorbed else result.output  # (B, H, L, v)
         return AttentionOutput(output, result.weights, result.lse)
+
+
+def _shared_mask(mask: Tensor | None) -> Tensor | None:
+    """The call's ``mask`` as DSA takes it, boolean (B|1, 1, L|1, S): applied in the indexer's selection and in
+    the attention alike. A mask per head is refused by name (the indexer selects for every head at once)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() not in (2, 4):
+        got = (mask.dtype, tuple(mask.shape)) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be boolean (L, S) or (B|1, 1, L|1, S) with DeepSeek sparse attention, got {got}")
+    if mask.dim() == 2:
+        return mask[None, None]
+    if mask.shape[1] != 1:
+        raise ValueError(f"mask of shape {tuple(mask.shape)}: DeepSeek sparse attention's indexer selects the same keys "
+                         "for every head, so the mask must be shared by the heads, (B|1, 1, L|1, S)")
+    return mask
 
 
 def _bool(key_mask: Tensor | None) -> Tensor | None:

@@ -33,6 +33,11 @@ from .outputs import LMOutput
 
 __all__ = ["DeepSeekLM", "DeepSeekBlock", "DeepSeekMoE", "load_deepseek_folder"]
 
+LATENT_NORM_EPS = 1e-6
+"""The epsilon of the latents' RMSNorms (q_a_norm, kv_a_norm): 1e-6 whatever the checkpoint's rms_norm_eps,
+as DeepSeek's reference code and transformers' DeepseekV3/V32 build them (only the block and final norms read
+rms_norm_eps)."""
+
 
 class DeepSeekMoE(nn.Module):
     """Routed experts (fused weights as transformers keeps them: ``gate_up_proj`` (E, 2 F, D), ``down_proj``
@@ -116,7 +121,8 @@ class DeepSeekBlock(nn.Module):
         self.self_attn = LatentAttention(c.d_model, c.num_heads, kv_lora_rank=c.kv_lora_rank,
                                          qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim,
                                          v_head_dim=c.v_head_dim, q_lora_rank=c.q_lora_rank, bias=c.attention_bias,
-                                         rotary=rotary, scale=c.attention_scale, norm_eps=c.norm_eps, indexer=indexer)
+                                         rotary=rotary, scale=c.attention_scale, norm_eps=LATENT_NORM_EPS,
+                                         indexer=indexer)
         self.mlp_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.mlp: nn.Module = GatedFeedForward(c.d_model, c.d_ff) if layer < c.first_dense_layers else DeepSeekMoE(c)
 
