@@ -185,7 +185,7 @@ class LatentAttention(nn.Module):
         return AttentionOutput(output, result.weights, result.lse)
 
 
-def _shared_mask(mask: Tensor | None) -> Tensor | None:
+def _shared_mask(mask: object) -> Tensor | None:
     """The call's ``mask`` as DSA takes it, boolean (B|1, 1, L|1, S): applied in the indexer's selection and in
     the attention alike. A mask per head is refused by name (the indexer selects for every head at once)."""
     if mask is None:
