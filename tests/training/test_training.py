@@ -199,3 +199,56 @@ def test_checkpoints_with_the_older_norm_names_still_load(phrases, tmp_path):
     loaded = load_checkpoint(folder).model
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("phase", ["before-the-first-validation", "during-a-validation", "during-the-last-validation"])
+def test_a_stop_at_any_phase_resumes_to_the_weights_of_an_uninterrupted_run(phrases, tmp_path, monkeypatch, phase,
+                                                                            signal_name):
+    """Ctrl-C or SIGTERM (a scheduler's time limit) before the first validation (the best loss still infinite,
+    stored as null), during one, or during the last: a checkpoint, then --resume continues to the same weights
+    as a run never stopped (issue 59, items 11 and 13)."""
+    import os
+    import signal
+
+    from attnkit.training import loop
+
+    train_pairs, valid, _, source, target = phrases
+    train_pairs = train_pairs[:160]
+    config = TrainingConfig(epochs=2, batch_size=32, lr=2e-3, warmup_steps=2, seed=3, patience=0)
+    quiet = {"progress": False, "log": lambda _: None}
+    whole = train(_seq2seq(source, target, dropout=0.2), source, target, train_pairs, valid, config, tmp_path / "whole",
+                  **quiet)
+    number = getattr(signal, signal_name)
+    real_step, real_validate = loop._Trainer._step, loop._Trainer._validate
+    validations = []
+
+    def step(self, indices):
+        if phase == "before-the-first-validation" and self.state.step == 2:
+            os.kill(os.getpid(), number)
+        return real_step(self, indices)
+
+    def validate(self, *args, **kwargs):
+        validations.append(1)
+        if (phase == "during-a-validation" and len(validations) == 1) or (
+                phase == "during-the-last-validation" and len(validations) == 2):
+            os.kill(os.getpid(), number)
+        return real_validate(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop._Trainer, "_step", step)
+    monkeypatch.setattr(loop._Trainer, "_validate", validate)
+    first = train(_seq2seq(source, target, dropout=0.2), source, target, train_pairs, valid, config,
+                  tmp_path / "split", **quiet)
+    monkeypatch.undo()
+    if phase == "before-the-first-validation":
+        assert first.stopped == "interrupted" and first.steps == 3 and not first.history["epochs"]
+        saved = json.loads((tmp_path / "split" / "last" / "trainer.json").read_text())["progress"]
+        assert saved["best_valid_loss"] is None  # JSON's "no validation yet"
+    elif phase == "during-a-validation":
+        assert first.stopped == "interrupted" and first.epochs_done == 1
+    rest = train(_seq2seq(source, target, dropout=0.2), source, target, train_pairs, valid, config, tmp_path / "split",
+                 resume=True, **quiet)
+    assert rest.steps == whole.steps and rest.best_valid_loss == whole.best_valid_loss
+    ours, theirs = load_checkpoint(tmp_path / "split" / "last").model, load_checkpoint(tmp_path / "whole" / "last").model
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        assert torch.equal(a, b), name

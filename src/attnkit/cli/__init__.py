@@ -10,7 +10,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from ..errors import InputError
 from . import inspection, language_models, tools, translation
@@ -78,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     previous_level = root.level
     root.setLevel(logging.INFO)
     try:
-        return args.run(args)
+        with _sigterm_as_ctrl_c():
+            return args.run(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -90,6 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # main() may be called again in one process (tests, notebooks): leave logging as it was
         root.removeHandler(handler)
         root.setLevel(previous_level)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (a scheduler's time limit, ``timeout``, a closed terminal) ends a command as Ctrl-C does: the
+    folders it was filling are left as Ctrl-C leaves them (a training run checkpoints, an unfinished --out
+    folder is removed or marked), exit status 130. In the main thread only (signals are delivered there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -265,8 +265,7 @@ def _run_training(args: argparse.Namespace, options: dict, train_pairs, valid_pa
     result = train(model, source, target, train_pairs, valid_pairs, training, args.out, resume=args.resume,
                    overwrite=args.overwrite, options=options, progress=not args.quiet, alignments=alignments)
     if is_main() and args.resume and result.new_steps == 0:
-        print(f"nothing to train: the run is at step {result.steps} (epoch {result.epochs_done}), which already meets "
-              f"its {result.stopped} limit; raise --max-steps, --epochs or --max-minutes to train on")
+        print("raise --max-steps, --epochs or --max-minutes to train on (no option change was recorded)")
     elif is_main():
         kept = [name + "/" for name in ("best", "last") if (args.out / name / "checkpoint.json").is_file()]
         where = f"checkpoints in {args.out.resolve()} ({', '.join(kept)})" if kept else "no checkpoint written yet"

@@ -132,15 +132,18 @@ class TrainingResult:
 
 
 class _StopOnInterrupt:
-    """First Ctrl-C asks the loop to checkpoint and stop at the next batch; a second one aborts."""
+    """The first Ctrl-C (SIGINT) or SIGTERM (a scheduler's time limit, ``timeout``, a closed terminal) asks
+    the loop to checkpoint and stop at the next batch; a second one aborts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -149,8 +152,14 @@ class _StopOnInterrupt:
         self.requested = True
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+
+
+def _where(state: TrainerState) -> str:
+    """Where a run stands, in the same words wherever it is said: steps, epochs finished, batches into the next."""
+    into = f", {state.batch} batches into epoch {state.epoch + 1}" if state.batch else ""
+    return f"the run is at step {state.step}, {state.epoch} epoch{'' if state.epoch == 1 else 's'} finished{into}"
 
 
 @dataclass
@@ -210,7 +219,7 @@ def train(
                        progress=progress, log=log or logger.info, alignments=alignments, on_epoch=on_epoch)
     if resume:
         trainer.restore()
-        if is_main():
+        if is_main() and trainer.reached() is None:  # a change applies only where a step will run under it
             for change in record_resume(folder, recorded, trainer.state.step):
                 trainer.log(f"resume: {change['option']} {change['was']!r} -> {change['now']!r} from step "
                             f"{trainer.state.step} on (recorded in {folder / MARKER})")
@@ -275,9 +284,12 @@ class _Trainer:
 
     def restore(self) -> None:
         saved = load_trainer_state(self.folder / "last", self.model, self.optimizer)
-        self.state = TrainerState(**saved["progress"])
+        progress = dict(saved["progress"])
+        if progress.get("best_valid_loss") is None:  # JSON keeps no infinity: null is "no validation yet"
+            progress["best_valid_loss"] = math.inf
+        self.state = TrainerState(**progress)
         self.history = saved["history"]
-        self.log(f"resuming from {self.folder / 'last'} at epoch {self.state.epoch + 1}, step {self.state.step}")
+        self.log(f"resuming from {self.folder / 'last'}: {_where(self.state)}")
 
     def reached(self) -> str | None:
         """The limit a (resumed) run already meets before any step, or None: nothing is left to do."""
@@ -297,8 +309,7 @@ class _Trainer:
         if done is not None:  # nothing to train: no step, no checkpoint rewritten
             s = self.state
             if self.main:
-                self.log(f"nothing to train: the run is at epoch {s.epoch}, step {s.step}, which already meets its "
-                         f"{done} limit")
+                self.log(f"nothing to train: {_where(s)}, which already meets its {done} limit")
             return TrainingResult(self.folder, s.step, s.epoch, s.best_valid_loss, done, self.history, new_steps=0)
         with _StopOnInterrupt() as interrupt:
             while self.state.epoch < self.config.epochs and self.state.stopped is None:
