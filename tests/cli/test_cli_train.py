@@ -290,3 +290,17 @@ def test_a_stop_before_any_validation_names_only_the_checkpoints_written(phrase_
     code, out, _, _ = run_cli(["train", "--data", phrase_file, "--out", tmp_path / "run", *TINY], capsys)
     assert code == 130
     assert "(last/)" in out and "best/" not in out
+
+
+def test_resume_messages_name_the_real_mistake(phrase_file, tmp_path, capsys):
+    """Issue 59, item 14: an empty --out gives one line (no false 'older attnkit' warning); another --arch on a
+    resumed run is blamed on --arch, not on options the user never gave."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    err = refused(["train", "--out", empty, "--resume"], capsys, "holds no run to resume")
+    assert "older attnkit" not in err
+    run = tmp_path / "run"
+    assert run_cli(["train", "--data", phrase_file, "--out", run, "--max-steps", "2", *TINY], capsys)[0] == 0
+    err = refused(["train", "--out", run, "--resume", "--arch", "transformer"], capsys, "--arch transformer",
+                  "--arch seq2seq")
+    assert "--attention" not in err

@@ -150,8 +150,10 @@ def _take_training_options(args: argparse.Namespace) -> None:
     """Fill the training options left out: on --resume from the run's record, else the defaults."""
     from ..training.run import recorded_training
 
+    from ..training.run import MARKER
+
     recorded = recorded_training(args.out) if args.resume and args.out.is_dir() else None
-    if args.resume and recorded is None:
+    if args.resume and recorded is None and (args.out / MARKER).is_file():  # a run, from before the record
         print("--resume: this run recorded no training options (made by an older attnkit): those not given take "
               "the defaults", file=sys.stderr)
     for option, (field, default) in TRAINING_OPTIONS.items():
@@ -168,6 +170,9 @@ def _take_run_options(args: argparse.Namespace) -> None:
     """On --resume, every data or model option the command line leaves out is the run's (its marker);
     only options given that differ are refused (by check_run_folder). Then the defaults of a new run."""
     recorded = run_options(args.out) if args.resume and args.out.is_dir() else {}
+    if args.arch is not None and recorded.get("arch") not in (None, args.arch):
+        raise UsageError(f"--arch {args.arch}: {args.out} is a run of --arch {recorded['arch']}, and a resumed run "
+                         "keeps its architecture (start a new run in another --out)")
     for name, value in recorded.items():
         if name == "data_sha256" or not hasattr(args, name) or getattr(args, name) is not None:
             continue
