@@ -64,3 +64,25 @@ def test_a_sentence_is_never_its_own_partner():
 
     with pytest.raises(ValueError, match="its own partner"):
         encoder_agreement(None, None, ["The cat sat."], [" The cat sat. "])
+
+
+def test_an_example_of_one_scored_token_is_reported_not_fatal(tmp_path):
+    """`attnkit inspect ... hello`: one word ranks nothing (issue 59, item 12): no correlation, counted, and the
+    report section says so instead of raising."""
+    import numpy as np
+
+    from attnkit.inspect.agreement import Agreement, summarise
+    from attnkit.inspect.report import _agreement_section
+
+    one = Agreement("hello", ["hello"], {"last-layer": np.ones(1)}, {"integrated-gradients": np.ones(1),
+                                                                      "gradient-x-input": np.ones(1)}).correlate()
+    assert all(np.isnan(v).all() for v in one.correlations.values()) and len(one.correlations) == 3
+    rows = summarise([one])
+    assert all(r["spearman"]["n"] == 0 and r["spearman"]["median"] is None for r in rows)
+    two = Agreement("a b", ["a", "b"], {"last-layer": np.array([0.2, 0.8])},
+                    {"integrated-gradients": np.array([0.1, 0.9]), "gradient-x-input": np.array([0.3, -0.1])}).correlate()
+    lines, rows = _agreement_section([one, two], tmp_path, "test")
+    assert "1 of 2 examples scored fewer than two tokens" in "\n".join(lines)
+    assert rows[0]["spearman"]["n"] == 1 and (tmp_path / "agreement.png").is_file()
+    lines, _ = _agreement_section([one], tmp_path / "none", "test")
+    assert "(no example to draw)" in lines

@@ -148,9 +148,7 @@ the marker's ``changes``)."""
 
 def _take_training_options(args: argparse.Namespace) -> None:
     """Fill the training options left out: on --resume from the run's record, else the defaults."""
-    from ..training.run import recorded_training
-
-    from ..training.run import MARKER
+    from ..training.run import MARKER, recorded_training
 
     recorded = recorded_training(args.out) if args.resume and args.out.is_dir() else None
     if args.resume and recorded is None and (args.out / MARKER).is_file():  # a run, from before the record

@@ -14,6 +14,7 @@ Attribution scores are ranked by magnitude (an attribution of -2 matters more th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,15 @@ class Agreement:
 
     def correlate(self) -> Agreement:
         """Every attention score against every attribution's magnitude, then the attributions
-        against each other (do integrated gradients and Shapley values agree?)."""
+        against each other (do integrated gradients and Shapley values agree?). An example of fewer than two
+        scored tokens ranks nothing: its correlations are NaN (left out of :func:`summarise`, which counts
+        them)."""
+        if len(self.tokens) < 2:
+            names = list(self.attribution)
+            pairs = [(a, b) for a in self.attention for b in names]
+            pairs += [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+            self.correlations = {pair: (math.nan, math.nan) for pair in pairs}
+            return self
         for a, att in self.attention.items():
             for b, attr in self.attribution.items():
                 self.correlations[(a, b)] = (spearman(att, np.abs(attr)), kendall(att, np.abs(attr)))
@@ -66,6 +75,9 @@ def summarise(examples: Sequence[Agreement]) -> list[dict]:
         for k, name in enumerate(("spearman", "kendall")):
             values = np.array([e.correlations[key][k] for e in examples], dtype=np.float64)
             values = values[np.isfinite(values)]
+            if not len(values):  # no example ranked two tokens
+                row[name] = {"n": 0, "mean": None, "median": None, "q25": None, "q75": None, "values": []}
+                continue
             row[name] = {"n": int(len(values)), "mean": float(values.mean()), "median": float(np.median(values)),
                          "q25": float(np.quantile(values, 0.25)), "q75": float(np.quantile(values, 0.75)),
                          "values": values.tolist()}

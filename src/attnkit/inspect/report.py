@@ -39,7 +39,11 @@ MAX_FLOW_TOKENS = 40  # attention flow solves L^2 max-flow problems: only for sh
 
 
 def _median_iqr(stats: dict) -> str:
-    return f"{stats['median']:.2f} [{stats['q25']:.2f}, {stats['q75']:.2f}]"
+    return "-" if not stats["n"] else f"{stats['median']:.2f} [{stats['q25']:.2f}, {stats['q75']:.2f}]"
+
+
+def _mean(stats: dict) -> str:
+    return "-" if not stats["n"] else f"{stats['mean']:.2f}"
 
 
 def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> tuple[list[str], list[dict]]:
@@ -47,9 +51,10 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
 
     rows = summarise(examples)
     samples = {f"{r['attention']} vs {r['attribution']} ({measure})": r[measure]["values"]
-               for r in rows for measure in ("spearman", "kendall")}
-    plot_distributions(samples, out / "agreement.png", x_title="rank correlation per example", limits=(-1, 1),
-                       title=f"Attention vs attribution ({what})")
+               for r in rows for measure in ("spearman", "kendall") if r[measure]["values"]}
+    if samples:
+        plot_distributions(samples, out / "agreement.png", x_title="rank correlation per example", limits=(-1, 1),
+                           title=f"Attention vs attribution ({what})")
     lines = ["## Does attention agree with attribution?", "",
              f"Per example ({what}), rank correlation between attention scores and attribution magnitudes "
              "(Jain & Wallace 2019), and between the attributions themselves (integrated gradients, gradient x "
@@ -58,9 +63,13 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
     lines += markdown_table(
         ["scores", "against", "examples", "Spearman median [IQR]", "Spearman mean", "Kendall median [IQR]",
          "Kendall mean"],
-        ([r["attention"], r["attribution"], r["spearman"]["n"], _median_iqr(r["spearman"]), f"{r['spearman']['mean']:.2f}",
-          _median_iqr(r["kendall"]), f"{r['kendall']['mean']:.2f}"] for r in rows))
-    lines += ["", "![agreement](agreement.png)", ""]
+        ([r["attention"], r["attribution"], r["spearman"]["n"], _median_iqr(r["spearman"]), _mean(r["spearman"]),
+          _median_iqr(r["kendall"]), _mean(r["kendall"])] for r in rows))
+    unranked = sum(len(e.tokens) < 2 for e in examples)
+    if unranked:
+        lines += ["", f"{unranked} of {len(examples)} example{'s' if len(examples) != 1 else ''} scored fewer than two "
+                  "tokens: nothing to rank, no correlation (left out of the counts above)."]
+    lines += ["", "![agreement](agreement.png)" if samples else "(no example to draw)", ""]
     return lines, rows
 
 
