@@ -167,3 +167,21 @@ def test_a_refused_command_leaves_no_empty_output_folder(command, tmp_path, caps
     code, _, err, _ = run_cli([*command, "--out", out], capsys)
     assert code == 2, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["generate", "--seed", "3", "--prompt", "hi"], ["--seed", "sampling"]),
+    (["inspect", "--model", "minilm", "--beam", "3", "hello there"], ["--beam", "translation checkpoint"]),
+    (["inspect", "--model", "minilm", "--limit", "3", "hello there"], ["--limit", "--aer only"]),
+    (["inspect", "--model", "minilm", "--no-eflomal", "hello there"], ["--no-eflomal", "--aer only"]),
+    (["inspect", "--model", "minilm", "--ibm-iterations", "3", "hello there"], ["--ibm-iterations", "--aer only"]),
+    (["bench", "--render", "README.md", "--sizes", "512"], ["--sizes", "--render"]),
+    (["demo", "--models", "bahdanau", "bahdanau"], ["--models", "bahdanau", "twice"]),
+], ids=["generate-seed", "inspect-beam", "inspect-limit", "inspect-no-eflomal", "inspect-ibm", "bench-render",
+        "demo-models"])
+def test_options_that_would_change_nothing_are_refused_by_name(argv, words, capsys, tmp_path):
+    """docs/workbench.md promises it (issue 59, item 15): an option the command would ignore is named."""
+    if argv[0] in ("inspect", "demo"):
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    refused(argv, capsys, *words)
+    assert not (tmp_path / "out").exists()

@@ -20,6 +20,7 @@ from .arguments import (
     int_in,
     output_dir,
     owned_folder,
+    refuse_unused,
     resolve_checkpoint,
 )
 
@@ -53,6 +54,13 @@ def _inspect_into(args: argparse.Namespace) -> int:
         raise UsageError("--aer-attribution must be 0 (off) or >= 2 integrated-gradient steps, got 1")
     if args.also and not args.aer:
         raise UsageError("--also adds checkpoints to --aer's table; give --aer too")
+    if not args.aer:
+        refuse_unused(args, ["limit", "no_eflomal", "ibm_iterations", "aer_attribution"], "applies to --aer only")
+    if args.model == "minilm" or args.model == "smollm2" or args.model.endswith(".gguf") or (
+            Path(args.model) / "config.json").is_file() and not (Path(args.model) / "checkpoint.json").is_file():
+        refuse_unused(args, ["beam"], "applies to a translation checkpoint's translations, not to this --model")
+    args.beam = 5 if args.beam is None else args.beam
+    args.ibm_iterations = 5 if args.ibm_iterations is None else args.ibm_iterations
     if args.model == "minilm":
         return _inspect_minilm(args, texts, references)
     if args.model == "smollm2" or args.model.endswith(".gguf"):
@@ -207,7 +215,7 @@ def add_inspect_parser(commands) -> None:
                          help=f"integrated-gradients steps, in [2, {MAX_IG_STEPS}] (each step is one copy of the text "
                               "in one batch: the cap bounds the memory)")
     inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
-    inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width of the translations")
+    inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), help="beam width of a checkpoint's translations (default 5)")
     inspect.add_argument("--aer", action="store_true",
                          help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
     inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
@@ -220,8 +228,8 @@ def add_inspect_parser(commands) -> None:
                          help="--aer: also align --model (not --also runs) by integrated gradients with STEPS steps "
                               "(>= 2; 0: off, the default; one batch of target pieces x STEPS copies per verse)")
     inspect.add_argument("--no-eflomal", action="store_true", help="--aer without the eflomal rows")
-    inspect.add_argument("--ibm-iterations", type=int_in(1, 1000), default=5,
-                         help="EM iterations of the IBM Model 1 baseline")
+    inspect.add_argument("--ibm-iterations", type=int_in(1, 1000),
+                         help="--aer: EM iterations of the IBM Model 1 baseline (default 5)")
     add_device_argument(inspect, "the model")
     inspect.add_argument("--quiet", action="store_true", help="no progress bars")
     inspect.set_defaults(run=_inspect)

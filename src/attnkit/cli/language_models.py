@@ -199,7 +199,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.temperature == 0:
         from .arguments import refuse_unused
 
-        refuse_unused(args, ["top_k", "top_p"], "applies to sampling (--temperature > 0), not to greedy decoding")
+        refuse_unused(args, ["top_k", "top_p", "seed"], "applies to sampling (--temperature > 0), not to greedy decoding")
     if args.compile and args.no_cache:
         raise UsageError("--compile decodes through fixed-size caches; it cannot go with --no-cache")
     device = check_device(args.device)
@@ -217,7 +217,7 @@ def _generate(args: argparse.Namespace) -> int:
     if longest + args.max_new_tokens > context:
         raise UsageError(f"--prompt ({longest:,} tokens) plus --max-new-tokens {args.max_new_tokens:,} exceed the "
                          f"model's {context:,}-token context")
-    generator = torch.Generator(device=device).manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(0 if args.seed is None else args.seed)
     if len(encoded) > 1:  # one batch, left-padded; each completion printed when all are done
         ids, mask = pad_prompts(encoded)
         result = generate(model, ids.to(device), attention_mask=mask.to(device), max_new_tokens=args.max_new_tokens,
@@ -252,7 +252,7 @@ def add_generate_parser(commands) -> None:
     gen.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--stop", nargs="+", help="more stop tokens, each one token of the vocabulary (the model's own "
                                                "end-of-text tokens always stop it)")
-    gen.add_argument("--seed", type=seed, default=0, help="sampling seed")
+    gen.add_argument("--seed", type=seed, help="sampling seed (default 0; sampling only)")
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow; a baseline)")
     gen.add_argument("--compile", action="store_true",
                      help="fixed-size caches and a compiled decode step (CUDA graphs on CUDA; needs a C++ compiler on a CPU)")

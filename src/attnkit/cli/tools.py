@@ -49,6 +49,9 @@ def _bench(args: argparse.Namespace) -> int:
     from .._files import read_json
 
     if args.render:
+        refuse_unused(args, ["sizes", "masks", "impls", "dtypes", "window", "repeats", "min_seconds", "max_call_seconds",
+                             "max_memory_gb", "no_memory", "context_parallel", "worlds"],
+                      "measures; --render prints a recorded JSON and measures nothing")
         report = read_json(args.render, "benchmark results")
         if not isinstance(report, dict) or not isinstance(report.get("results"), list):
             raise UsageError(f"--render {args.render}: not an attnkit bench JSON (no 'results' list)")

@@ -93,6 +93,9 @@ def _demo(args: argparse.Namespace) -> int:
 
     device = check_device(args.device)
     with owned_folder(args.out, "demo"):
+        if args.models is not None and len(set(args.models)) != len(args.models):
+            twice = sorted({m for m in args.models if args.models.count(m) > 1})
+            raise UsageError(f"--models names {', '.join(twice)} twice: each model is trained once")
         extra = [o for o, v in (("--models", args.models), ("--minutes", args.minutes)) if args.figure2 and v is not None]
         if extra:
             raise UsageError(f"--figure2 trains its own four models for the same optimiser steps: leave out {' and '.join(extra)}")
