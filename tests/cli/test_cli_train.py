@@ -30,9 +30,15 @@ def test_train_translate_evaluate_on_a_user_file(phrase_file, tmp_path, capsys):
     assert heatmap.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["evaluate", "--checkpoint", str(run), "--data", str(phrase_file), "--limit", "50", "--beam", "2",
                  "--json", str(tmp_path / "scores.json"), "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert "BLEU" in out and "source  1-10 words" in out
-    assert (tmp_path / "scores.json").is_file()
+    captured = capsys.readouterr()
+    assert "BLEU" in captured.out and "source  1-10 words" in captured.out
+    # the very file the run trained on (issue 59, item 16): said, on stderr and in the JSON
+    assert "is the file this model was trained on" in captured.err and "training-set score" in captured.err
+    assert "training-set score" in json.loads((tmp_path / "scores.json").read_text())["warning"]
+    other = tmp_path / "held_out.tsv"
+    other.write_text("".join(phrase_file.read_text().splitlines(keepends=True)[:30]), encoding="utf-8")
+    assert main(["evaluate", "--checkpoint", str(run), "--data", str(other), "--beam", "1", "--quiet"]) == 0
+    assert "trained on" not in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", str(run), "--data", str(phrase_file), "--long"]) == 2
     assert "--long: only the bundled bible corpus has a test-long split" in capsys.readouterr().err
     # --long's part on its own (this model knows numbers, not the Bible: the scores are ~0, the shape is checked)

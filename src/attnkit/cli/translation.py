@@ -458,6 +458,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     pairs = pairs[: args.limit]
     if args.long and args.data != "bible":
         raise UsageError("--long: only the bundled bible corpus has a test-long split (--data bible)")
+    trained_on = _trained_on_this_file(args)
+    if trained_on:
+        print(trained_on, file=sys.stderr)
     scores, outputs = evaluate_model(checkpoint.model, checkpoint.source_tokenizer, checkpoint.target_tokenizer, pairs,
                                      beam_size=args.beam, progress=not args.quiet)
     print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['sentences']} sentences, beam {args.beam})")
@@ -468,8 +471,21 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.json is not None:
         from .._files import write_json
 
-        write_json(args.json, scores)
+        write_json(args.json, scores | ({"warning": trained_on} if trained_on else {}))
     return 0
+
+
+def _trained_on_this_file(args: argparse.Namespace) -> str | None:
+    """A warning where ``--data`` is the very file the checkpoint's run trained on (the run recorded its path and
+    SHA-256): its pairs were training pairs (all but every 20th), so the score is not a held-out one."""
+    if args.data in BUNDLED_DATA or not Path(args.data).is_file():
+        return None
+    recorded = run_options(Path(args.checkpoint))
+    if not recorded.get("data_sha256") or recorded["data_sha256"] != data_identity(args.data).get("data_sha256"):
+        return None
+    return (f"warning: --data {args.data} is the file this model was trained on (the same SHA-256 as its run "
+            "recorded): all but every 20th of its pairs were training pairs, so this BLEU is a training-set score, "
+            "not a test score; give a file of held-out pairs")
 
 
 def _by_length_with_intervals(args: argparse.Namespace, checkpoint, pairs, hypotheses: list[str]) -> dict:
@@ -499,7 +515,10 @@ def add_evaluate_parser(commands) -> None:
     """The ``evaluate`` sub-command's arguments."""
     evaluate = commands.add_parser("evaluate", help="BLEU, chrF and BLEU by source length on a test set")
     evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint or run folder")
-    evaluate.add_argument("--data", default="bible", help=_DATA_HELP + " (the test split of the bible)")
+    evaluate.add_argument("--data", default="bible",
+                          help=_DATA_HELP + " (default bible: its test split; a file of yours is scored whole: a run "
+                               "trained on a file held out every 20th pair for validation and none for testing, so "
+                               "give held-out pairs)")
     evaluate.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     evaluate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
     evaluate.add_argument("--limit", type=int_in(1), help="the first N test pairs only")
