@@ -10,7 +10,11 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["atomic_path", "write_json", "read_json"]
+__all__ = ["atomic_path", "write_json", "read_json", "WRITTEN_BY", "written_by_attnkit"]
+
+WRITTEN_BY = "attnkit"
+"""The mark of a single file attnkit wrote: a PNG's "Software" text, a JSON object's "written_by" entry (a file
+without a mark may be replaced only when the user says so: attnkit.cli.arguments.check_replaceable)."""
 
 
 @contextlib.contextmanager
@@ -70,3 +74,23 @@ def read_json(path: str | os.PathLike, what: str = "file"):
         raise FileNotFoundError(f"{what} not found: {path}") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{path}: not valid JSON ({error})") from error
+
+
+def written_by_attnkit(path: str | os.PathLike) -> bool:
+    """Whether the file at ``path`` carries attnkit's mark (:data:`WRITTEN_BY`): a PNG whose "Software" text
+    chunk starts with it, or a JSON object whose "written_by" does. Reads at most the PNG's header chunks."""
+    import json
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return b"tEXtSoftware\x00" + WRITTEN_BY.encode() in head
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and str(data.get("written_by", "")).startswith(WRITTEN_BY)

@@ -96,3 +96,24 @@ def test_a_heatmap_path_is_checked_before_any_translation(run, tmp_path, capsys)
     refused(["translate", "--checkpoint", run, "--heatmap", missing / "x.png", "three cats"], capsys, "--heatmap",
             "does not create folders")
     assert not (tmp_path / "no").exists()
+
+
+def test_a_single_output_file_is_replaced_only_if_attnkit_wrote_it(run, phrase_file, tmp_path, capsys):
+    """The rule of --out folders for single files (issue 59, item 17): translate --heatmap, evaluate --json and
+    align --out write a new file, replace one attnkit wrote (its mark), and refuse any other file unless
+    --overwrite."""
+    picture, scores, links = tmp_path / "pic.png", tmp_path / "scores.json", tmp_path / "links.txt"
+    for path in (picture, scores, links):
+        path.write_text("the user's own file")
+    refused(["translate", "--checkpoint", run, "--heatmap", picture, "one two"], capsys, "--heatmap", "--overwrite")
+    refused(["evaluate", "--checkpoint", run, "--data", phrase_file, "--json", scores], capsys, "--json", "--overwrite")
+    refused(["align", "--data", phrase_file, "--aligner", "ibm1", "--out", links], capsys, "--out", "--overwrite")
+    assert all(p.read_text() == "the user's own file" for p in (picture, scores, links))
+    assert run_cli(["translate", "--checkpoint", run, "--heatmap", picture, "--overwrite", "one two"], capsys)[0] == 0
+    assert run_cli(["translate", "--checkpoint", run, "--heatmap", picture, "two three"], capsys)[0] == 0  # attnkit's
+    argv = ["evaluate", "--checkpoint", run, "--data", phrase_file, "--limit", "5", "--beam", "1", "--quiet", "--json",
+            scores]
+    assert run_cli([*argv, "--overwrite"], capsys)[0] == 0 and run_cli(argv, capsys)[0] == 0
+    assert run_cli(["align", "--data", phrase_file, "--aligner", "ibm1", "--out", links, "--overwrite", "--quiet"],
+                   capsys)[0] == 0
+    refused(["align", "--data", phrase_file, "--aligner", "ibm1", "--out", links], capsys, "--overwrite")  # no mark

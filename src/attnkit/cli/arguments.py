@@ -282,6 +282,18 @@ def check_new_file(path: Path, name: str) -> None:
                          "only where none exists (move it, or give another name)")
 
 
+def check_replaceable(path: Path, name: str, overwrite: bool) -> None:
+    """The rule of --out folders for a single output file: a new file is written; an existing one is replaced
+    only if attnkit wrote it (its mark: :func:`attnkit._files.written_by_attnkit`) or with ``--overwrite``."""
+    from .._files import written_by_attnkit
+
+    if path.is_dir():
+        raise UsageError(f"{name} {path} is a folder; give a file name")
+    if path.exists() and not overwrite and not written_by_attnkit(path):
+        raise UsageError(f"{name} {path} exists and attnkit did not write it; give another name, or --overwrite to "
+                         "replace it")
+
+
 def refuse_unused(args: argparse.Namespace, names: list[str], why: str) -> None:
     """Refuse options that would do nothing in this combination: each of ``names`` (options whose
     parser default is None) that the user gave raises one line naming it and ``why``."""

@@ -17,6 +17,7 @@ from .arguments import (
     check_device,
     check_new_file,
     check_not_input,
+    check_replaceable,
     check_texts,
     check_writable,
     float_in,
@@ -361,6 +362,7 @@ def _align(args: argparse.Namespace) -> int:
     args.ibm_iterations = args.ibm_iterations or 5
     check_not_input(args.out, "--out", {"--data": args.data})
     check_writable(args.out.parent, "--out", create=False)
+    check_replaceable(args.out, "--out", args.overwrite)  # a links file carries no mark: --overwrite replaces one
     pairs = data_split("--data", args.data, args.split, direction=args.direction)
     words = [(p.source.lower().split(), p.target.lower().split()) for p in pairs]
     if args.aligner == "eflomal":
@@ -393,6 +395,7 @@ def add_align_parser(commands) -> None:
     align.add_argument("--ibm-iterations", type=int_in(1, 1000),
                        help="for ibm1: EM iterations at most (default 5; stops earlier at convergence)")
     align.add_argument("--out", type=output_file, required=True, help="the Pharaoh-format links file to write")
+    align.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     align.add_argument("--quiet", action="store_true", help="no progress bars")
     align.set_defaults(run=_align)
 
@@ -408,6 +411,8 @@ def _translate(args: argparse.Namespace) -> int:
     paths = []
     if args.heatmap is not None:
         check_writable(args.heatmap.parent, "--heatmap", create=False)
+        if len(texts) == 1:
+            check_replaceable(args.heatmap, "--heatmap", args.overwrite)
         paths = [args.heatmap] if len(texts) == 1 else [
             args.heatmap.with_name(f"{args.heatmap.stem}-{n}{args.heatmap.suffix}") for n in range(1, len(texts) + 1)]
         if len(paths) > 1:
@@ -440,6 +445,8 @@ def add_translate_parser(commands) -> None:
     translate.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width (1: greedy)")
     translate.add_argument("--heatmap", type=picture_file,
                            help="write the alignment heatmap here (.png or .svg; several texts: NAME-1.png, ...)")
+    translate.add_argument("--overwrite", action="store_true",
+                           help="replace an existing --heatmap file attnkit did not write")
     translate.set_defaults(run=_translate)
 
 
@@ -451,6 +458,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_not_input(args.json, "--json", {"--data": args.data, "--checkpoint": args.checkpoint})
     if args.json is not None:
         check_writable(args.json.parent, "--json", create=False)
+        check_replaceable(args.json, "--json", args.overwrite)
     checkpoint = load_checkpoint(resolve_checkpoint(args.checkpoint))
     check_beam(args.beam, checkpoint)
     pairs = data_split("--data", args.data, "test", direction=args.direction)
@@ -469,9 +477,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.long:
         scores |= _by_length_with_intervals(args, checkpoint, pairs, [o.text for o in outputs])
     if args.json is not None:
-        from .._files import write_json
+        from .._files import WRITTEN_BY, write_json
 
-        write_json(args.json, scores | ({"warning": trained_on} if trained_on else {}))
+        write_json(args.json, {"written_by": f"{WRITTEN_BY} evaluate"} | scores
+                   | ({"warning": trained_on} if trained_on else {}))
     return 0
 
 
@@ -526,5 +535,6 @@ def add_evaluate_parser(commands) -> None:
                           help="--data bible: also the test-long verses (26-80 words), then BLEU and chrF by source "
                                "length over both with 95%% bootstrap intervals (sacreBLEU)")
     evaluate.add_argument("--json", type=output_file, help="also write the scores as JSON")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace an existing --json file attnkit did not write")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
     evaluate.set_defaults(run=_evaluate)

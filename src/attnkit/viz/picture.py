@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 import os
 
-from .._files import atomic_path
+from .. import __version__
+from .._files import WRITTEN_BY, atomic_path
 
 __all__ = ["Picture", "finish", "subplots"]
 
@@ -40,8 +41,10 @@ class Picture:
         """Write the picture to ``path`` (PNG, SVG or another of matplotlib's formats by its suffix, PNG
         without one), atomically."""
         _plain_texts(self.figure)
+        kind = os.path.splitext(str(path))[1][1:] or "png"
+        mark = {"metadata": {"Software": f"{WRITTEN_BY} {__version__}"}} if kind == "png" else {}  # whose file it is
         with atomic_path(path) as tmp:
-            self.figure.savefig(tmp, dpi=DPI, bbox_inches="tight", format=os.path.splitext(str(path))[1][1:] or "png")
+            self.figure.savefig(tmp, dpi=DPI, bbox_inches="tight", format=kind, **mark)
         return self
 
     def png(self) -> bytes:
