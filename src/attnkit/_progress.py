@@ -1,5 +1,6 @@
 """The progress convention of every attnkit tool: library functions take ``progress: bool`` and
-show one tqdm bar (``leave=False``, fitted to the terminal) when it is True; ``--quiet`` turns the
+show one tqdm bar (``leave=False``, fitted to the terminal) when it is True and the output is a
+terminal (tqdm's ``disable=None``: no bars written into pipes and log files); ``--quiet`` turns the
 command-line bars off."""
 
 from __future__ import annotations
@@ -13,4 +14,5 @@ def progress_bar(items: Iterable | None = None, *, progress: bool, **options):
     """A tqdm bar over ``items`` (or, with ``total=``, one updated by hand), shown when ``progress``."""
     from tqdm.auto import tqdm
 
-    return tqdm(items, leave=options.pop("leave", False), dynamic_ncols=True, disable=not progress, **options)
+    return tqdm(items, leave=options.pop("leave", False), dynamic_ncols=True, disable=None if progress else True,
+                **options)

@@ -30,7 +30,26 @@ from .functional.checks import check_int
 from .functional.mask_mods import pattern_options
 from .models.config import DecoderConfig, DeepSeekConfig, EncoderConfig, TransformerConfig
 
-__all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES"]
+__all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES", "bytes_text", "flops_text"]
+
+
+def bytes_text(n: float) -> str:
+    """``n`` bytes in the binary unit that keeps 1-4 digits before the point: "512 B", "3.0 KiB", "64.0 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def flops_text(n: float) -> str:
+    """``n`` floating-point operations in the decimal unit that keeps 1-3 digits before the point: "12.3 MFLOP",
+    "140.6 TFLOP" (never "0.000 T")."""
+    for unit in ("", "K", "M", "G", "T", "P", "E"):
+        if abs(n) < 1000 or unit == "E":
+            return f"{n:,.0f} FLOP" if not unit else f"{n:,.1f} {unit}FLOP"
+        n /= 1000
+    raise AssertionError("unreachable")
 
 MAX_SEQ = 10**12
 """Longest sequence :func:`estimate` answers for (the arithmetic is closed form; beyond this the
@@ -362,8 +381,8 @@ def estimate(config, seq: int, dtype: str = "bf16", pattern: str | None = None, 
         extra = {"pattern": pattern, "dense_mask_bytes": seq * seq, "block_mask_bytes": tiles * tiles}
         notes.append(f"pattern {pattern}: {pairs:,} of {seq * seq:,} pairs per head per layer "
                      f"({100 * pairs / (seq * seq):.3g}%)" + ("" if exact else ", an upper bound (random blocks may overlap)")
-                     + f"; as a boolean tensor the mask takes {seq * seq / 2**20:,.1f} MiB, as attnkit's BlockMask "
-                     f"{tiles * tiles / 2**20:,.3f} MiB")
+                     + f"; as a boolean tensor the mask takes {bytes_text(seq * seq)}, as attnkit's BlockMask "
+                     f"{bytes_text(tiles * tiles)}")
     return Cost(
         parameters=parts,
         seq=seq,

@@ -15,7 +15,8 @@ def test_cost_cli_with_a_pattern(capsys):
     assert main(["cost", "--model", "smollm2-135m", "--seq", "131072", "--pattern", "longformer",
                  "--pattern-options", "width=512", "num_global=16"]) == 0
     out = capsys.readouterr().out
-    assert "pattern longformer: 71,359,984 of 17,179,869,184 pairs" in out and "BlockMask 1.000 MiB" in out
+    assert "pattern longformer: 71,359,984 of 17,179,869,184 pairs" in out and "BlockMask 1.0 MiB" in out
+    assert "boolean tensor the mask takes 16.0 GiB" in out
     assert main(["cost", "--model", "smollm2-135m", "--pattern-options", "window=3"]) == 2
     assert main(["cost", "--model", "smollm2-135m", "--pattern", "window", "--pattern-options", "globals=3"]) == 2
 
@@ -79,3 +80,14 @@ def test_an_attnkit_config_names_its_mistakes_and_never_counts_a_default_model(t
 def test_options_must_be_spelt_out(capsys):
     """argparse took --se as --seq (abbreviations); every command now refuses it, in one line."""
     refused(["cost", "--model", "gpt2-small", "--se", "128"], capsys, "unrecognized arguments: --se 128")
+
+
+def test_cost_scales_its_units_to_the_number(capsys):
+    """No "0.000 T" and no "67,108,864.0 MiB" (issue 59, item 18): each figure in the unit that fits it."""
+    from attnkit.cost import bytes_text, flops_text
+
+    assert [bytes_text(n) for n in (512, 3 * 2**10, 4 * 2**30, 2**50 * 3)] == ["512 B", "3.0 KiB", "4.0 GiB", "3.0 PiB"]
+    assert [flops_text(n) for n in (12, 524288, 1.406e14)] == ["12 FLOP", "524.3 KFLOP", "140.6 TFLOP"]
+    assert main(["cost", "--model", "llama3-8b", "--seq", "1", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "attention 524.3 KFLOP" in out and "0.000" not in out and "64 B per layer" in out

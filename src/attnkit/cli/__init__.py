@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import signal
 import sys
 import threading
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 
 from ..errors import InputError
 from . import inspection, language_models, tools, translation
-from .arguments import UsageError
+from .arguments import DefaultsHelpFormatter, UsageError
 
 __all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]
 
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of every error, user mistakes included")
     commands = parser.add_subparsers(dest="command", required=True)
+    # every sub-command's --help shows the defaults its help text does not already give
+    commands.add_parser = functools.partial(commands.add_parser, formatter_class=DefaultsHelpFormatter)  # type: ignore[method-assign]
     tools.add_tour_parser(commands)
     translation.add_demo_parser(commands)
     translation.add_train_parser(commands)

@@ -294,6 +294,20 @@ def check_replaceable(path: Path, name: str, overwrite: bool) -> None:
                          "replace it")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its ``--help``, where it has one (not None or False) and the help does not
+    already give it: argparse's ArgumentDefaultsHelpFormatter without its "(default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text or default in (None, False, argparse.SUPPRESS)
+                or text == argparse.SUPPRESS):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 def refuse_unused(args: argparse.Namespace, names: list[str], why: str) -> None:
     """Refuse options that would do nothing in this combination: each of ``names`` (options whose
     parser default is None) that the user gave raises one line naming it and ``why``."""
@@ -306,9 +320,12 @@ def refuse_unused(args: argparse.Namespace, names: list[str], why: str) -> None:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A run folder means its best/ (or last/) checkpoint."""
+    """A run folder means its best/ checkpoint, or its last/ where it has no best/ yet (said on stderr: the
+    weights no validation has chosen)."""
     for name in ("best", "last"):
         if not (path / "checkpoint.json").exists() and (path / name / "checkpoint.json").exists():
+            if name == "last":
+                print(f"note: {path} has no best/ checkpoint yet (no validation has run); using last/", file=sys.stderr)
             return path / name
     return path
 

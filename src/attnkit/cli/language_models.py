@@ -67,7 +67,7 @@ def _model_config(spec: str):
 
 
 def _cost(args: argparse.Namespace) -> int:
-    from ..cost import estimate
+    from ..cost import bytes_text, estimate, flops_text
 
     config, defaulted = _model_config(args.model)
     options = {}
@@ -81,21 +81,20 @@ def _cost(args: argparse.Namespace) -> int:
     with user_values("--seq", "--dtype", "--pattern", "--pattern-options"):
         cost = estimate(config, args.seq, args.dtype, args.pattern, **options)
     p = cost.parameters
-    g = 1e9
     print(f"model: {args.model} ({type(config).__name__}), seq {args.seq:,}, {args.dtype} ({cost.dtype_bytes} bytes)")
     print(f"parameters: {p['total']:,} (embeddings {p['embeddings']:,}, attention {p['attention']:,}, "
           f"MLP {p['mlp']:,}, norms {p['norms']:,}, head {p['head']:,})")
-    print(f"  weights in {args.dtype}: {p['total'] * cost.dtype_bytes / 2**30:.2f} GiB")
+    print(f"  weights in {args.dtype}: {bytes_text(p['total'] * cost.dtype_bytes)}")
     total_token = cost.flops_per_token_rest + cost.flops_per_token_attention
-    print(f"forward FLOPs per token (at position {args.seq:,}): {total_token / g:.3f} G = "
-          f"attention {cost.flops_per_token_attention / g:.3f} G + rest {cost.flops_per_token_rest / g:.3f} G")
+    print(f"forward FLOPs per token (at position {args.seq:,}): {flops_text(total_token)} = "
+          f"attention {flops_text(cost.flops_per_token_attention)} + rest {flops_text(cost.flops_per_token_rest)}")
     seq_total = cost.flops_per_sequence_rest + cost.flops_per_sequence_attention
-    print(f"forward FLOPs per sequence: {seq_total / 1e12:.3f} T = attention {cost.flops_per_sequence_attention / 1e12:.3f} T"
-          f" ({100 * cost.flops_per_sequence_attention / seq_total:.1f}%) + rest {cost.flops_per_sequence_rest / 1e12:.3f} T")
+    print(f"forward FLOPs per sequence: {flops_text(seq_total)} = attention {flops_text(cost.flops_per_sequence_attention)}"
+          f" ({100 * cost.flops_per_sequence_attention / seq_total:.1f}%) + rest {flops_text(cost.flops_per_sequence_rest)}")
     print(f"attention matrix if materialised: {cost.attention_matrix_entries:,} entries per head per layer; "
-          f"{cost.attention_matrix_bytes_per_layer / 2**20:,.1f} MiB per layer (all heads)")
+          f"{bytes_text(cost.attention_matrix_bytes_per_layer)} per layer (all heads)")
     if cost.kv_cache_bytes_per_token:
-        print(f"KV cache: {cost.kv_cache_bytes_per_token:,} bytes per token, {cost.kv_cache_bytes / 2**20:,.1f} MiB "
+        print(f"KV cache: {cost.kv_cache_bytes_per_token:,} bytes per token, {bytes_text(cost.kv_cache_bytes)} "
               f"for {args.seq:,} tokens" + (" (the latent)" if cost.kv_cache_alternatives else ""))
     for what, per_token in cost.kv_cache_alternatives:
         print(f"  beside {what}: {per_token:,} bytes per token ({per_token / cost.kv_cache_bytes_per_token:.1f}x)")

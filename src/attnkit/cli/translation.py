@@ -386,7 +386,7 @@ def add_align_parser(commands) -> None:
 
     align = commands.add_parser("align", help="word-align a corpus split with eflomal or IBM Model 1 "
                                               "(for train --guided-alignment)")
-    align.add_argument("--data", default="grc-en", help=_DATA_HELP)
+    align.add_argument("--data", default="bible", help=_DATA_HELP + " (the default of every command)")
     align.add_argument("--direction", choices=["en-fr", "fr-en"], help="for --data bible (default en-fr)")
     align.add_argument("--split", default="train", choices=["train", "valid", "test"], help="which pairs")
     align.add_argument("--aligner", default="eflomal", choices=["eflomal", "ibm1"],

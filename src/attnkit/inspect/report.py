@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 MAX_FLOW_TOKENS = 40  # attention flow solves L^2 max-flow problems: only for short texts
 
 
+def _count(n: int, noun: str) -> str:
+    """"1 text", "3 texts"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _median_iqr(stats: dict) -> str:
     return "-" if not stats["n"] else f"{stats['median']:.2f} [{stats['q25']:.2f}, {stats['q75']:.2f}]"
 
@@ -86,7 +91,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     attentions, tokens = encoder_attentions(model, tokenizer, texts)
     roles = head_roles(attentions, tokens)
     plot_head_values({**{f"share: {r}": roles.shares[r] for r in ROLES}, "entropy (nats)": roles.entropy},
-                     out / "roles.png", title=f"Head roles over {len(texts)} texts ({roles.tokens} tokens)",
+                     out / "roles.png", title=f"Head roles over {_count(len(texts), 'text')} ({roles.tokens} tokens)",
                      vmax={f"share: {r}": 1.0 for r in ROLES})
     first, first_tokens = attentions[0], tokens[0]
     plot_overview(first, out / "overview.png", title=f"All heads on: {texts[0][:80]}")
@@ -109,7 +114,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
                 [next(s for s in SENTENCES if s.strip() != texts[0].strip())])
     examples = encoder_agreement(model, tokenizer, progress_bar(texts, progress=progress, desc="attribution", unit="text"), partners, steps=steps)
 
-    lines = ["# attnkit inspect: encoder", "", f"{len(texts)} texts, {roles.tokens} tokens, "
+    lines = ["# attnkit inspect: encoder", "", f"{_count(len(texts), 'text')}, {roles.tokens} tokens, "
              f"{roles.shape[0]} layers x {roles.shape[1]} heads. Interactive view: [viewer.html](viewer.html).", "",
              "## Head roles (Clark et al. 2019)", "",
              "Mean share of each query token's attention on the previous / next token, itself, [CLS], [SEP] and "
