@@ -48,3 +48,19 @@ def test_the_committed_notebooks_hold_their_outputs():
         nbformat.validate(nb)
         shown = sum("image/png" in o.get("data", {}) for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
         assert shown >= 4, f"{path.name}: {shown} pictures stored; run examples/notebooks/build.py"
+
+
+def test_the_committed_notebook_carries_no_path_of_the_machine_that_built_it_and_fits_a_page():
+    """Issue 59, item 18: no builder's absolute path in a saved output, no picture 16 inches on both sides."""
+    import base64
+    import struct
+
+    nb = nbformat.read(FOLDER / "attention_tour.ipynb", as_version=4)
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+    text = nbformat.writes(nb)
+    assert "site-packages" not in text and not re.search(r"(/work/|/home/|/root/|/tmp/)", text)
+    for output in outputs:
+        png = output.get("data", {}).get("image/png")
+        if png:
+            width, height = struct.unpack(">II", base64.b64decode(png)[16:24])
+            assert min(width, height) <= 1500, (width, height)  # the Longformer mask was 1619 x 1579 (16 x 16 in)

@@ -100,6 +100,7 @@ import attnkit.hf
 from attnkit.models.pretrained import minilm_folder
 from attnkit.viz import AttentionView, plot_overview, viewer
 
+transformers.logging.disable_progress_bar()  # its weight-loading bars would be saved into the notebook
 attnkit.hf.register()
 tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_folder())
 bert = transformers.AutoModel.from_pretrained(minilm_folder(), attn_implementation="attnkit").eval()
@@ -128,9 +129,19 @@ def execute(nb: nbformat.NotebookNode, folder: Path, timeout: int = 1800) -> nbf
     return nb
 
 
+def without_environment_warnings(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook without warnings the building machine's packages print on import (tqdm's "IProgress not
+    found" from a library's ``tqdm.auto``): they name the builder's paths and say nothing about the tour."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr"
+                                                             and "site-packages" in "".join(o.text))]
+    return nb
+
+
 def main() -> int:
     for name, cells in NOTEBOOKS.items():
-        nb = execute(notebook(cells), HERE)
+        nb = without_environment_warnings(execute(notebook(cells), HERE))
         nbformat.write(nb, HERE / name)
         print(f"wrote {HERE / name}")
     return 0

@@ -12,7 +12,7 @@ __all__ = ["progress_bar"]
 
 def progress_bar(items: Iterable | None = None, *, progress: bool, **options):
     """A tqdm bar over ``items`` (or, with ``total=``, one updated by hand), shown when ``progress``."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # not tqdm.auto: its notebook form warns without ipywidgets, and bars go to a terminal only
 
     return tqdm(items, leave=options.pop("leave", False), dynamic_ncols=True, disable=None if progress else True,
                 **options)

@@ -38,6 +38,10 @@ def label_step(n: int, max_labels: int) -> int:
     return max(1, int(np.ceil(n / max_labels)))
 
 
+UNLABELLED_INCHES = 8.0
+"""The largest side of a heatmap whose rows or columns have no labels (its cells need no room for text)."""
+
+
 def plot_heatmap(
     matrix,
     path: str | os.PathLike | None = None,
@@ -62,7 +66,10 @@ def plot_heatmap(
     if data.ndim != 2:
         raise ValueError(f"matrix must be 2-D (L, S), got shape {data.shape}")
     L, S = data.shape
-    fig, ax = subplots(figsize=(min(16, 2 + 0.35 * S), min(16, 1.5 + 0.35 * L)))
+    # a labelled cell needs room for its label; a matrix without labels is a picture of 8 inches at most
+    width = min(16 if x_labels is not None else UNLABELLED_INCHES, 2 + 0.35 * S)
+    height = min(16 if y_labels is not None else UNLABELLED_INCHES, 1.5 + 0.35 * L)
+    fig, ax = subplots(figsize=(width, height))
     image = ax.imshow(data, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _label_axis(ax, x_labels, S, "x")
