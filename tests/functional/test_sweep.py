@@ -105,8 +105,13 @@ def _inputs(case: dict, generator: torch.Generator):
         np_kwargs["masked_at"] = torch.finfo(case["dtype"]).min / 2
     elif kind == "sinks":
         sinks = torch.randn(H, dtype=torch.float64, generator=generator)
-        kwargs["sinks"], np_kwargs["sinks"] = sinks, sinks.numpy()
         kwargs["is_causal"] = np_kwargs["is_causal"] = True
+        if case["seed"] % 2:  # a head without a sink (-inf), and a row with no key (issue 59, item 4)
+            sinks[0] = -math.inf
+            mask = torch.ones(L, S, dtype=torch.bool)
+            mask[0] = False
+            kwargs["mask"], np_kwargs["mask"] = mask, mask.numpy()
+        kwargs["sinks"], np_kwargs["sinks"] = sinks, sinks.numpy()
     elif kind == "score_mod":
         kwargs.update(score_mod=_softcap, is_causal=True)
         np_kwargs.update(score_mod=_softcap_np, is_causal=True)
@@ -177,7 +182,7 @@ def _grad_oracle(case, q, k, v, kwargs, d_out):
     scores = scores.masked_fill(~allowed, -math.inf)
     if "sinks" in kwargs:
         sink = kwargs["sinks"].double()[None, :, None, None].expand(*scores.shape[:3], 1)
-        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1].nan_to_num(0.0)  # no key, no sink
     else:
         p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no key: zeros
     out = p @ vr
@@ -208,6 +213,11 @@ def test_sweep_against_the_float64_oracle(seed, monkeypatch):
     leaves = [x.to(dtype).requires_grad_(case["grad"]) for x in (q, k, v)]
     call = {name: (x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() and name != "sinks" else x)
             for name, x in kwargs.items()}
+    if case["seed"] % 7 == 3:  # served as in production: under inference_mode, masks made inside it (item 1)
+        with torch.inference_mode():
+            fresh = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in call.items()}
+            served = attnkit.attention(*(x.detach() for x in leaves), backend=case["backend"], **fresh)
+        _check(served.output, want_out, dtype, f"output under inference_mode {case}")
     result = attnkit.attention(*leaves, backend=case["backend"], need_weights=case["weights"], **call)
     _check(result.output, want_out, dtype, f"output {case}")
     if case["weights"] is not False:
