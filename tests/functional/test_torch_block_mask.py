@@ -4,7 +4,7 @@
   :func:`attnkit.attention` (every backend) and to :class:`MultiHeadAttention` gives flex_attention's
   numbers, forward and backward, on causal, sliding-window, document and random masks whose tiles are
   partial and full;
-- ``BlockMask.to_torch()`` runs in torch's flex_attention unchanged (and ``from_torch`` round-trips);
+- ``masks.to_torch_block_mask(mask)`` runs in torch's flex_attention unchanged (and ``masks.from_torch_block_mask`` round-trips);
 - torch's ``and_masks`` / ``or_masks`` / ``noop_mask`` and score_mods written for flex work unchanged;
 - a block mask built from tables by hand means what torch's compiled kernel makes of it (its tiles
   rule, not only its mask_mod; torch's eager fallback reads the mask_mod alone).
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import attnkit
+from attnkit import masks
 from attnkit.functional.backends import flex
 from attnkit.layers import MultiHeadAttention
 from attnkit.masks import BlockMask, block_mask
@@ -78,7 +79,7 @@ def _torch_mask(name):
 
 @pytest.mark.parametrize("name", list(MASKS))
 def test_create_block_masks_have_partial_and_full_tiles(name):
-    tiles = BlockMask.from_torch(_torch_mask(name)).counts()
+    tiles = masks.from_torch_block_mask(_torch_mask(name)).counts()
     assert tiles["partial"] > 0 and tiles["full"] > 0, tiles
 
 
@@ -123,16 +124,16 @@ def test_attnkit_block_mask_runs_in_torch_flex_attention(name):
     ours = block_mask(mask_mod, b, h, L, L, block=64)
     dense = BlockMask.from_dense(ours.to_dense())
     for mask in (ours, dense):
-        torch_mask = mask.to_torch()
+        torch_mask = masks.to_torch_block_mask(mask)
         assert type(torch_mask) is fa.BlockMask and torch_mask.shape == mask.shape
         torch.testing.assert_close(fa.flex_attention(q, k, v, block_mask=torch_mask), expected, atol=1e-12, rtol=1e-12)
 
 
 def test_from_torch_round_trips_and_converts_once():
     torch_mask = _torch_mask("causal")
-    converted = BlockMask.from_torch(torch_mask)
-    assert converted.to_torch() is torch_mask
-    assert BlockMask.from_torch(torch_mask) is converted  # every layer of a model: one conversion
+    converted = masks.from_torch_block_mask(torch_mask)
+    assert masks.to_torch_block_mask(converted) is torch_mask
+    assert masks.from_torch_block_mask(torch_mask) is converted  # every layer of a model: one conversion
     assert converted.shape == (1, 1, L, L) and converted.block_size == (128, 128)
     assert torch.equal(converted.to_dense()[0, 0], torch.ones(L, L, dtype=torch.bool).tril())
 
@@ -197,4 +198,4 @@ def test_a_torch_block_mask_of_other_lengths_is_named():
     with pytest.raises(ValueError, match="mask"):
         attnkit.attention(q, k, v, mask=small)
     with pytest.raises(TypeError, match="flex_attention.BlockMask"), warnings.catch_warnings():
-        BlockMask.from_torch(torch.ones(2, 2, dtype=torch.bool))
+        masks.from_torch_block_mask(torch.ones(2, 2, dtype=torch.bool))

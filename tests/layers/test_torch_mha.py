@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.layers import MultiHeadAttention, TorchMultiheadAttention
+from attnkit.layers import MultiHeadAttention, TorchMultiheadAttention, from_torch_mha, to_torch_mha
 
 D, H, N, L, S = 32, 4, 3, 5, 7
 
@@ -101,24 +101,24 @@ def test_load_state_dict_takes_torchs_keys_and_constructor_takes_torchs_argument
 @pytest.mark.parametrize("bias", [True, False])
 def test_multi_head_attention_from_and_to_torch(bias):
     theirs = _torch_module(True, bias=bias).eval()
-    layer = MultiHeadAttention.from_torch(theirs)
+    layer = from_torch_mha(theirs)
     q, k, v = _inputs(True)
     expected = theirs(q, k, v, average_attn_weights=False)
     result = layer(q, k, v, need_weights=True)
     torch.testing.assert_close((result.output, result.weights), expected)
-    back = layer.to_torch(batch_first=False).eval()
+    back = to_torch_mha(layer, batch_first=False).eval()
     torch.testing.assert_close(back(*(x.transpose(0, 1) for x in (q, k, v)))[0].transpose(0, 1), expected[0])
 
 
 def test_what_torchs_module_cannot_hold_is_named():
     with pytest.raises(ValueError, match="add_bias_kv"):
-        MultiHeadAttention.from_torch(nn.MultiheadAttention(D, H, add_bias_kv=True))
+        from_torch_mha(nn.MultiheadAttention(D, H, add_bias_kv=True))
     with pytest.raises(ValueError, match="add_zero_attn"):
-        MultiHeadAttention.from_torch(nn.MultiheadAttention(D, H, add_zero_attn=True))
+        from_torch_mha(nn.MultiheadAttention(D, H, add_zero_attn=True))
     with pytest.raises(ValueError, match="add_bias_kv"):
         TorchMultiheadAttention(D, H, add_bias_kv=True).to_attnkit()
     with pytest.raises(ValueError, match="num_kv_heads=2"):
-        MultiHeadAttention(D, H, num_kv_heads=2).to_torch()
+        to_torch_mha(MultiHeadAttention(D, H, num_kv_heads=2))
     layer = TorchMultiheadAttention(D, H)
     with pytest.raises(ValueError, match="is_causal=True is a hint"):
         layer(*(torch.randn(L, N, D) for _ in range(3)), is_causal=True)

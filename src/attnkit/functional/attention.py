@@ -20,10 +20,11 @@ from . import masks as _masks
 from . import nan as _nan
 from .backends import BACKENDS, flex, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, score_mod_needs_grad
-from .block_mask import BlockMask, ScoreMod, as_block_mask
+from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, make_dims
-from .sdpa_api import check_enable_gqa, sdpa_mask, unexpected_keywords
+from .sdpa_names import check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
+from .torch_block_mask import as_block_mask
 
 __all__ = ["AttentionOutput", "make_output", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
            "BACKEND_NAMES"]
@@ -257,7 +258,7 @@ def attention(
             Longformer or document pattern): the tiled backend skips its empty tiles and does no
             mask work on its full ones; reference and sdpa materialise it. See :mod:`attnkit.masks`.
             torch's ``flex_attention`` BlockMask (``create_block_mask``) too, with flex_attention's
-            meaning (:meth:`~attnkit.masks.BlockMask.from_torch`), on every backend.
+            meaning (:func:`attnkit.masks.from_torch_block_mask`), on every backend.
         is_causal: query i attends keys j <= i + offset, offset given by ``causal_align``.
         causal_align: ``"top-left"`` (offset 0, PyTorch's ``is_causal``) or ``"bottom-right"``
             (offset S - L, for decoding with a KV cache).
@@ -285,7 +286,7 @@ def attention(
             sink attends no value, so a row may give less than all its weight to the keys. Every
             backend; gradients reach the sinks. The returned lse includes the sink; a row with no
             allowed key still gets a zero output (its lse is the sink).
-        attn_mask, enable_gqa: PyTorch SDPA's names, with its meaning (:mod:`.sdpa_api`): a boolean
+        attn_mask, enable_gqa: PyTorch SDPA's names, with its meaning (:mod:`.sdpa_names`): a boolean
             ``attn_mask`` is ``mask`` (True = may attend), a float one ``bias``; ``enable_gqa=False``
             refuses fewer key than query heads (None, the default, and True take them).
         return_lse: the lse is returned whatever the backend: ``auto`` picks one that computes it

@@ -11,7 +11,8 @@ attnkit calls it on *broadcast index tiles* (b of shape (B, 1, 1, 1), h (1, H, 1
 - **full**: everything allowed; computed with no mask work;
 - **partial**: the mask is evaluated for that tile only.
 
-The reference and SDPA backends materialise the mask (:meth:`BlockMask.to_dense`).
+The reference and SDPA backends materialise the mask (:meth:`BlockMask.to_dense`). torch's own FlexAttention
+BlockMask converts to and from this one in :mod:`.torch_block_mask`, above both this type and the flex backend.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from .checks import check_int
 
-__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "as_block_mask", "is_torch_block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
+__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 """``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` broadcastable to the index tiles' shape."""
@@ -96,7 +97,7 @@ class BlockMask:
         self._runs: dict[int, list[list[tuple[int, int, bool]]]] = {}
         self._additive: dict[tuple, Tensor] = {}
         self._cached = 0
-        self._torch = None  # the torch BlockMask this one was converted from (from_torch)
+        self._torch = None  # the torch BlockMask this one was converted from (torch_block_mask.from_torch)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -114,45 +115,6 @@ class BlockMask:
         result = cls(torch.empty(0), (B, H, L, S), (block_q, block_k), dense=mask)
         result.kinds = _classify(result)
         return result
-
-    # ------------------------------------------------------------------ torch's BlockMask
-    @classmethod
-    def from_torch(cls, mask) -> BlockMask:
-        """An attnkit block mask that means what ``torch.nn.attention.flex_attention.BlockMask``
-        ``mask`` means to ``flex_attention``: its tiles (partial ones from ``kv_indices``, full ones
-        from ``full_kv_indices``, every other tile empty) at its own ``BLOCK_SIZE``, and its
-        ``mask_mod`` on the partial tiles. Converted once per torch mask (kept beside it); any
-        :func:`attnkit.attention` backend then gives flex_attention's numbers. ``to_torch()`` of the
-        result is ``mask`` itself."""
-        from .backends import flex_tables
-
-        if not is_torch_block_mask(mask):
-            raise TypeError(f"mask must be a torch.nn.attention.flex_attention.BlockMask, got {type(mask).__name__}")
-        found = getattr(mask, "_attnkit_block_mask", None)
-        if found is not None and found[0] is mask.kv_indices:  # converted before, from these tables
-            return found[1]
-        kinds = flex_tables.kinds_from_torch(mask)
-        block_size = flex_tables._pair(mask.BLOCK_SIZE)
-        L, S = (int(n) for n in mask.seq_lengths)
-        mod = flex_tables.tiled_mask_mod(kinds, block_size, mask.mask_mod)
-        result = cls(kinds, (kinds.shape[0], kinds.shape[1], L, S), block_size, mask_mod=mod)
-        result._torch = mask
-        mask._attnkit_block_mask = (mask.kv_indices, result)  # kept on the torch mask: every layer converts once
-        return result
-
-    def to_torch(self):
-        """This mask as ``torch.nn.attention.flex_attention.BlockMask``, for torch's
-        ``flex_attention`` unchanged: 128 x 128 tiles (torch's kernels' size; reclassified where
-        this mask's tiles do not divide 128) with this mask's mask_mod (or its dense tensor looked up)
-        on the partial ones, indices clamped to the lengths. A mask made by :meth:`from_torch` gives
-        back the torch mask it came from."""
-        from .backends import flex, flex_tables
-
-        if self._torch is not None:
-            return self._torch
-        _, _, L, S = self.shape
-        mod = self.mask_mod if self._dense is None else flex._lookup(self._dense)
-        return flex.flex_block_mask(flex_tables.tile_kinds(self), (L, S), flex_tables.clamped_mask_mod(mod, L, S))
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -251,21 +213,6 @@ class BlockMask:
         if max_blocks not in self._runs:
             self._runs[max_blocks] = _runs(self, max_blocks)
         return self._runs[max_blocks]
-
-
-def is_torch_block_mask(obj) -> bool:
-    """Whether ``obj`` is ``torch.nn.attention.flex_attention.BlockMask`` (told by its class, so that
-    telling needs no import of FlexAttention)."""
-    cls = type(obj)
-    return cls.__name__ == "BlockMask" and cls.__module__.startswith("torch.nn.attention")
-
-
-def as_block_mask(mask):
-    """``mask`` as :func:`attnkit.attention` takes it: torch's flex_attention BlockMask converted by
-    :meth:`BlockMask.from_torch`, anything else unchanged (checked where it is used)."""
-    if mask is None or isinstance(mask, (Tensor, BlockMask)):
-        return mask
-    return BlockMask.from_torch(mask) if is_torch_block_mask(mask) else mask
 
 
 def _block_sizes(block) -> tuple[int, int]:

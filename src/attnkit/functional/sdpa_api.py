@@ -13,88 +13,20 @@ deliberately differs (docs/api.md):
   finfo.min rows then average their keys), as every attnkit backend reads additive masks;
 - a NaN in a query, key or value makes only the rows it reaches NaN (:mod:`attnkit.functional.nan`).
 
-A wrong keyword is named with the right one (:func:`unexpected_keywords`).
+A wrong keyword is named with the right one (:func:`unexpected_keywords`). The vocabulary itself lives below
+attention() in :mod:`.sdpa_names` (re-exported here); this module, the drop-in, stands on attention().
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 
 import torch
 from torch import Tensor
 
+from .sdpa_names import SYNONYMS, check_enable_gqa, sdpa_mask, unexpected_keywords
+
 __all__ = ["scaled_dot_product_attention", "sdpa_mask", "check_enable_gqa", "unexpected_keywords", "SYNONYMS"]
-
-SYNONYMS = {
-    # other libraries' names -> what attnkit.attention takes instead
-    "key_padding_mask": "mask=attnkit.masks.from_key_padding_mask(key_padding_mask) (torch's True = ignore "
-                        "becomes attnkit's True = may attend)",
-    "attention_mask": "mask= (boolean, True = may attend) or bias= (additive float)",
-    "block_mask": "mask= (torch's or attnkit's BlockMask)",
-    "causal": "is_causal=",
-    "softmax_scale": "scale=",
-    "sm_scale": "scale=",
-    "dropout": "dropout_p=",
-    "attn_dropout": "dropout_p=",
-    "window_size": "window= (a causal sliding window of that many keys)",
-    "sliding_window": "window= (a causal sliding window of that many keys)",
-    "return_attn_probs": "need_weights=",
-    "output_attentions": "need_weights=",
-    "return_weights": "need_weights=",
-    "attn_bias": "bias=",
-    "position_bias": "bias=",
-    "s_aux": "sinks=",
-    "return_aux": "return_lse=True",
-}
-
-
-def unexpected_keywords(function: str, unknown: dict, accepted) -> TypeError:
-    """The error for keywords ``function`` does not take, each with the name it most likely meant:
-    a known synonym from another library (:data:`SYNONYMS`), else the closest accepted name."""
-    parts = []
-    for name in unknown:
-        hint = SYNONYMS.get(name)
-        if hint is None:
-            close = difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.6)
-            hint = f"{close[0]}=" if close else None
-        parts.append(f"{name!r}" + (f" (did you mean {hint}?)" if hint else ""))
-    return TypeError(f"{function}() got unexpected keyword argument{'s' if len(parts) > 1 else ''} "
-                     f"{', '.join(parts)}; it takes {', '.join(accepted)}")
-
-
-def check_enable_gqa(enable_gqa: bool | None, q: Tensor, k: Tensor) -> None:
-    """SDPA's ``enable_gqa``: None (attnkit's default) and True take fewer key than query heads;
-    False refuses them, as torch does."""
-    if enable_gqa is None or enable_gqa is True:
-        return
-    if enable_gqa is not False:
-        raise TypeError(f"enable_gqa must be True, False or None, got {enable_gqa!r}")
-    Hq = q.shape[-3] if isinstance(q, Tensor) and q.dim() >= 3 else 1
-    H = k.shape[-3] if isinstance(k, Tensor) and k.dim() >= 3 else 1
-    if Hq != H:
-        raise ValueError(f"enable_gqa=False, but q has {Hq} heads and k {H}: pass enable_gqa=True (or leave it out) "
-                         "for grouped-query attention")
-
-
-def sdpa_mask(attn_mask: Tensor, mask, bias) -> tuple[Tensor | None, Tensor | None]:
-    """SDPA's ``attn_mask`` as attnkit's ``(mask, bias)``: boolean -> mask (True = may attend, the
-    same convention), float -> bias (added to the scaled scores). Given beside the attnkit argument
-    of the same meaning, refused by name."""
-    if not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a boolean or float tensor (SDPA's meaning), got {type(attn_mask).__name__}")
-    if attn_mask.dtype == torch.bool:
-        if mask is not None:
-            raise ValueError("attn_mask (boolean) and mask are the same argument: pass one (and them combined with "
-                             "attnkit.masks.and_masks where you need both)")
-        return attn_mask, bias
-    if not attn_mask.is_floating_point():
-        raise TypeError(f"attn_mask must be boolean (True = may attend) or float (added to the scores), "
-                        f"got dtype {attn_mask.dtype}")
-    if bias is not None:
-        raise ValueError("attn_mask (float) and bias are the same argument: pass one (their sum where you need both)")
-    return mask, attn_mask
-
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, *, scale: float | None = None,

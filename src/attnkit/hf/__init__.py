@@ -24,9 +24,6 @@ Requires the ``hf`` extra (transformers).
 
 from __future__ import annotations
 
-import importlib
-import warnings
-
 from .families import (
     IMPLEMENTATION,
     VERIFIED_FAMILIES,
@@ -50,13 +47,3 @@ try:  # the guard, so that "attnkit" before register() is refused with what to d
     install_guard()
 except ImportError:  # no transformers: register() says so when called
     pass
-
-
-def __getattr__(name: str):  # old names, one release
-    if name == "FAMILIES":
-        warnings.warn("attnkit.hf.FAMILIES is now attnkit.hf.VERIFIED_FAMILIES", DeprecationWarning, stacklevel=2)
-        return VERIFIED_FAMILIES
-    if name in ("InspectedModel", "seq2seq_attentions", "load_gguf_for_inspection", "load_for_inspection"):
-        warnings.warn(f"attnkit.hf.{name} is now attnkit.inspect.hf_models.{name}", FutureWarning, stacklevel=2)
-        return getattr(importlib.import_module("attnkit.inspect.hf_models"), name)  # a shim, not a dependency
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

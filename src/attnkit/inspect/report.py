@@ -240,7 +240,7 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
 def inspect_encoder_decoder(runs: Sequence[dict], texts: Sequence[str], out: str | Path, *, source: str,
                             references: Sequence[str] | None = None, top_k: int = 16) -> Path:
     """Report on an encoder-decoder's attention from precomputed runs (one per text, as
-    :func:`attnkit.hf.seq2seq_attentions` returns them: tokens, encoder self / decoder self / cross
+    :func:`attnkit.inspect.hf_models.seq2seq_attentions` returns them: tokens, encoder self / decoder self / cross
     attention (layers, H, L, S), the output): alignment pictures (last layer's cross attention, mean
     over heads), the viewer with all three kinds per text, report.md and results.json."""
     from ..viz import AttentionView, plot_heatmap, write_viewer

@@ -21,7 +21,7 @@ from .positional import (
 )
 from .self_attention import SelfAttention
 from .sparse import LongformerSelfAttention
-from .torch_mha import TorchMultiheadAttention
+from .torch_mha import TorchMultiheadAttention, from_torch_mha, to_torch_mha
 
 __all__ = [
     "BahdanauAttention",
@@ -29,6 +29,8 @@ __all__ = [
     "SelfAttention",
     "MultiHeadAttention",
     "TorchMultiheadAttention",
+    "from_torch_mha",
+    "to_torch_mha",
     "GatedAttention",
     "DifferentialAttention",
     "LatentAttention",

@@ -14,9 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.attention import BACKEND_NAMES, AttentionOutput, make_output
-from ..functional.block_mask import BlockMask, as_block_mask
+from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
+from ..functional.torch_block_mask import as_block_mask
 from ._linear import project_by_name
 from .attending import Attending, make_call, strategy
 from .positional import RotaryEmbedding
@@ -91,23 +92,6 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
         self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias if out_bias is None else out_bias)
-
-    @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "auto") -> MultiHeadAttention:
-        """A layer with ``torch.nn.MultiheadAttention`` ``module``'s weights (copied; packed or separate
-        input projections, biases, dropout): the same outputs, called batch first
-        (:func:`attnkit.layers.torch_mha.from_torch_mha`; ``bias_k``/``bias_v`` and ``add_zero_attn``
-        refused by name). :class:`attnkit.layers.TorchMultiheadAttention` keeps torch's calling convention."""
-        from .torch_mha import from_torch_mha
-
-        return from_torch_mha(module, backend=backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
-        """This layer as ``torch.nn.MultiheadAttention`` (weights copied), where torch's module can hold it:
-        as many key as query heads, no rotary, the default scale, all biases or none (else refused by name)."""
-        from .torch_mha import to_torch_mha
-
-        return to_torch_mha(self, batch_first=batch_first)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         try:  # the common case in a few comparisons; anything else gets the checks that name it

@@ -1,11 +1,11 @@
 """``torch.nn.MultiheadAttention`` in attnkit and back: its weights both ways, and a drop-in module
 with its constructor, calling convention and return value running attnkit's attention.
 
-- :func:`from_torch_mha` (``MultiHeadAttention.from_torch``): an attnkit layer with a torch module's
+- :func:`from_torch_mha`: an attnkit :class:`MultiHeadAttention` with a torch module's
   weights (packed ``in_proj_weight`` or separate ``q/k/v_proj_weight``, ``in_proj_bias``,
   ``out_proj``, dropout); ``bias_k``/``bias_v`` (``add_bias_kv``) and ``add_zero_attn`` are refused by
   name (attnkit has no extra learned key).
-- :func:`to_torch_mha` (``MultiHeadAttention.to_torch``): the reverse, where torch's module can hold
+- :func:`to_torch_mha`: the reverse, where torch's module can hold
   the layer (as many key as query heads, no rotary, the default scale, all biases or none).
 - :class:`TorchMultiheadAttention`: ``nn.MultiheadAttention``'s constructor (``add_bias_kv`` and
   ``add_zero_attn`` included), parameters, state dict and ``forward(query, key, value,
