@@ -25,7 +25,8 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32  # noq
 import attnkit.hf  # noqa: E402
 from attnkit.decoding import generate  # noqa: E402
 from attnkit.layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding  # noqa: E402
-from attnkit.models.deepseek import DeepSeekMoE, load_deepseek_folder  # noqa: E402
+from attnkit.models.deepseek import DeepSeekMoE  # noqa: E402
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=8,
              qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, num_hidden_layers=1, vocab_size=60)
@@ -179,7 +180,7 @@ def _checkpoint(sparse: bool, **overrides) -> tuple[object, str]:
 @pytest.mark.parametrize("sparse", [False, True], ids=["deepseek-v3", "deepseek-v3.2"])
 def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens(sparse):
     theirs, folder = _checkpoint(sparse)
-    ours = load_deepseek_folder(folder)
+    ours = load_hf_folder(folder)
     ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-4, atol=1e-4)
@@ -192,11 +193,31 @@ def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says():
     """transformers (and DeepSeek's reference code) build q_a_layernorm and kv_a_layernorm with eps 1e-6,
     whatever rms_norm_eps is (issue 59, item 10): with rms_norm_eps 1e-2 the logits still agree."""
     theirs, folder = _checkpoint(False, rms_norm_eps=1e-2)
-    ours = load_deepseek_folder(folder)
+    ours = load_hf_folder(folder)
     assert ours.layers[0].self_attn.kv_a_norm.eps == 1e-6 and ours.layers[0].attn_norm.eps == 1e-2
     ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_one_loader_takes_deepseek_and_refuses_other_families_by_name(tmp_path):
+    """load_hf_folder loads every family attnkit has natively, DeepSeek included; load_deepseek_folder is its
+    deprecated old name for one release; a family attnkit does not have natively is refused by its model_type
+    (issue 60)."""
+    import json
+
+    from attnkit.models import deepseek
+    from attnkit.models.hf_config import UnsupportedConfigError
+
+    theirs, folder = _checkpoint(False)
+    with pytest.warns(FutureWarning, match="load_hf_folder"):
+        old = deepseek.load_deepseek_folder(folder)
+    ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(old(ids).logits, load_hf_folder(folder)(ids).logits, rtol=0, atol=0)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_next"}))
+    with pytest.raises(UnsupportedConfigError, match="model_type 'qwen3_next' is not one attnkit has natively"):
+        load_hf_folder(tmp_path)
 
 
 def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path):
@@ -212,7 +233,7 @@ def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path)
 
     shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
     with pytest.raises(UnsupportedConfigError, match="scoring_func='softmax' is not supported"):
-        load_deepseek_folder(tmp_path)
+        load_hf_folder(tmp_path)
 
 
 # ------------------------------------------------------------------------ the bridge, dense, float64
@@ -255,7 +276,7 @@ def test_a_bfloat16_model_routes_in_float32_with_the_checkpoints_exact_router_as
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    ours = load_deepseek_folder(folder, dtype=torch.bfloat16)
+    ours = load_hf_folder(folder, dtype=torch.bfloat16)
     routers = [m for m in theirs.modules() if hasattr(m, "e_score_correction_bias")]
     moes = [m for m in ours.modules() if isinstance(m, DeepSeekMoE)]
     assert len(routers) == len(moes) == 2

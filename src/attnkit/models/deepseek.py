@@ -31,7 +31,7 @@ from .blocks import GatedFeedForward
 from .config import DeepSeekConfig
 from .outputs import LMOutput
 
-__all__ = ["DeepSeekLM", "DeepSeekBlock", "DeepSeekMoE", "load_deepseek_folder"]
+__all__ = ["DeepSeekLM", "DeepSeekBlock", "DeepSeekMoE", "load_checkpoint_folder"]
 
 LATENT_NORM_EPS = 1e-6
 """The epsilon of the latents' RMSNorms (q_a_norm, kv_a_norm): 1e-6 whatever the checkpoint's rms_norm_eps,
@@ -235,9 +235,10 @@ def _fused_experts(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def load_deepseek_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> DeepSeekLM:
+def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> DeepSeekLM:
     """A :class:`DeepSeekLM` from a transformers DeepSeek-V3 or V3.2 checkpoint folder (``config.json`` and
-    ``model.safetensors`` or its shards), in eval mode. Every config key is read or refused by name
+    ``model.safetensors`` or its shards), in eval mode: DeepSeek's part of
+    :func:`attnkit.models.pretrained.load_hf_folder`, the one loader. Every config key is read or refused by name
     (:func:`attnkit.models.hf_config.deepseek_config_from_hf`); every tensor must find its place, and every
     parameter a tensor. Loading never runs code (safetensors)."""
     from .hf_config import deepseek_config_from_hf
@@ -275,3 +276,14 @@ def load_deepseek_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None
     model.load_state_dict(state, strict=not config.tie_embeddings)
     model = model.to(dtype) if dtype is not None else model
     return model.eval()
+
+
+def __getattr__(name: str):
+    if name == "load_deepseek_folder":  # the old name, one release
+        import warnings
+
+        warnings.warn("attnkit.models.deepseek.load_deepseek_folder is deprecated: attnkit.models.pretrained."
+                      "load_hf_folder loads every family attnkit has natively, DeepSeek included (same arguments); "
+                      "the old name goes in the next release", FutureWarning, stacklevel=2)
+        return load_checkpoint_folder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from .hf_config import UnsupportedConfigError, config_from_hf
 from .weights import check_tensors, read_safetensors
 
 __all__ = ["NAME_FAMILIES", "to_hf", "from_hf", "load_hf_state_dict", "load_hf_safetensors", "save_hf_safetensors",
-           "load_hf_folder"]
+           "load_named_folder"]
 
 NAME_FAMILIES = ("bert", "gpt2", "llama")
 """Tensor naming families. Mistral and Qwen2 checkpoints use Llama's names."""
@@ -239,8 +239,10 @@ def _family_of(config) -> str:
     return "gpt2" if config.positional == "learned" else "llama"
 
 
-def load_hf_folder(folder: str | os.PathLike, *, ignore: Iterable[str] = ()) -> EncoderModel | DecoderLM:
-    """A model from a Hugging Face folder (``config.json`` + ``model.safetensors``), in eval mode.
+def load_named_folder(folder: str | os.PathLike, *, ignore: Iterable[str] = ()) -> EncoderModel | DecoderLM:
+    """A BERT, GPT-2, Llama, Mistral or Qwen2 model from a Hugging Face folder (``config.json`` +
+    ``model.safetensors``), in eval mode: the named families' part of
+    :func:`attnkit.models.pretrained.load_hf_folder`, the one loader.
 
     A BERT checkpoint without pooler tensors (``BertForMaskedLM``, ``add_pooling_layer=False``)
     gives an encoder without a pooler; ``ignore`` is passed to :func:`config_from_hf`."""

@@ -12,21 +12,30 @@ tensor (Hugging Face name, expected shape, found shape).
 
 from __future__ import annotations
 
+import os
 import warnings
 from importlib.util import find_spec
 from pathlib import Path
 
+import torch
+from torch import nn
+
+from .._files import read_json
+from . import deepseek
 from .gguf import gguf_tokenizer, load_gguf
 from .hf_config import HF_ACTIVATIONS, MODEL_TYPES, UnsupportedConfigError, config_from_hf
 from .hf_names import (
     NAME_FAMILIES,
     from_hf,
-    load_hf_folder,
     load_hf_safetensors,
     load_hf_state_dict,
+    load_named_folder,
     save_hf_safetensors,
     to_hf,
 )
+
+NATIVE_MODEL_TYPES = (*MODEL_TYPES, "deepseek_v3", "deepseek_v32")
+"""Every transformers ``model_type`` attnkit has natively, each loaded by :func:`load_hf_folder`."""
 
 __all__ = [
     "NAME_FAMILIES",
@@ -40,12 +49,35 @@ __all__ = [
     "load_hf_safetensors",
     "save_hf_safetensors",
     "load_hf_folder",
+    "NATIVE_MODEL_TYPES",
     "minilm_folder",
     "load_minilm",
     "smollm2_gguf",
     "load_gguf",
     "gguf_tokenizer",
 ]
+
+
+def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None, ignore=()) -> nn.Module:
+    """The one loader: a model from a transformers checkpoint folder (``config.json`` and safetensors), in eval
+    mode, for every family attnkit has natively (:data:`NATIVE_MODEL_TYPES`): BERT as an ``EncoderModel``; GPT-2,
+    Llama, Mistral and Qwen2 as a ``DecoderLM``; DeepSeek-V3 and V3.2 as a ``DeepSeekLM``. Any other
+    ``model_type`` is refused by name (:class:`UnsupportedConfigError`; transformers' own model runs attnkit's
+    attention through :mod:`attnkit.hf`). ``dtype`` casts the loaded model; ``ignore`` names config keys to
+    skip (named families). Loading never runs code (safetensors)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Hugging Face folder not found: {folder}")
+    config = read_json(folder / "config.json", "Hugging Face config")
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind in ("deepseek_v3", "deepseek_v32"):
+        return deepseek.load_checkpoint_folder(folder, dtype=dtype)
+    if kind not in MODEL_TYPES:
+        raise UnsupportedConfigError(f"{folder}: model_type {kind!r} is not one attnkit has natively "
+                                     f"({', '.join(NATIVE_MODEL_TYPES)}); run transformers' own model with "
+                                     "attn_implementation='attnkit' instead (attnkit.hf)")
+    model = load_named_folder(folder, ignore=ignore)
+    return model if dtype is None else model.to(dtype)
 
 
 def _package_folder(package: str, pip_name: str) -> Path:
