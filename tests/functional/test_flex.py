@@ -191,9 +191,9 @@ def _problem(**kwargs) -> Problem:
 def test_auto_on_cuda_routes_to_fused_kernels_only(monkeypatch):
     import importlib
 
-    attention_module = importlib.import_module("attnkit.functional.attention")
-    probe = attention_module.score_mod_needs_grad  # runs on the call's device: here the CPU stands in
-    monkeypatch.setattr(attention_module, "score_mod_needs_grad", lambda mod, device: probe(mod, "cpu"))
+    routing = importlib.import_module("attnkit.functional.routing")
+    probe = routing.score_mod_needs_grad  # runs on the call's device: here the CPU stands in
+    monkeypatch.setattr(routing, "score_mod_needs_grad", lambda mod, device: probe(mod, "cpu"))
     blocks = masks.pattern_block_mask("longformer", 4096)
     assert choose_backend(_problem()) == "sdpa"
     assert choose_backend(_problem(is_causal=True)) == "sdpa"

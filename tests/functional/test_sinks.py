@@ -109,9 +109,9 @@ def test_bad_sinks_are_rejected_by_name(sinks, error, words):
 def test_auto_takes_sdpa_for_small_calls_with_sinks_and_tiled_above(rng):
     """Up to AUTO_SINKS_SDPA_MAX_ENTRIES scores the sink is one more key for SDPA (measured faster);
     above, the tiled loop carries it in its lse without materialising a mask."""
-    from attnkit.functional.attention import AUTO_SINKS_SDPA_MAX_ENTRIES, choose_backend
     from attnkit.functional.backends._common import Problem
     from attnkit.functional.checks import Dims
+    from attnkit.functional.routing import AUTO_SINKS_SDPA_MAX_ENTRIES, choose_backend
 
     small = Problem(dims=Dims(1, 4, 4, 8, 8, 8, 8), scale=1.0, sinks=torch.zeros(4))
     assert choose_backend(small) == "sdpa"

@@ -1,7 +1,9 @@
 """The ``attnkit`` command: thin argument parsing, one sub-command per tool.
 
     arguments.py        argparse types and checks every sub-command shares
-    translation.py      demo, train, translate, evaluate
+    translation.py      demo, translate, evaluate, align
+    training.py         train
+    data.py             the --data the translation commands share
     language_models.py  cost, generate
     tools.py            tour, bench
     inspection.py       inspect (one handler per kind of model)
@@ -18,7 +20,7 @@ import threading
 from collections.abc import Iterator
 
 from ..errors import InputError
-from . import inspection, language_models, tools, translation
+from . import inspection, language_models, tools, training, translation
 from .arguments import DefaultsHelpFormatter, UsageError
 
 __all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser = functools.partial(commands.add_parser, formatter_class=DefaultsHelpFormatter)  # type: ignore[method-assign]
     tools.add_tour_parser(commands)
     translation.add_demo_parser(commands)
-    translation.add_train_parser(commands)
+    training.add_train_parser(commands)
     translation.add_translate_parser(commands)
     translation.add_evaluate_parser(commands)
     translation.add_align_parser(commands)
