@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._deprecated import UNSET, renamed
-from .checks import check_rank
+from ..._deprecated import UNSET, renamed
+from ..checks import check_rank
 
 __all__ = ["elu_feature_map", "favor_features", "orthogonal_projection", "linear_attention", "causal_linear_step"]
 

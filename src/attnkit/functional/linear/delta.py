@@ -1,0 +1,276 @@
+r"""The delta rule and its gates: linear attention as a running regression.
+
+The Linear Transformer keeps a running sum, S_t = S_{t-1} + k_t v_t^T. The delta rule (Schlag et al. 2021;
+Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule") writes instead what the state
+got wrong: it reads the value the state predicts for k_t, S_{t-1}^T k_t, and moves it towards v_t by a step
+beta_t, one step of online regression. Gated DeltaNet (Yang, Kautz and Hatamizadeh, ICLR 2025) decays the
+state first by a_t = exp(g_t); Kimi Delta Attention (Kimi Linear, 2025) decays each key channel by its own
+rate. With a_t = exp(g_t), g_t <= 0 (a scalar per head, or a vector over the K key channels):
+
+    S_t = diag(a_t) S_{t-1} + beta_t k_t (v_t - (diag(a_t) S_{t-1})^T k_t)^T,     o_t = S_t^T (scale q_t)
+
+Without the delta term (S_t = diag(a_t) S_{t-1} + k_t v_t^T) it is gated linear attention; with a constant
+per-head decay, lightning attention (MiniMax-01); with neither, the Linear Transformer's running sum.
+
+Two exact ways to compute it, the same numbers (float64: 1e-10 apart):
+
+- ``chunk_size=1``: the recurrence, token by token (the readable reference: :func:`_recurrent`);
+- larger chunks: the chunked (WY / UT-transform) form. Inside a chunk of C tokens, with gamma_i the decay's
+  running log-sum from the chunk's start, the new values u = beta (v - predicted) solve a unit lower
+  triangular system, (I + A) u = beta v - beta (k exp(gamma)) S_0 with A_ij = beta_i sum_c k_ic k_jc
+  exp(gamma_ic - gamma_jc) for i > j; the chunk's outputs and final state follow from u and S_0 by matrix
+  products. Only the state S_0 passes from chunk to chunk; everything inside a chunk is batched over every
+  chunk at once, and every exponent is of a difference gamma_i - gamma_j <= 0 (nothing overflows).
+
+Layout (B, H, L, K) like every attnkit function: q, k (B, Hk, L, K), v (B, H, L, V), g (B, H, L) or
+(B, H, L, K), beta (B, H, L); H a multiple of Hk (Qwen3-Next's 32 value heads on 16 key heads: each key head
+serves H / Hk consecutive value heads). The state (B, H, K, V) is float32 (float64 for float64 inputs), as the
+models keep it; outputs come back in the inputs' dtype.
+
+Every one of these mechanisms computes out = A V for a lower-triangular L x L matrix A of q, k, g and beta
+only: :func:`implicit_attention` returns it, so that attnkit's heatmaps, head roles and rollout read a linear
+layer as they read a softmax one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["LinearAttentionOutput", "gated_delta_rule", "delta_rule", "gated_linear_attention", "implicit_attention",
+           "l2norm"]
+
+
+class LinearAttentionOutput(NamedTuple):
+    """``output`` (B, H, L, V) in the inputs' dtype; ``final_state`` (B, H, K, V) in float32 (float64 for
+    float64 inputs) when asked for, else None."""
+
+    output: Tensor
+    final_state: Tensor | None
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim: the query and key normalisation of Gated DeltaNet and KDA (as
+    flash-linear-attention and transformers compute it)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, scale: float | None = None,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+                     use_qk_l2norm: bool = False, key_mask: Tensor | None = None) -> LinearAttentionOutput:
+    """The gated delta rule (module docstring): Gated DeltaNet with ``g`` (B, H, L), one log-decay per head and
+    token; Kimi Delta Attention with ``g`` (B, H, L, K), one per key channel; the plain delta rule with
+    ``g=None``.
+
+    Args:
+        q, k: (B, Hk, L, K). v: (B, H, L, V), H a multiple of Hk.
+        g: log-decays, <= 0 (a_t = exp(g_t) in (0, 1]), or None for no decay.
+        beta: (B, H, L), the step of each token's update, in [0, 2] (Gated DeltaNet: a sigmoid, [0, 1]; 2 keeps
+            the update a contraction for unit keys).
+        scale: multiplies q (default 1 / sqrt(K)).
+        initial_state: (B, H, K, V), the state before the first token (a previous call's ``final_state``).
+        output_final_state: return the state after the last token.
+        chunk_size: 1 for the token-by-token recurrence; larger for the exact chunked form.
+        use_qk_l2norm: normalise q and k to unit length first (Qwen3-Next, Kimi Linear).
+        key_mask: (B, L) True at real tokens: a padded token leaves the state untouched (its beta and decay
+            are ignored) and gets a zero output.
+
+    Returns:
+        :class:`LinearAttentionOutput` (output, final_state or None).
+    """
+    return _run(q, k, v, g, beta, delta=True, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
+                key_mask=key_mask)
+
+
+def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **options) -> LinearAttentionOutput:
+    """The delta rule without decay (DeltaNet): :func:`gated_delta_rule` with ``g=None``."""
+    return gated_delta_rule(q, k, v, None, beta, **options)
+
+
+def gated_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, *, scale: float | None = None,
+                           initial_state: Tensor | None = None, output_final_state: bool = False,
+                           chunk_size: int = 64, key_mask: Tensor | None = None) -> LinearAttentionOutput:
+    """Gated linear attention, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t): a decay and
+    no delta. ``g`` (B, H, L) one log-decay per head and token (a constant per head is lightning attention),
+    (B, H, L, K) per key channel (GLA), or None (the Linear Transformer's running sum, unnormalised). The
+    other arguments as :func:`gated_delta_rule`'s."""
+    B, H, L = v.shape[:3]
+    ones = v.new_ones(B, H, L)
+    return _run(q, k, v, g, ones, delta=False, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=False,
+                key_mask=key_mask)
+
+
+def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | None, *, scale: float | None = None,
+                       use_qk_l2norm: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64,
+                       num_heads: int | None = None) -> Tensor:
+    """The (B, H, L, L) lower-triangular matrix A with output = A v of :func:`gated_delta_rule` (``beta`` given)
+    or :func:`gated_linear_attention` (``beta=None``) from a zero initial state: the linear layer's attention
+    weights, exact (computed as the rule's output for values that are the L unit vectors). Row i says how much
+    of each earlier token's value reaches token i's output; unlike softmax weights a row need not sum to one,
+    and entries may be negative (the delta rule subtracts what the state predicted). The value heads H are
+    ``beta``'s or ``g``'s; with neither, ``num_heads`` (default: q's heads)."""
+    B, H, L = (beta if beta is not None else g if g is not None else q).shape[:3]
+    if beta is None and g is None and num_heads is not None:
+        H = num_heads
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    eye = torch.eye(L, dtype=dtype, device=q.device).expand(B, H, L, L)
+    if beta is None:
+        return gated_linear_attention(q, k, eye, g, scale=scale, chunk_size=chunk_size, key_mask=key_mask).output
+    return gated_delta_rule(q, k, eye, g, beta, scale=scale, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
+                            key_mask=key_mask).output
+
+
+# ----------------------------------------------------------------------------------- the shared machinery
+def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm,
+         key_mask) -> LinearAttentionOutput:
+    B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask)
+    out_dtype = v.dtype
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    groups = H // Hk
+    q, k = (x.to(acc) if groups == 1 else x.to(acc).repeat_interleave(groups, dim=1) for x in (q, k))
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    q = q * (K**-0.5 if scale is None else float(scale))
+    v, beta = v.to(acc), beta.to(acc)
+    g = None if g is None else g.to(acc)
+    if key_mask is not None:  # a padded token: no update (beta 0), no decay (g 0), a zero output
+        real = key_mask.to(device=v.device, dtype=torch.bool)[:, None, :]  # (B, 1, L)
+        beta = beta * real
+        if g is not None:
+            g = g * (real if g.dim() == 3 else real[..., None])
+    state = None if initial_state is None else initial_state.to(acc)
+    if chunk_size == 1:
+        out, state = _recurrent(q, k, v, g, beta, state, delta)
+    else:
+        out, state = _chunked(q, k, v, g, beta, state, delta, chunk_size)
+    if key_mask is not None:
+        out = out * real[..., None]
+    return LinearAttentionOutput(out.to(out_dtype), state if output_final_state else None)
+
+
+def _recurrent(q, k, v, g, beta, state, delta: bool):
+    """Token by token: the recurrence of the module docstring, written out (the reference the chunked form is
+    held to)."""
+    B, H, L, K = k.shape
+    V = v.shape[-1]
+    S = q.new_zeros(B, H, K, V) if state is None else state.clone()
+    out = []
+    for t in range(L):
+        if g is not None:
+            decay = g[:, :, t].exp()
+            S = S * (decay[..., None, None] if g.dim() == 3 else decay[..., :, None])
+        k_t = k[:, :, t]
+        if delta:
+            predicted = (S * k_t[..., None]).sum(dim=-2)  # S^T k_t
+            update = (v[:, :, t] - predicted) * beta[:, :, t, None]
+        else:
+            update = v[:, :, t]
+        S = S + k_t[..., None] * update[..., None, :]
+        out.append((S * q[:, :, t, :, None]).sum(dim=-2))  # S^T q_t
+    return torch.stack(out, dim=2), S
+
+
+def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
+    """The exact chunked form (module docstring): every chunk's inner quantities at once, then one pass of
+    the state over the chunks."""
+    B, H, L, K = k.shape
+    V = v.shape[-1]
+    pad = (-L) % C
+    if pad:  # padded tokens: no update, no decay, outputs dropped
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta = F.pad(beta, (0, pad))
+        g = None if g is None else F.pad(g, (0, pad) if g.dim() == 3 else (0, 0, 0, pad))
+    N = (L + pad) // C
+    q, k, v = (x.reshape(B, H, N, C, x.shape[-1]) for x in (q, k, v))
+    beta = beta.reshape(B, H, N, C)
+    per_channel = g is not None and g.dim() == 4
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if g is None:
+        q_in, k_in, k_out = q, k, k
+        qk = q @ k.transpose(-1, -2)  # (B, H, N, C, C)
+        kk = k @ k.transpose(-1, -2)
+        end = None
+    elif not per_channel:
+        gamma = g.reshape(B, H, N, C).cumsum(dim=-1)  # running log-decay inside each chunk
+        decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, -math.inf).exp()  # exp(g_i - g_j)
+        q_in, k_in = q * gamma.exp()[..., None], k * gamma.exp()[..., None]
+        k_out = k * (gamma[..., -1:] - gamma).exp()[..., None]
+        qk = (q @ k.transpose(-1, -2)) * decay
+        kk = (k @ k.transpose(-1, -2)) * decay
+        end = gamma[..., -1].exp()[..., None, None]  # (B, H, N, 1, 1)
+    else:
+        gamma = g.reshape(B, H, N, C, K).cumsum(dim=-2)
+        # exp(gamma_ic - gamma_jc) for j <= i, never a positive exponent: pairwise, per channel
+        pair = (gamma[..., :, None, :] - gamma[..., None, :, :]).masked_fill(~causal[..., None], -math.inf).exp()
+        qk = torch.einsum("...ic,...jc,...ijc->...ij", q, k, pair)
+        kk = torch.einsum("...ic,...jc,...ijc->...ij", k, k, pair)
+        q_in, k_in = q * gamma.exp(), k * gamma.exp()
+        k_out = k * (gamma[..., -1:, :] - gamma).exp()
+        end = gamma[..., -1, :].exp()[..., None]  # (B, H, N, K, 1)
+    qk = qk.masked_fill(~causal, 0.0)
+    if delta:
+        strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+        A = (kk * beta[..., :, None]).masked_fill(~strict, 0.0)
+        eye = torch.eye(C, dtype=q.dtype, device=q.device)
+        T = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)  # (I + A)^-1
+        u0 = T @ (v * beta[..., None])  # the new values, before the state's prediction is removed
+        w = T @ (k_in * beta[..., None])  # what the state predicts, per unit of state
+    else:
+        u0, w = v, None
+    S = q.new_zeros(B, H, K, V) if state is None else state
+    out = []
+    for n in range(N):
+        u = u0[:, :, n] if w is None else u0[:, :, n] - w[:, :, n] @ S
+        out.append(q_in[:, :, n] @ S + qk[:, :, n] @ u)
+        carried = S if end is None else S * end[:, :, n]
+        S = carried + k_out[:, :, n].transpose(-1, -2) @ u
+    return torch.stack(out, dim=2).reshape(B, H, N * C, V)[:, :, :L], S
+
+
+def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask):
+    """Sizes (B, Hk, L, K, H, V), every argument checked; each error names the argument, what it should be and
+    what it is."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D tensor, (B, H, L, K) for q and k, (B, H, L, V) for v, got {got}")
+    if not q.is_floating_point():
+        raise TypeError(f"q must be floating point, got {q.dtype}")
+    B, Hk, L, K = q.shape
+    if tuple(k.shape) != (B, Hk, L, K):
+        raise ValueError(f"k must have q's shape (B, Hk, L, K) = {(B, Hk, L, K)}, got {tuple(k.shape)}")
+    if v.shape[0] != B or v.shape[2] != L:
+        raise ValueError(f"v must be (B, H, L, V) with B={B}, L={L}, got {tuple(v.shape)}")
+    H, V = v.shape[1], v.shape[3]
+    if Hk == 0 or H % Hk:
+        raise ValueError(f"v's heads H={H} must be a multiple of q's and k's heads Hk={Hk} (each key head serves "
+                         "H / Hk value heads)")
+    if not isinstance(beta, Tensor) or tuple(beta.shape) != (B, H, L):
+        got = tuple(beta.shape) if isinstance(beta, Tensor) else type(beta).__name__
+        raise ValueError(f"beta must have shape (B, H, L) = {(B, H, L)}, got {got}")
+    if g is not None and (not isinstance(g, Tensor) or tuple(g.shape) not in ((B, H, L), (B, H, L, K))):
+        got = tuple(g.shape) if isinstance(g, Tensor) else type(g).__name__
+        raise ValueError(f"g must have shape (B, H, L) (a decay per head) or (B, H, L, K) (per key channel) = "
+                         f"{(B, H, L)} or {(B, H, L, K)}, got {got}")
+    if initial_state is not None and (not isinstance(initial_state, Tensor) or tuple(initial_state.shape) != (B, H, K, V)):
+        got = tuple(initial_state.shape) if isinstance(initial_state, Tensor) else type(initial_state).__name__
+        raise ValueError(f"initial_state must have shape (B, H, K, V) = {(B, H, K, V)}, got {got}")
+    if key_mask is not None and (not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, L)
+                                 or key_mask.is_floating_point()):
+        got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
+        raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)}, True at real tokens, got {got}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1 (1: the token-by-token recurrence), got {chunk_size!r}")
+    if not torch.compiler.is_compiling():  # a look at the values (a host sync on a GPU): refused by name
+        if g is not None and g.numel() and bool((g > 0).any()):
+            raise ValueError(f"g must be <= 0 (log-decays: the state is multiplied by exp(g) <= 1), got a maximum "
+                             f"of {float(g.max()):.4g}")
+        if beta.numel() and bool(((beta < 0) | (beta > 2)).any()):
+            raise ValueError(f"beta must lie in [0, 2], got values in [{float(beta.min()):.4g}, {float(beta.max()):.4g}]")
+    return B, Hk, L, K, H, V

@@ -1,0 +1,207 @@
+"""The delta rule family (``attnkit.functional.linear``) against an independent float64 recurrence written here
+in NumPy (1e-10), against transformers' own torch functions (Qwen3-Next's ``torch_recurrent_gated_delta_rule``
+and ``torch_chunk_gated_delta_rule``, Kimi Linear's ``recurrent_kimi_delta_attention`` and
+``chunk_kimi_delta_attention``: float32, to their rounding), and to its own promises: chunked equals
+recurrent, a carried state equals one whole pass, a padded token leaves the state untouched, the implicit
+matrix reproduces the output, gradients of the chunked form equal those of the recurrence, wrong input is
+named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.functional.linear import (
+    delta_rule,
+    gated_delta_rule,
+    gated_linear_attention,
+    implicit_attention,
+    l2norm,
+)
+
+DECAYS = ["none", "per-head", "per-channel"]
+
+
+def _inputs(rng, B=2, Hk=2, H=4, L=45, K=8, V=6, decay="per-head", dtype=torch.float64):
+    def randn(*shape):
+        return torch.randn(*shape, generator=rng, dtype=torch.float64)
+
+    q, k, v = randn(B, Hk, L, K), randn(B, Hk, L, K), randn(B, H, L, V)
+    beta = torch.rand(B, H, L, generator=rng, dtype=torch.float64)
+    g = {"none": None, "per-head": -torch.rand(B, H, L, generator=rng, dtype=torch.float64),
+         "per-channel": -torch.rand(B, H, L, K, generator=rng, dtype=torch.float64)}[decay]
+    cast = (lambda x: None if x is None else x.to(dtype))  # noqa: E731
+    return cast(q), cast(k), cast(v), cast(g), cast(beta)
+
+
+def _oracle(q, k, v, g, beta, *, scale=None, state=None, normalise=False, delta=True):
+    """The recurrence of the papers, one head and one token at a time, in float64 NumPy."""
+    q, k, v = (x.double().numpy() for x in (q, k, v))
+    B, Hk, L, K = q.shape
+    H, V = v.shape[1], v.shape[3]
+    g = None if g is None else g.double().numpy()
+    beta = beta.double().numpy()
+    out = np.zeros((B, H, L, V))
+    final = np.zeros((B, H, K, V))
+    for b in range(B):
+        for h in range(H):
+            S = np.zeros((K, V)) if state is None else state[b, h].double().numpy().copy()
+            for t in range(L):
+                qt, kt = q[b, h // (H // Hk), t], k[b, h // (H // Hk), t]
+                if normalise:
+                    qt, kt = qt / np.sqrt((qt * qt).sum() + 1e-6), kt / np.sqrt((kt * kt).sum() + 1e-6)
+                qt = qt * (K**-0.5 if scale is None else scale)
+                if g is not None:
+                    a = np.exp(g[b, h, t])
+                    S = (a[:, None] if np.ndim(a) else a) * S
+                update = beta[b, h, t] * (v[b, h, t] - S.T @ kt) if delta else v[b, h, t]
+                S = S + np.outer(kt, update)
+                out[b, h, t] = S.T @ qt
+            final[b, h] = S
+    return out, final
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("chunk_size", [1, 4, 16, 64])
+def test_every_form_equals_the_float64_recurrence(decay, chunk_size, rng):
+    q, k, v, g, beta = _inputs(rng, decay=decay)
+    state = torch.randn(2, 4, 8, 6, generator=rng, dtype=torch.float64)
+    got = gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size, initial_state=state, output_final_state=True,
+                           use_qk_l2norm=True, scale=0.7)
+    want_out, want_state = _oracle(q, k, v, g, beta, scale=0.7, state=state, normalise=True)
+    np.testing.assert_allclose(got.output.numpy(), want_out, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got.final_state.numpy(), want_state, rtol=1e-10, atol=1e-10)
+    gla = gated_linear_attention(q, k, v, g, chunk_size=chunk_size, initial_state=state, output_final_state=True)
+    want_out, want_state = _oracle(q, k, v, g, torch.ones_like(beta), state=state, delta=False)
+    np.testing.assert_allclose(gla.output.numpy(), want_out, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gla.final_state.numpy(), want_state, rtol=1e-10, atol=1e-10)
+    if decay == "none":
+        torch.testing.assert_close(delta_rule(q, k, v, beta, chunk_size=chunk_size).output,
+                                   gated_delta_rule(q, k, v, None, beta, chunk_size=chunk_size).output)
+
+
+def _transformers(module_name):
+    pytest.importorskip("transformers")
+    import importlib
+
+    return importlib.import_module(f"transformers.models.{module_name}")
+
+
+@pytest.mark.parametrize("way", ["recurrent", "chunk"])
+@pytest.mark.parametrize("normalise", [False, True])
+def test_equal_to_qwen3_nexts_own_torch_functions_in_float32(way, normalise, rng):
+    m = _transformers("qwen3_next.modeling_qwen3_next")
+    q, k, v, g, beta = _inputs(rng, L=70, K=16, V=8, dtype=torch.float32)
+    state = torch.randn(2, 4, 16, 8, generator=rng)
+    theirs = getattr(m, f"torch_{way}_gated_delta_rule")
+    t = lambda x: x.transpose(1, 2)  # noqa: E731  # attnkit (B, H, L, .) <-> transformers (B, L, H, .)
+    want, want_state = theirs(t(q), t(k), t(v), t(g), t(beta), initial_state=state, output_final_state=True,
+                              use_qk_l2norm_in_kernel=normalise)
+    got = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm=normalise,
+                           chunk_size=1 if way == "recurrent" else 64)
+    torch.testing.assert_close(got.output, t(want), rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(got.final_state, want_state, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("way", ["recurrent", "chunk"])
+def test_equal_to_kimi_linears_own_torch_functions_in_float32(way, rng):
+    m = _transformers("kimi_linear.modeling_kimi_linear")
+    q, k, v, g, beta = _inputs(rng, Hk=4, L=70, K=16, V=8, decay="per-channel", dtype=torch.float32)
+    theirs = getattr(m, f"{way}_kimi_delta_attention")
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    want, want_state = theirs(t(q), t(k), t(v), t(g), t(beta), initial_state=None, output_final_state=True,
+                              use_qk_l2norm_in_kernel=True)
+    got = gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True)
+    torch.testing.assert_close(got.output, t(want), rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(got.final_state, want_state, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_a_carried_state_prefill_then_token_by_token_equals_one_pass(decay, rng):
+    q, k, v, g, beta = _inputs(rng, decay=decay)
+    whole = gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    cut = 20
+    part = gated_delta_rule(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], None if g is None else g[:, :, :cut],
+                            beta[:, :, :cut], output_final_state=True, chunk_size=16)
+    outputs, state = [part.output], part.final_state
+    for t in range(cut, q.shape[2]):
+        step = gated_delta_rule(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                                None if g is None else g[:, :, t:t + 1], beta[:, :, t:t + 1], initial_state=state,
+                                output_final_state=True)
+        outputs.append(step.output)
+        state = step.final_state
+    torch.testing.assert_close(torch.cat(outputs, dim=2), whole.output, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state, whole.final_state, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_a_padded_token_leaves_the_state_untouched(decay, rng):
+    """Left padding (the first 7 tokens of row 1): its real tokens' outputs and the final state equal the row
+    run without the padding; padded tokens get zeros."""
+    q, k, v, g, beta = _inputs(rng, decay=decay)
+    real = torch.ones(2, 45, dtype=torch.bool)
+    real[1, :7] = False
+    got = gated_delta_rule(q, k, v, g, beta, key_mask=real, output_final_state=True, chunk_size=16)
+    alone = gated_delta_rule(q[1:, :, 7:], k[1:, :, 7:], v[1:, :, 7:], None if g is None else g[1:, :, 7:],
+                             beta[1:, :, 7:], output_final_state=True)
+    torch.testing.assert_close(got.output[1, :, 7:], alone.output[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got.final_state[1], alone.final_state[0], rtol=1e-10, atol=1e-10)
+    assert (got.output[1, :, :7] == 0).all()
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_the_implicit_attention_matrix_reproduces_the_output(decay, rng):
+    q, k, v, g, beta = _inputs(rng, decay=decay, L=30)
+    q, k = l2norm(q), l2norm(k)  # bounded states: the check compares numbers of order one
+    A = implicit_attention(q, k, g, beta)
+    assert A.shape == (2, 4, 30, 30) and (A.triu(1) == 0).all()
+    torch.testing.assert_close(A @ v, gated_delta_rule(q, k, v, g, beta).output, rtol=1e-10, atol=1e-10)
+    A = implicit_attention(q, k, g, None, num_heads=4)
+    torch.testing.assert_close(A @ v, gated_linear_attention(q, k, v, g).output, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_gradients_of_the_chunked_form_equal_those_of_the_recurrence(decay, rng):
+    inputs = [x for x in _inputs(rng, decay=decay, L=21)]
+    grads = []
+    for chunk_size in (1, 8):
+        leaves = [None if x is None else x.clone().requires_grad_() for x in inputs]
+        state = torch.randn(2, 4, 8, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64,
+                            requires_grad=True)
+        out = gated_delta_rule(*leaves, initial_state=state, output_final_state=True, chunk_size=chunk_size,
+                               use_qk_l2norm=True)
+        (out.output.square().sum() + out.final_state.sum()).backward()
+        grads.append([x.grad for x in [*leaves, state] if x is not None])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_bfloat16_inputs_keep_a_float32_state_within_bfloat16s_tolerance(rng):
+    q, k, v, g, beta = _inputs(rng, L=64)
+    want = gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True).output
+    got = gated_delta_rule(*(x.bfloat16() for x in (q, k, v, g, beta)), use_qk_l2norm=True, output_final_state=True)
+    assert got.output.dtype == torch.bfloat16 and got.final_state.dtype == torch.float32
+    assert (got.output.double() - want).abs().max() / want.abs().max() < 3e-2
+
+
+def test_wrong_input_is_named(rng):
+    q, k, v, g, beta = _inputs(rng)
+    with pytest.raises(ValueError, match="g must be <= 0"):
+        gated_delta_rule(q, k, v, -g + 0.1, beta)
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
+        gated_delta_rule(q, k, v, g, beta + 2)
+    with pytest.raises(ValueError, match="must be a multiple of q's and k's heads"):
+        gated_delta_rule(q, k, v[:, :3], g[:, :3], beta[:, :3])
+    with pytest.raises(ValueError, match="k must have q's shape"):
+        gated_delta_rule(q, k[:, :, :5], v, g, beta)
+    with pytest.raises(ValueError, match="initial_state must have shape"):
+        gated_delta_rule(q, k, v, g, beta, initial_state=torch.zeros(2, 4, 8, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="g must have shape"):
+        gated_delta_rule(q, k, v, g[..., None].expand(-1, -1, -1, 3), beta)
+    with pytest.raises(ValueError, match="must be a 4-D tensor"):
+        gated_delta_rule(q[0], k, v, g, beta)
+    with pytest.raises(ValueError, match="chunk_size must be an int"):
+        gated_delta_rule(q, k, v, g, beta, chunk_size=0)
+    with pytest.raises(ValueError, match="key_mask must be boolean"):
+        gated_delta_rule(q, k, v, g, beta, key_mask=torch.ones(2, 44, dtype=torch.bool))
