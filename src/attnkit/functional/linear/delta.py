@@ -134,9 +134,12 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     groups = H // Hk
     q, k = (x.to(acc) if groups == 1 else x.to(acc).repeat_interleave(groups, dim=1) for x in (q, k))
-    if use_qk_l2norm:
-        q, k = l2norm(q), l2norm(k)
-    q = q * (K**-0.5 if scale is None else float(scale))
+    scale = K**-0.5 if scale is None else float(scale)
+    if use_qk_l2norm:  # one multiply each: the norm's inverse and the scale together
+        q = q * (torch.rsqrt((q * q).sum(dim=-1, keepdim=True) + 1e-6) * scale)
+        k = l2norm(k)
+    else:
+        q = q * scale
     v, beta = v.to(acc), beta.to(acc)
     g = None if g is None else g.to(acc)
     if key_mask is not None:  # a padded token: no update (beta 0), no decay (g 0), a zero output
@@ -178,7 +181,9 @@ def _recurrent(q, k, v, g, beta, state, delta: bool):
 
 def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
     """The exact chunked form (module docstring): every chunk's inner quantities at once, then one pass of
-    the state over the chunks."""
+    the state over the chunks. Diagonal scalings (beta, the decays) are applied to the C x C matrices or to
+    the chunk's outputs rather than to whole q, k, v tensors: each full-size pass costs as much as a matmul
+    here (measured on 2 cores)."""
     B, H, L, K = k.shape
     V = v.shape[-1]
     pad = (-L) % C
@@ -189,48 +194,73 @@ def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
     N = (L + pad) // C
     q, k, v = (x.reshape(B, H, N, C, x.shape[-1]) for x in (q, k, v))
     beta = beta.reshape(B, H, N, C)
-    per_channel = g is not None and g.dim() == 4
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    if g is None:
-        q_in, k_in, k_out = q, k, k
-        qk = q @ k.transpose(-1, -2)  # (B, H, N, C, C)
-        kk = k @ k.transpose(-1, -2)
-        end = None
-    elif not per_channel:
+    qk = q @ k.transpose(-1, -2)  # (B, H, N, C, C)
+    kk = k @ k.transpose(-1, -2) if delta else None
+    rows = cols = end = None  # the decays as scalings: of a chunk's rows (outputs), of the state's keys
+    if g is not None and g.dim() == 3:  # one decay a head: exp(gamma_i - gamma_j) on the C x C matrices
         gamma = g.reshape(B, H, N, C).cumsum(dim=-1)  # running log-decay inside each chunk
-        decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, -math.inf).exp()  # exp(g_i - g_j)
-        q_in, k_in = q * gamma.exp()[..., None], k * gamma.exp()[..., None]
-        k_out = k * (gamma[..., -1:] - gamma).exp()[..., None]
-        qk = (q @ k.transpose(-1, -2)) * decay
-        kk = (k @ k.transpose(-1, -2)) * decay
-        end = gamma[..., -1].exp()[..., None, None]  # (B, H, N, 1, 1)
-    else:
+        decay = (gamma[..., :, None] - gamma[..., None, :]).exp().tril()  # kept j <= i: exponents <= 0
+        qk = qk * decay  # (in place only where autograd keeps no operand: below)
+        kk = None if kk is None else kk * decay
+        rows = gamma.exp()  # (B, H, N, C): exp(gamma_i), the state's decay at token i
+        cols = (gamma[..., -1:] - gamma).exp()  # exp(gamma_C - gamma_j), token j's decay until the chunk's end
+        end = rows[..., -1, None, None]  # (B, H, N, 1, 1)
+    elif g is not None:  # per key channel: exp(gamma_ic - gamma_jc) pairwise, by blocks of chunks
         gamma = g.reshape(B, H, N, C, K).cumsum(dim=-2)
-        # exp(gamma_ic - gamma_jc) for j <= i, never a positive exponent: pairwise, per channel
-        pair = (gamma[..., :, None, :] - gamma[..., None, :, :]).masked_fill(~causal[..., None], -math.inf).exp()
-        qk = torch.einsum("...ic,...jc,...ijc->...ij", q, k, pair)
-        kk = torch.einsum("...ic,...jc,...ijc->...ij", k, k, pair)
-        q_in, k_in = q * gamma.exp(), k * gamma.exp()
+        qk, kk = _channel_decayed(q, k, gamma, delta)
+        q, k_in = q * gamma.exp(), k * gamma.exp()
         k_out = k * (gamma[..., -1:, :] - gamma).exp()
         end = gamma[..., -1, :].exp()[..., None]  # (B, H, N, K, 1)
-    qk = qk.masked_fill(~causal, 0.0)
+    qk = qk.tril_()
     if delta:
-        strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
-        A = (kk * beta[..., :, None]).masked_fill(~strict, 0.0)
+        A = (kk * beta[..., :, None]).tril_(-1)
         eye = torch.eye(C, dtype=q.dtype, device=q.device)
-        T = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)  # (I + A)^-1
-        u0 = T @ (v * beta[..., None])  # the new values, before the state's prediction is removed
-        w = T @ (k_in * beta[..., None])  # what the state predicts, per unit of state
+        T = torch.linalg.solve_triangular(A.add_(eye), eye.expand_as(A), upper=False, unitriangular=True)  # (I+A)^-1
+        T = T * beta[..., None, :]  # T diag(beta): beta applied to the C x C matrix, not to v and k
+        u0 = T @ v  # the new values, before the state's prediction is removed
+        if rows is not None:
+            w = (T * rows[..., None, :]) @ k  # T diag(beta exp(gamma)) k: what the state predicts, per unit of it
+        else:
+            w = T @ (k_in if g is not None else k)
     else:
         u0, w = v, None
+    k_state = k if g is None or rows is not None else k_out  # the keys the state takes up at the chunk's end
     S = q.new_zeros(B, H, K, V) if state is None else state
     out = []
     for n in range(N):
         u = u0[:, :, n] if w is None else u0[:, :, n] - w[:, :, n] @ S
-        out.append(q_in[:, :, n] @ S + qk[:, :, n] @ u)
+        read = q[:, :, n] @ S  # the state's part of the output
+        if rows is not None:
+            read = read * rows[:, :, n, :, None]
+        out.append(read + qk[:, :, n] @ u)
+        taken = u if cols is None else u * cols[:, :, n, :, None]
         carried = S if end is None else S * end[:, :, n]
-        S = carried + k_out[:, :, n].transpose(-1, -2) @ u
+        S = carried + k_state[:, :, n].transpose(-1, -2) @ taken
     return torch.stack(out, dim=2).reshape(B, H, N * C, V)[:, :, :L], S
+
+
+def _channel_decayed(q: Tensor, k: Tensor, gamma: Tensor, delta: bool) -> tuple[Tensor, Tensor | None]:
+    """Per-channel decays (Kimi Delta Attention): qk_ij = sum_c q_ic k_jc exp(gamma_ic - gamma_jc) and the same
+    for k k, j <= i (upper entries left for the caller's tril), by blocks of chunks so that the pairwise
+    (C, C, K) decays of at most ``PAIR_ELEMENTS`` numbers exist at once."""
+    B, H, N, C, K = q.shape
+    qk = q.new_empty(B, H, N, C, C)
+    kk = q.new_empty(B, H, N, C, C) if delta else None
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    step = max(1, PAIR_ELEMENTS // max(1, B * H * C * C * K))
+    for n0 in range(0, N, step):
+        n1 = min(N, n0 + step)
+        part = gamma[:, :, n0:n1]
+        pair = (part[..., :, None, :] - part[..., None, :, :]).masked_fill(~causal[..., None], -math.inf).exp()
+        qk[:, :, n0:n1] = torch.einsum("...ic,...jc,...ijc->...ij", q[:, :, n0:n1], k[:, :, n0:n1], pair)
+        if kk is not None:
+            kk[:, :, n0:n1] = torch.einsum("...ic,...jc,...ijc->...ij", k[:, :, n0:n1], k[:, :, n0:n1], pair)
+    return qk, kk
+
+
+PAIR_ELEMENTS = 1 << 24
+"""The most numbers of per-channel pairwise decays (B H x chunks x C x C x K) :func:`_channel_decayed` makes at
+once (64 MB in float32)."""
 
 
 def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask):
