@@ -186,6 +186,7 @@ def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
     here (measured on 2 cores)."""
     B, H, L, K = k.shape
     V = v.shape[-1]
+    C = max(1, min(C, L))  # a call shorter than a chunk (a decoding step) is one chunk of its own length
     pad = (-L) % C
     if pad:  # padded tokens: no update, no decay, outputs dropped
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
