@@ -3,6 +3,7 @@
 from .additive import BahdanauAttention
 from .attending import PLAIN, Attending, AttentionCall, Cache
 from .cache import FixedKVCache, KVCache, SinkCache
+from .delta import GatedDeltaNet, GatedRMSNorm, LinearStateCache
 from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .gated import DifferentialAttention, GatedAttention
 from .indexer import LightningIndexer
@@ -36,6 +37,9 @@ __all__ = [
     "LatentAttention",
     "LatentCache",
     "LightningIndexer",
+    "GatedDeltaNet",
+    "GatedRMSNorm",
+    "LinearStateCache",
     "AttentionCall",
     "Attending",
     "Cache",

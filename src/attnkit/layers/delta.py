@@ -1,0 +1,172 @@
+r"""Gated DeltaNet, the linear-attention layer of Qwen3-Next and Qwen3.5 (three of every four layers), with its
+constant-size cache.
+
+    [q ; k ; v ; z] = x W_qkvz,   [b ; a] = x W_ba               (heads grouped per key head, as Qwen3-Next)
+    [q ; k ; v] = silu(causal_conv1d([q ; k ; v]))               (a depthwise convolution over the last 4 tokens)
+    beta = sigmoid(b),   g = -exp(A_log) softplus(a + dt_bias)   (a step and a log-decay per value head)
+    o = gated_delta_rule(l2norm(q), l2norm(k), v, g, beta)       (attnkit.functional.linear)
+    out = W_o [RMSNorm(o) * silu(z)]                              (a gated RMSNorm per head)
+
+Parameters carry transformers' names (``in_proj_qkvz``, ``in_proj_ba``, ``conv1d``, ``dt_bias``, ``A_log``,
+``norm.weight``, ``out_proj``), so a checkpoint's tensors load as they are. The cache
+(:class:`LinearStateCache`) holds, per sequence, the convolution's last inputs and the recurrent state:
+(kernel - 1) x conv channels + H x K x V numbers, whatever the length decoded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional.attention import AttentionOutput, make_output
+from ..functional.checks import check_int, check_rank
+from ..functional.linear import gated_delta_rule, implicit_attention
+
+__all__ = ["GatedDeltaNet", "GatedRMSNorm", "LinearStateCache"]
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last dim, then times silu(gate), in float32 (Qwen3-Next's ``Qwen3NextRMSNormGated``:
+    the norm before the gate)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.float() if dtype != torch.float64 else x
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(dtype)
+        return (h * F.silu(gate.float() if dtype != torch.float64 else gate)).to(dtype)
+
+
+class LinearStateCache:
+    """The cache of a linear-attention layer: for each sequence the convolution's last (kernel - 1) inputs and
+    the recurrent state (H, K, V) after the tokens seen so far. Constant in size whatever the length decoded;
+    ``position`` counts the tokens taken in. ``reorder`` follows a beam search; ``reset`` empties it."""
+
+    def __init__(self) -> None:
+        self.conv: Tensor | None = None  # (B, channels, kernel - 1)
+        self.state: Tensor | None = None  # (B, H, K, V), float32 (float64 for a float64 layer)
+        self.position = 0
+
+    def reset(self) -> None:
+        self.conv = self.state = None
+        self.position = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the rows ``index`` (B',) of the batch, in that order (a beam search's choice)."""
+        if self.conv is not None:
+            self.conv = self.conv.index_select(0, index)
+        if self.state is not None:
+            self.state = self.state.index_select(0, index)
+
+    def numbers(self) -> int:
+        """Numbers held per sequence (not per token: it does not grow)."""
+        if self.conv is None or self.state is None:
+            return 0
+        return (self.conv[0].numel() + self.state[0].numel())
+
+    def check_batch(self, B: int) -> None:
+        if self.state is not None and self.state.shape[0] != B:
+            raise ValueError(f"cache holds {self.state.shape[0]} sequences, the call has B={B}: a cache serves the "
+                             "batch it was filled for (reorder it for a beam search)")
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3-Next's Gated DeltaNet layer (module docstring): (B, L, D) -> :class:`AttentionOutput` with the output
+    (B, L, D) and, with ``need_weights``, the implicit attention matrix (B, H, L, L) of the call's own tokens.
+
+    Args:
+        d_model: D. num_k_heads, num_v_heads: heads of q/k and of v (num_v_heads a multiple; Qwen3-Next 16 and 32).
+        head_k_dim, head_v_dim: their widths (128 and 128).
+        conv_kernel: the causal convolution's width (4). norm_eps: the gated RMSNorm's epsilon.
+        chunk_size: the chunked form's chunk (64; 1 is the recurrence).
+    """
+
+    def __init__(self, d_model: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, *,
+                 conv_kernel: int = 4, norm_eps: float = 1e-6, chunk_size: int = 64):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("num_k_heads", num_k_heads), ("num_v_heads", num_v_heads),
+                            ("head_k_dim", head_k_dim), ("head_v_dim", head_v_dim), ("conv_kernel", conv_kernel),
+                            ("chunk_size", chunk_size)):
+            check_int(name, value, 1)
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"num_v_heads={num_v_heads} must be a multiple of num_k_heads={num_k_heads}")
+        self.d_model, self.num_k_heads, self.num_v_heads = d_model, num_k_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim, self.conv_kernel, self.chunk_size = head_k_dim, head_v_dim, conv_kernel, chunk_size
+        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.in_proj_qkvz = nn.Linear(d_model, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(d_model, 2 * num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False,
+                                padding=conv_kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_v_heads).uniform_(0.01, 16)))
+        self.norm = GatedRMSNorm(head_v_dim, eps=norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, d_model, bias=False)
+
+    def _split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """q, k (B, L, Hk*K), v, z (B, L, Hv*V), b, a (B, L, Hv) from the projections, whose outputs are grouped
+        per key head ([q k v z] of key head 0, then of key head 1, ...), as Qwen3-Next stores them."""
+        B, L, _ = x.shape
+        Hk, group = self.num_k_heads, self.num_v_heads // self.num_k_heads
+        Kd, Vd = self.head_k_dim, self.head_v_dim
+        qkvz = self.in_proj_qkvz(x).view(B, L, Hk, 2 * Kd + 2 * group * Vd)
+        q, k, v, z = qkvz.split([Kd, Kd, group * Vd, group * Vd], dim=-1)
+        ba = self.in_proj_ba(x).view(B, L, Hk, 2 * group)
+        b, a = ba.split([group, group], dim=-1)
+        return (q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1), z.reshape(B, L, -1, Vd),
+                b.reshape(B, L, -1), a.reshape(B, L, -1))
+
+    def _convolved(self, mixed: Tensor, cache: LinearStateCache | None) -> Tensor:
+        """silu(causal depthwise convolution) of (B, channels, L), continuing the cache's last inputs."""
+        kernel = self.conv_kernel - 1
+        if cache is not None and cache.conv is not None:
+            full = torch.cat([cache.conv, mixed], dim=-1)
+        else:
+            full = F.pad(mixed, (kernel, 0))  # nothing before the first token: zeros, as the convolution pads
+        if cache is not None:
+            cache.conv = full[..., full.shape[-1] - kernel:].detach()
+        return F.silu(F.conv1d(full, self.conv1d.weight, None, groups=self.conv_dim))
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
+                need_weights: bool = False) -> AttentionOutput:
+        """x (B, L, D); ``key_mask`` (B, L) True at real tokens (left padding: a padded token's input counts as
+        zeros and it leaves the state untouched); ``cache`` carries the convolution and the state across calls."""
+        check_rank("x", x, 3, "(B, L, D)")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
+        B, L, _ = x.shape
+        if cache is not None:
+            if not isinstance(cache, LinearStateCache):
+                raise TypeError(f"cache must be a LinearStateCache, got {type(cache).__name__}")
+            cache.check_batch(B)
+        if key_mask is not None:
+            if tuple(key_mask.shape) != (B, L) or key_mask.is_floating_point():
+                raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)} (the call's own tokens), "
+                                 f"got {(key_mask.dtype, tuple(key_mask.shape))}")
+            x = x * key_mask.to(x.dtype)[..., None]  # a padded token's input is zeros (as transformers makes it)
+        q, k, v, z, b, a = self._split(x)
+        mixed = self._convolved(torch.cat([q, k, v], dim=-1).transpose(1, 2), cache).transpose(1, 2)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(B, L, self.num_k_heads, self.head_k_dim).transpose(1, 2)
+        k = k.reshape(B, L, self.num_k_heads, self.head_k_dim).transpose(1, 2)
+        v = v.reshape(B, L, self.num_v_heads, self.head_v_dim).transpose(1, 2)
+        beta = b.sigmoid().transpose(1, 2)  # (B, Hv, L)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)
+        state = None if cache is None else cache.state
+        result = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
+                                  chunk_size=self.chunk_size, use_qk_l2norm=True, key_mask=key_mask)
+        if cache is not None:
+            cache.state = result.final_state
+            cache.position += L
+        weights = None
+        if need_weights:
+            weights = implicit_attention(q, k, g, beta, use_qk_l2norm=True, key_mask=key_mask)
+        heads = self.norm(result.output.transpose(1, 2), z)  # (B, L, Hv, V)
+        return make_output((self.out_proj(heads.reshape(B, L, self.value_dim)), weights, None))
