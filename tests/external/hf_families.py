@@ -33,6 +33,24 @@ TINY = dict(
     # 2 blocks of 2 keys (MiniMax-M3), so that a selection attnkit ignored would show
     index_topk=4, index_n_heads=2, index_head_dim=8, index_block_size=2, index_topk_blocks=2,
 )
+# Per family, sizes over TINY: hybrids whose two tiny layers would otherwise all be linear attention (the walk
+# needs a softmax layer to compare), and linear layers of their own small widths.
+FAMILY_SIZES = {
+    family: {"layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8}
+    for family in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+} | {
+    "kimi_linear": {"layer_types": ["linear_attention", "full_attention"], "mlp_layer_types": ["dense", "sparse"],
+                    "linear_head_dim": 8, "linear_num_heads": 4},
+    "bailing_hybrid": {"layer_types": ["linear_attention", "full_attention"], "linear_head_dim": 8,
+                       "linear_num_heads": 4, "layer_group_size": 2},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+              "mamba_dt_rank": 8, "use_mamba_kernels": False},
+    "bamba": {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8,
+              "mamba_chunk_size": 8},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"], "mamba_n_heads": 4, "mamba_d_head": 16,
+                         "mamba_d_state": 8, "mamba_chunk_size": 8},
+}
 KINDS = ("decoder", "seq2seq", "encoder")
 MAX_PARAMETERS = 3_000_000
 
@@ -60,6 +78,7 @@ def tiny_config(family: str, **sizes):
 
     cls = CONFIG_MAPPING[family]
     default = cls()
+    sizes = FAMILY_SIZES.get(family, {}) | sizes
     keys = {k: v for k, v in (TINY | sizes).items() if hasattr(default, k)}
     if getattr(default, "kv_lora_rank", None) is not None:  # latent attention (MLA): every head reads the latent,
         keys["num_key_value_heads"] = keys.get("num_attention_heads", default.num_attention_heads)  # and head_dim

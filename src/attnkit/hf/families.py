@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["IMPLEMENTATION", "VERIFIED_FAMILIES", "UnsupportedFeature", "UnverifiedFamily", "UnverifiedFamilyWarning",
+__all__ = ["IMPLEMENTATION", "VERIFIED_FAMILIES", "REFUSED_REASONS", "UnsupportedFeature", "UnverifiedFamily", "UnverifiedFamilyWarning",
            "check_family", "allow", "permitted", "install_guard", "is_registered"]
 
 IMPLEMENTATION = "attnkit"
@@ -60,8 +60,20 @@ VERIFIED_FAMILIES: dict[str, str] = {
     "solar_open": "decoder", "stablelm": "decoder", "starcoder2": "decoder", "switch_transformers": "seq2seq",
     "t5": "seq2seq", "ultrabert": "encoder", "umt5": "seq2seq", "vaultgemma": "decoder", "whisper": "speech",
     "xlm-roberta": "encoder", "xlm-roberta-xl": "encoder",
+    # hybrids of linear and softmax attention (2026-11-26): the softmax layers through attnkit, the linear ones
+    # (Gated DeltaNet, Kimi Delta Attention, lightning attention, Mamba) transformers' own; the walk builds both
+    "qwen3_next": "decoder", "qwen3_5_text": "decoder", "qwen3_5_moe_text": "decoder", "kimi_linear": "decoder",
+    "minimax": "decoder", "lara_mini": "decoder", "bailing_hybrid": "decoder", "jamba": "decoder", "bamba": "decoder",
+    "granitemoehybrid": "decoder",
 }
 """The families whose attention runs through attnkit, tested family by family (docs/hf.md lists them)."""
+
+REFUSED_REASONS: dict[str, str] = {
+    "zamba2": "the walk cannot build its tiny model (its hybrid_layer_ids and shared blocks keep their full sizes)",
+    "glm5_next": "transformers exports no causal-LM class for it to walk",
+    "qwen4_exp": "a composite config with no text model of its own to walk",
+}
+"""Hybrid families the walk could not verify, each with why (named in the refusal)."""
 
 
 class UnsupportedFeature(InputError):
@@ -97,7 +109,8 @@ def check_family(config, owner: str = "this model") -> None:
     family = getattr(config, "model_type", None)
     if family in VERIFIED_FAMILIES:
         return
-    message = (f"{owner}: model_type {family!r} is not a family attnkit has verified against eager attention "
+    reason = f" ({REFUSED_REASONS[family]})" if family in REFUSED_REASONS else ""
+    message = (f"{owner}: model_type {family!r} is not a family attnkit has verified against eager attention{reason} "
                f"(attnkit.hf.VERIFIED_FAMILIES: {len(VERIFIED_FAMILIES)} families); load it with attn_implementation='eager' or "
                f"'sdpa', or opt in with attnkit.hf.register(allow_unverified=[{family!r}])")
     if family in _ALLOWED_UNVERIFIED:
