@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attnkit.cost import estimate, parameter_breakdown
 from attnkit.models import build_model, count_parameters, preset
@@ -161,3 +162,43 @@ def test_sparse_attention_caps_the_pairs_a_query_scores():
     assert selected.attention_entries_computed == 2048 * 2049 // 2 + (32768 - 2048) * 2048
     assert selected.flops_per_sequence_attention < dense.flops_per_sequence_attention / 3
     assert selected.kv_cache_bytes_per_token == 61 * (512 + 64 + 128) * 2  # the indexer's keys cached too
+
+
+def test_a_hybrids_decoding_memory_is_its_softmax_kv_plus_a_constant_state_measured_on_attnkits_caches():
+    """Issue 61, item 6: Qwen3-Next-80B-A3B holds 12 x 2 x 2 x 256 x 2 = 24,576 bytes a token (bf16) plus a
+    constant state; attnkit's own layers of that shape, decoding, hold exactly what the calculator says."""
+    from attnkit.hybrid_cost import HYBRID_PRESETS, hybrid_memory
+    from attnkit.layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache
+
+    shape = HYBRID_PRESETS["qwen3-next-80b-a3b"]
+    memory = hybrid_memory(shape, seq=65536, dtype_bytes=2)
+    assert memory.kv_bytes_per_token == 24_576 and memory.all_softmax_bytes_per_token == 98_304
+    assert memory.total_bytes == 65536 * 24_576 + memory.state_bytes
+    n = memory.crossover
+    assert n * memory.kv_bytes_per_token + memory.state_bytes < n * memory.all_softmax_bytes_per_token
+    assert (n - 1) * memory.kv_bytes_per_token + memory.state_bytes >= (n - 1) * memory.all_softmax_bytes_per_token
+    torch.manual_seed(0)
+    full = GatedAttention(2048, 16, num_kv_heads=2, head_dim=256).to(torch.bfloat16).eval()
+    linear = GatedDeltaNet(2048, 16, 32, 128, 128).to(torch.bfloat16).eval()
+    kv, state = KVCache(), LinearStateCache()
+    with torch.no_grad():
+        for _ in range(3):  # three decoding steps
+            x = torch.randn(1, 1, 2048, dtype=torch.bfloat16)
+            full(x, is_causal=True, cache=kv)
+            linear(x, cache=state)
+    kv_bytes = sum(t.numel() * t.element_size() for t in (kv.keys, kv.values))
+    assert kv_bytes == 3 * memory.kv_bytes_per_token // shape.full_layers
+    held = state.conv.numel() * state.conv.element_size() + state.state.numel() * state.state.element_size()
+    assert held * shape.linear_layers == memory.state_bytes and state.state.dtype == torch.float32
+
+
+def test_the_cost_command_knows_the_hybrids(tmp_path, capsys):
+    from attnkit.cli import main
+
+    assert main(["cost", "--model", "qwen3-next-80b-a3b", "--seq", "65536", "--plot", str(tmp_path / "m.png")]) == 0
+    out = capsys.readouterr().out
+    assert "24,576 bytes per token" in out and "from 1,049 tokens on" in out
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["cost", "--model", "kimi-linear-48b-a3b"]) == 0 and "6,912 bytes per token" in capsys.readouterr().out
+    assert main(["cost", "--model", "qwen3-next-80b-a3b", "--pattern", "window"]) == 2
+    assert main(["cost", "--model", "llama3-8b", "--plot", str(tmp_path / "x.png")]) == 2

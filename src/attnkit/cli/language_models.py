@@ -13,6 +13,8 @@ from .arguments import (
     check_texts,
     float_in,
     int_in,
+    picture_file,
+    refuse_unused,
     seed,
     user_values,
 )
@@ -66,8 +68,44 @@ def _model_config(spec: str):
     return config, defaulted
 
 
+def _hybrid_cost(args: argparse.Namespace) -> int:
+    """``cost`` of a hybrid preset: what it holds decoding one sequence, against an all-softmax model."""
+    from ..cost import DTYPE_BYTES, bytes_text
+    from ..hybrid_cost import HYBRID_PRESETS, hybrid_memory
+
+    refuse_unused(args, ["pattern", "pattern_options"], "is for dense models; a hybrid's linear layers hold no pairs")
+    shape = HYBRID_PRESETS[args.model]
+    m = hybrid_memory(shape, args.seq, DTYPE_BYTES[args.dtype])
+    print(f"model: {args.model} ({shape.name}: {shape.full_layers} softmax layers, {shape.full_kind}; "
+          f"{shape.linear_layers} linear layers), seq {args.seq:,}, {args.dtype}")
+    print(f"KV cache of the softmax layers: {m.kv_bytes_per_token:,} bytes per token, {bytes_text(args.seq * m.kv_bytes_per_token)} "
+          f"for {args.seq:,} tokens")
+    print(f"constant state per sequence: {bytes_text(m.state_bytes)} (recurrent state {bytes_text(m.recurrent_state_bytes)} in "
+          f"float32, convolution tails {bytes_text(m.conv_state_bytes)})")
+    print(f"decoding memory at {args.seq:,} tokens: {bytes_text(m.total_bytes)}; every layer softmax: "
+          f"{bytes_text(m.all_softmax_total_bytes)} ({m.all_softmax_bytes_per_token:,} bytes per token)")
+    print(f"the hybrid holds less than the all-softmax model from {m.crossover:,} tokens on")
+    print(f"note: sizes from {shape.source}")
+    if args.plot is not None:
+        from ..viz.curves import plot_lines
+
+        lengths = [2**i for i in range(8, 21)]
+        hybrid = [hybrid_memory(shape, n, DTYPE_BYTES[args.dtype]).total_bytes / 2**20 for n in lengths]
+        softmax = [n * m.all_softmax_bytes_per_token / 2**20 for n in lengths]
+        plot_lines({"hybrid (softmax KV + constant state)": (lengths, hybrid), "every layer softmax": (lengths, softmax)},
+                   args.plot, x_title="tokens in the context", y_title="decoding memory, MiB",
+                   title=f"{shape.name}: one sequence's cache, {args.dtype}", log_x=True, log_y=True)
+        print(f"plot: {args.plot}")
+    return 0
+
+
 def _cost(args: argparse.Namespace) -> int:
     from ..cost import bytes_text, estimate, flops_text
+    from ..hybrid_cost import HYBRID_PRESETS
+
+    if args.model in HYBRID_PRESETS:
+        return _hybrid_cost(args)
+    refuse_unused(args, ["plot"], "draws a hybrid preset's memory against length")
 
     config, defaulted = _model_config(args.model)
     options = {}
@@ -107,10 +145,14 @@ def _cost(args: argparse.Namespace) -> int:
 
 def add_cost_parser(commands) -> None:
     """The ``cost`` sub-command's arguments."""
+    from ..hybrid_cost import HYBRID_PRESETS
     from ..models.config import PRESETS
 
     cost = commands.add_parser("cost", help="parameters, FLOPs, attention-matrix and KV-cache memory of a model")
-    cost.add_argument("--model", required=True, help=f"a preset ({', '.join(sorted(PRESETS))}) or a config JSON")
+    cost.add_argument("--model", required=True,
+                      help=f"a preset ({', '.join(sorted(PRESETS))}), a hybrid of linear and softmax attention "
+                           f"({', '.join(sorted(HYBRID_PRESETS))}: its decoding memory) or a config JSON")
+    cost.add_argument("--plot", type=picture_file, help="a hybrid preset: its memory against length, as PNG or SVG")
     cost.add_argument("--seq", type=int_in(1, 10**12), default=2048, help="sequence length n")
     cost.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8"],
                       help="bytes per stored value")
