@@ -229,10 +229,13 @@ def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
     S = q.new_zeros(B, H, K, V) if state is None else state
     # Each chunk's slices taken once (unbind): indexing a chunk inside the loop would cost autograd a
     # full-size gradient per chunk, quadratic in the length (75 s for a 16K backward that takes 5 s now).
-    chunks = [x.unbind(2) if x is not None else [None] * N for x in (u0, w, q, qk, k_state, rows, cols, end)]
+    u0s, qs, qks, ks = (x.unbind(2) for x in (u0, q, qk, k_state))
+    optional: list[tuple[Tensor, ...] | list[None]] = [x.unbind(2) if x is not None else [None] * N
+                                                       for x in (w, rows, cols, end)]
     out = []
     for n in range(N):
-        u0_n, w_n, q_n, qk_n, k_n, rows_n, cols_n, end_n = (c[n] for c in chunks)
+        u0_n, q_n, qk_n, k_n = u0s[n], qs[n], qks[n], ks[n]
+        w_n, rows_n, cols_n, end_n = (c[n] for c in optional)
         u = u0_n if w_n is None else u0_n - w_n @ S
         read = q_n @ S  # the state's part of the output
         if rows_n is not None:
