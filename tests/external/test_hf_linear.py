@@ -86,3 +86,45 @@ def test_the_implicit_attention_of_the_layer_reproduces_its_heads():
     mixed = ours._convolved(torch.cat(ours._split(x)[:3], dim=-1).transpose(1, 2), None).transpose(1, 2)
     v = mixed[..., -ours.value_dim:].reshape(1, 12, 4, 6).transpose(1, 2)
     torch.testing.assert_close(result.weights @ v, captured["core"].transpose(1, 2), rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- Kimi Delta Attention
+def _kimi_pair():
+    from transformers.models.kimi_linear import modeling_kimi_linear as kl
+
+    from attnkit.layers import KimiDeltaAttention
+
+    config = transformers.KimiLinearConfig(hidden_size=32, linear_num_heads=4, linear_head_dim=8,
+                                           linear_conv_kernel_dim=4, num_hidden_layers=1,
+                                           layer_types=["linear_attention"], mlp_layer_types=["dense"],
+                                           num_attention_heads=4, num_key_value_heads=4, vocab_size=50)
+    torch.manual_seed(0)
+    theirs = kl.KimiLinearDeltaAttention(config, 0).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0.0, 0.3)
+        theirs.forget_gate.A_log.uniform_(-2.0, 0.5)
+    ours = KimiDeltaAttention(32, 4, 8, conv_kernel=4, norm_eps=config.rms_norm_eps).eval()
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def test_kimi_delta_attention_equals_transformers_whole_padded_decoded_and_in_its_gradients():
+    theirs, ours = _kimi_pair()
+    x = torch.randn(2, 23, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = theirs(x)
+        torch.testing.assert_close(ours(x).output, want, rtol=2e-4, atol=2e-4)
+        mask = torch.ones(2, 23, dtype=torch.long)
+        mask[1, :5] = 0
+        got, padded = ours(x, key_mask=mask.bool()).output, theirs(x, attention_mask=mask)
+        torch.testing.assert_close(got[mask.bool()], padded[mask.bool()], rtol=2e-4, atol=2e-4)
+        cache, outputs = LinearStateCache(), []
+        for start, size in ((0, 6), (6, 1), (7, 1), (8, 15)):
+            outputs.append(ours(x[:, start:start + size], cache=cache).output)
+        torch.testing.assert_close(torch.cat(outputs, dim=1), want, rtol=2e-4, atol=2e-4)
+    theirs(x).square().sum().backward()
+    ours(x).output.square().sum().backward()
+    grads = dict(theirs.named_parameters())
+    for name, parameter in ours.named_parameters():
+        torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-3, atol=1e-3, msg=name)

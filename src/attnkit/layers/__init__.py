@@ -3,7 +3,7 @@
 from .additive import BahdanauAttention
 from .attending import PLAIN, Attending, AttentionCall, Cache
 from .cache import FixedKVCache, KVCache, SinkCache
-from .delta import GatedDeltaNet, GatedRMSNorm, LinearStateCache
+from .delta import GatedDeltaNet, GatedRMSNorm, KimiDeltaAttention, LinearStateCache
 from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .gated import DifferentialAttention, GatedAttention
 from .indexer import LightningIndexer
@@ -38,6 +38,7 @@ __all__ = [
     "LatentCache",
     "LightningIndexer",
     "GatedDeltaNet",
+    "KimiDeltaAttention",
     "GatedRMSNorm",
     "LinearStateCache",
     "AttentionCall",

@@ -23,24 +23,44 @@ from ..functional.attention import AttentionOutput, make_output
 from ..functional.checks import check_int, check_rank
 from ..functional.linear import gated_delta_rule, implicit_attention
 
-__all__ = ["GatedDeltaNet", "GatedRMSNorm", "LinearStateCache"]
+__all__ = ["GatedDeltaNet", "KimiDeltaAttention", "KimiForgetGate", "GatedRMSNorm", "LinearStateCache",
+           "causal_convolution"]
 
 
 class GatedRMSNorm(nn.Module):
-    """RMSNorm over the last dim, then times silu(gate), in float32 (Qwen3-Next's ``Qwen3NextRMSNormGated``:
-    the norm before the gate)."""
+    """RMSNorm over the last dim, then times act(gate), in float32: Qwen3-Next's ``Qwen3NextRMSNormGated``
+    (``activation="silu"``, the weight applied in the input's dtype) or Kimi Linear's ``KimiLinearRMSNormGated``
+    (``"sigmoid"``, the weight applied in float32)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, *, activation: str = "silu"):
         super().__init__()
+        if activation not in ("silu", "sigmoid"):
+            raise ValueError(f"activation must be 'silu' (Qwen3-Next) or 'sigmoid' (Kimi Linear), got {activation!r}")
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.activation = eps, activation
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         dtype = x.dtype
-        h = x.float() if dtype != torch.float64 else x
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        h = x.to(acc)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight * h.to(dtype)
-        return (h * F.silu(gate.float() if dtype != torch.float64 else gate)).to(dtype)
+        if self.activation == "silu":
+            return (self.weight * h.to(dtype) * F.silu(gate.to(acc))).to(dtype)
+        return (self.weight.to(acc) * h * torch.sigmoid(gate.to(acc))).to(dtype)
+
+
+def causal_convolution(mixed: Tensor, weight: Tensor, cache: LinearStateCache | None) -> Tensor:
+    """silu(a causal depthwise convolution) of (B, channels, L) with ``weight`` (channels, 1, kernel), continuing
+    the cache's last (kernel - 1) inputs (zeros before the first token, as the convolution pads) and keeping the
+    new ones in it."""
+    kernel = weight.shape[-1] - 1
+    if cache is not None and cache.conv is not None:
+        full = torch.cat([cache.conv, mixed], dim=-1)
+    else:
+        full = F.pad(mixed, (kernel, 0))
+    if cache is not None:
+        cache.conv = full[..., full.shape[-1] - kernel:].detach()
+    return F.silu(F.conv1d(full, weight, None, groups=weight.shape[0]))
 
 
 class LinearStateCache:
@@ -74,6 +94,25 @@ class LinearStateCache:
         if self.state is not None and self.state.shape[0] != B:
             raise ValueError(f"cache holds {self.state.shape[0]} sequences, the call has B={B}: a cache serves the "
                              "batch it was filled for (reorder it for a beam search)")
+
+
+def _checked_input(x: Tensor, d_model: int, key_mask: Tensor | None, cache: LinearStateCache | None) -> Tensor:
+    """x (B, L, D) checked with the call's key_mask (B, L) and cache; a padded token's input made zeros (as
+    transformers makes it: with no update and no decay in the rule, it leaves the state untouched)."""
+    check_rank("x", x, 3, "(B, L, D)")
+    if x.shape[-1] != d_model:
+        raise ValueError(f"x must have last dim d_model={d_model}, got shape {tuple(x.shape)}")
+    B, L, _ = x.shape
+    if cache is not None:
+        if not isinstance(cache, LinearStateCache):
+            raise TypeError(f"cache must be a LinearStateCache, got {type(cache).__name__}")
+        cache.check_batch(B)
+    if key_mask is None:
+        return x
+    if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, L) or key_mask.is_floating_point():
+        got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
+        raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)} (the call's own tokens), got {got}")
+    return x * key_mask.to(x.dtype)[..., None]
 
 
 class GatedDeltaNet(nn.Module):
@@ -123,33 +162,14 @@ class GatedDeltaNet(nn.Module):
                 b.reshape(B, L, -1), a.reshape(B, L, -1))
 
     def _convolved(self, mixed: Tensor, cache: LinearStateCache | None) -> Tensor:
-        """silu(causal depthwise convolution) of (B, channels, L), continuing the cache's last inputs."""
-        kernel = self.conv_kernel - 1
-        if cache is not None and cache.conv is not None:
-            full = torch.cat([cache.conv, mixed], dim=-1)
-        else:
-            full = F.pad(mixed, (kernel, 0))  # nothing before the first token: zeros, as the convolution pads
-        if cache is not None:
-            cache.conv = full[..., full.shape[-1] - kernel:].detach()
-        return F.silu(F.conv1d(full, self.conv1d.weight, None, groups=self.conv_dim))
+        return causal_convolution(mixed, self.conv1d.weight, cache)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
                 need_weights: bool = False) -> AttentionOutput:
         """x (B, L, D); ``key_mask`` (B, L) True at real tokens (left padding: a padded token's input counts as
         zeros and it leaves the state untouched); ``cache`` carries the convolution and the state across calls."""
-        check_rank("x", x, 3, "(B, L, D)")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
+        x = _checked_input(x, self.d_model, key_mask, cache)
         B, L, _ = x.shape
-        if cache is not None:
-            if not isinstance(cache, LinearStateCache):
-                raise TypeError(f"cache must be a LinearStateCache, got {type(cache).__name__}")
-            cache.check_batch(B)
-        if key_mask is not None:
-            if tuple(key_mask.shape) != (B, L) or key_mask.is_floating_point():
-                raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)} (the call's own tokens), "
-                                 f"got {(key_mask.dtype, tuple(key_mask.shape))}")
-            x = x * key_mask.to(x.dtype)[..., None]  # a padded token's input is zeros (as transformers makes it)
         q, k, v, z, b, a = self._split(x)
         mixed = self._convolved(torch.cat([q, k, v], dim=-1).transpose(1, 2), cache).transpose(1, 2)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -170,3 +190,74 @@ class GatedDeltaNet(nn.Module):
             weights = implicit_attention(q, k, g, beta, use_qk_l2norm=True, key_mask=key_mask)
         heads = self.norm(result.output.transpose(1, 2), z)  # (B, L, Hv, V)
         return make_output((self.out_proj(heads.reshape(B, L, self.value_dim)), weights, None))
+
+
+class KimiForgetGate(nn.Module):
+    """Kimi Delta Attention's per-channel log-decay: g = -exp(A_log) softplus(f_b(f_a(x)) + dt_bias), one rate per
+    head (``A_log``) and one bias per channel, as transformers' ``KimiLinearForgetGate`` (its parameter names)."""
+
+    def __init__(self, d_model: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.f_a_proj = nn.Linear(d_model, head_dim, bias=False)
+        self.f_b_proj = nn.Linear(head_dim, num_heads * head_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads * head_dim))
+        self.A_log = nn.Parameter(torch.zeros(1, 1, num_heads, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> g (B, H, L, K), <= 0, in float32 (float64 for a float64 layer)."""
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        B, L, _ = x.shape
+        raw = (self.f_b_proj(self.f_a_proj(x)).to(acc) + self.dt_bias.to(acc)).view(B, L, self.num_heads, self.head_dim)
+        return (-self.A_log.to(acc).exp() * F.softplus(raw)).transpose(1, 2)
+
+
+class KimiDeltaAttention(nn.Module):
+    """Kimi Linear's Kimi Delta Attention layer: the gated delta rule with a decay per key channel.
+
+        q, k, v = silu(causal_conv1d([x W_q ; x W_k ; x W_v]))     (one depthwise convolution of 4 over the three)
+        g = forget_gate(x) (per channel),  beta = sigmoid(x W_b)
+        o = gated_delta_rule(l2norm(q), l2norm(k), v, g, beta),   out = W_o [RMSNorm(o) * sigmoid(W_gb W_ga x)]
+
+    Parameters carry transformers' names (``q_proj``, ``k_proj``, ``v_proj``, ``conv1d``, ``forget_gate.*``,
+    ``b_proj``, ``g_a_proj``, ``g_b_proj``, ``o_norm``, ``o_proj``). (B, L, D) -> :class:`AttentionOutput`, with
+    the implicit attention matrix (B, H, L, L) when asked; ``cache`` a :class:`LinearStateCache`."""
+
+    def __init__(self, d_model: int, num_heads: int, head_dim: int, *, conv_kernel: int = 4, norm_eps: float = 1e-6,
+                 chunk_size: int = 64):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
+                            ("conv_kernel", conv_kernel), ("chunk_size", chunk_size)):
+            check_int(name, value, 1)
+        self.d_model, self.num_heads, self.head_dim, self.chunk_size = d_model, num_heads, head_dim, chunk_size
+        width = num_heads * head_dim
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, width, bias=False) for _ in range(3))
+        self.conv1d = nn.Conv1d(3 * width, 3 * width, conv_kernel, groups=3 * width, bias=False, padding=conv_kernel - 1)
+        self.forget_gate = KimiForgetGate(d_model, num_heads, head_dim)
+        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.g_a_proj = nn.Linear(d_model, head_dim, bias=False)
+        self.g_b_proj = nn.Linear(head_dim, width, bias=False)
+        self.o_norm = GatedRMSNorm(head_dim, eps=norm_eps, activation="sigmoid")
+        self.o_proj = nn.Linear(width, d_model, bias=False)
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
+                need_weights: bool = False) -> AttentionOutput:
+        """As :meth:`GatedDeltaNet.forward`."""
+        x = _checked_input(x, self.d_model, key_mask, cache)
+        B, L, _ = x.shape
+        H, E = self.num_heads, self.head_dim
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).transpose(1, 2)
+        q, k, v = causal_convolution(mixed, self.conv1d.weight, cache).transpose(1, 2).split(H * E, dim=-1)
+        q, k, v = (t.reshape(B, L, H, E).transpose(1, 2) for t in (q, k, v))
+        g = self.forget_gate(x)
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        state = None if cache is None else cache.state
+        result = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
+                                  chunk_size=self.chunk_size, use_qk_l2norm=True, key_mask=key_mask)
+        if cache is not None:
+            cache.state = result.final_state
+            cache.position += L
+        weights = implicit_attention(q, k, g, beta, use_qk_l2norm=True, key_mask=key_mask) if need_weights else None
+        gate = self.g_b_proj(self.g_a_proj(x)).view(B, L, H, E)
+        heads = self.o_norm(result.output.transpose(1, 2), gate)
+        return make_output((self.o_proj(heads.reshape(B, L, H * E)), weights, None))
