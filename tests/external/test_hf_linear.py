@@ -128,3 +128,44 @@ def test_kimi_delta_attention_equals_transformers_whole_padded_decoded_and_in_it
     grads = dict(theirs.named_parameters())
     for name, parameter in ours.named_parameters():
         torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-3, atol=1e-3, msg=name)
+
+
+# ----------------------------------------------------------------------------- MiniMax's lightning attention
+def _lightning_pair(layer_idx=1):
+    from transformers.models.minimax import modeling_minimax as mm
+
+    from attnkit.layers import LightningAttention
+
+    config = transformers.MiniMaxConfig(hidden_size=32, num_attention_heads=4, head_dim=8, num_hidden_layers=3,
+                                        block_size=8, layer_types=["linear_attention"] * 3, num_key_value_heads=4,
+                                        vocab_size=50, intermediate_size=16, num_local_experts=2, num_experts_per_tok=1)
+    torch.manual_seed(0)
+    theirs = mm.MiniMaxLightningAttention(config, layer_idx).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0.0, 0.3)
+    ours = LightningAttention(32, 4, 8, layer_idx=layer_idx, num_layers=3, block_size=8,
+                              norm_eps=theirs.norm.variance_epsilon).eval()
+    ours.load_state_dict(theirs.state_dict())  # its buffers too: strictly
+    return theirs, ours
+
+
+def test_lightning_attention_equals_minimaxs_whole_padded_decoded_and_in_its_gradients():
+    theirs, ours = _lightning_pair()
+    x = torch.randn(2, 21, 32, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        want = theirs(x, None, None)[0]
+        torch.testing.assert_close(ours(x).output, want, rtol=2e-4, atol=2e-4)
+        mask = torch.ones(2, 21, dtype=torch.long)
+        mask[1, :4] = 0
+        got, padded = ours(x, key_mask=mask.bool()).output, theirs(x, None, mask)[0]
+        torch.testing.assert_close(got[mask.bool()], padded[mask.bool()], rtol=2e-4, atol=2e-4)
+        cache, outputs = LinearStateCache(), []
+        for start, size in ((0, 9), (9, 1), (10, 11)):
+            outputs.append(ours(x[:, start:start + size], cache=cache).output)
+        torch.testing.assert_close(torch.cat(outputs, dim=1), want, rtol=2e-4, atol=2e-4)
+    theirs(x, None, None)[0].square().sum().backward()
+    ours(x).output.square().sum().backward()
+    grads = dict(theirs.named_parameters())
+    for name, parameter in ours.named_parameters():
+        torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-3, atol=1e-3, msg=name)

@@ -3,7 +3,7 @@
 from .additive import BahdanauAttention
 from .attending import PLAIN, Attending, AttentionCall, Cache
 from .cache import FixedKVCache, KVCache, SinkCache
-from .delta import GatedDeltaNet, GatedRMSNorm, KimiDeltaAttention, LinearStateCache
+from .delta import GatedDeltaNet, GatedRMSNorm, KimiDeltaAttention, LightningAttention, LinearStateCache
 from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .gated import DifferentialAttention, GatedAttention
 from .indexer import LightningIndexer
@@ -39,6 +39,7 @@ __all__ = [
     "LightningIndexer",
     "GatedDeltaNet",
     "KimiDeltaAttention",
+    "LightningAttention",
     "GatedRMSNorm",
     "LinearStateCache",
     "AttentionCall",

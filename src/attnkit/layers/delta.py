@@ -21,10 +21,10 @@ from torch import Tensor, nn
 
 from ..functional.attention import AttentionOutput, make_output
 from ..functional.checks import check_int, check_rank
-from ..functional.linear import gated_delta_rule, implicit_attention
+from ..functional.linear import gated_delta_rule, gated_linear_attention, implicit_attention
 
-__all__ = ["GatedDeltaNet", "KimiDeltaAttention", "KimiForgetGate", "GatedRMSNorm", "LinearStateCache",
-           "causal_convolution"]
+__all__ = ["GatedDeltaNet", "KimiDeltaAttention", "LightningAttention", "KimiForgetGate", "GatedRMSNorm",
+           "LinearStateCache", "causal_convolution"]
 
 
 class GatedRMSNorm(nn.Module):
@@ -261,3 +261,66 @@ class KimiDeltaAttention(nn.Module):
         gate = self.g_b_proj(self.g_a_proj(x)).view(B, L, H, E)
         heads = self.o_norm(result.output.transpose(1, 2), gate)
         return make_output((self.o_proj(heads.reshape(B, L, H * E)), weights, None))
+
+
+class LightningAttention(nn.Module):
+    """MiniMax-01's lightning attention layer: gated linear attention with a constant decay per head, no scale.
+
+        [q ; k ; v] = silu(x W_qkv),   S_t = exp(-s_h) S_{t-1} + k_t v_t^T,   o_t = S_t^T q_t
+        out = W_o [sigmoid(x W_gate) * RMSNorm(o)]
+
+    The rates s_h = 2^(-8 (h + 1) / H) (1 - layer / (layers - 1 + 1e-5) + 1e-5) fall with depth, as MiniMax
+    sets them. Parameters and buffers carry transformers' names (``qkv_proj``, ``output_gate``, ``norm``,
+    ``out_proj``; ``slope_rate`` and the block decays its state dict holds), so its tensors load as they are.
+    (B, L, D) -> :class:`AttentionOutput` with the implicit attention matrix when asked; ``cache`` a
+    :class:`LinearStateCache` (the state only: no convolution)."""
+
+    slope_rate: Tensor
+
+    def __init__(self, d_model: int, num_heads: int, head_dim: int, *, layer_idx: int, num_layers: int,
+                 block_size: int = 256, norm_eps: float = 1e-6):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
+                            ("num_layers", num_layers), ("block_size", block_size)):
+            check_int(name, value, 1)
+        check_int("layer_idx", layer_idx, 0)
+        self.d_model, self.num_heads, self.head_dim, self.block_size = d_model, num_heads, head_dim, block_size
+        width = num_heads * head_dim
+        self.qkv_proj = nn.Linear(d_model, 3 * width, bias=False)
+        self.output_gate = nn.Linear(d_model, width, bias=False)
+        self.norm = nn.RMSNorm(width, eps=norm_eps)
+        self.out_proj = nn.Linear(width, d_model, bias=False)
+        factor = 1 - layer_idx / (num_layers - 1 + 1e-5) + 1e-5
+        slope = (1 / 2 ** (8 / num_heads)) ** (torch.arange(num_heads) + 1) * factor
+        rates = slope[:, None, None]
+        self.register_buffer("slope_rate", rates)
+        # transformers' block decays, kept only so that its state dict loads strictly (the rule needs the rates alone)
+        steps = torch.arange(block_size) + 1
+        self.register_buffer("query_decay", torch.exp(-rates * steps[:, None]))
+        self.register_buffer("key_decay", torch.exp(-rates * (block_size - steps[:, None])))
+        gaps = rates * (steps[:, None] - steps[None, :])[None, None]
+        self.register_buffer("diagonal_decay", torch.exp(torch.where(gaps >= 0, -gaps, float("-inf"))))
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
+                need_weights: bool = False) -> AttentionOutput:
+        """As :meth:`GatedDeltaNet.forward`."""
+        x_in = x
+        x = _checked_input(x, self.d_model, key_mask, cache)
+        B, L, _ = x.shape
+        H, E = self.num_heads, self.head_dim
+        qkv = F.silu(self.qkv_proj(x_in))
+        if key_mask is not None:
+            qkv = qkv * key_mask.to(qkv.dtype)[..., None]  # a padded token: no key, value or query
+        q, k, v = qkv.view(B, L, H, 3 * E).split(E, dim=-1)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        g = (-self.slope_rate.to(acc)).view(1, H, 1).expand(B, H, L)
+        state = None if cache is None else cache.state
+        result = gated_linear_attention(q, k, v, g, scale=1.0, initial_state=state, output_final_state=cache is not None,
+                                        chunk_size=min(self.block_size, 64), key_mask=key_mask)
+        if cache is not None:
+            cache.state = result.final_state
+            cache.position += L
+        weights = implicit_attention(q, k, g, None, scale=1.0, key_mask=key_mask) if need_weights else None
+        heads = self.norm(result.output.transpose(1, 2).reshape(B, L, H * E))
+        return make_output((self.out_proj(torch.sigmoid(self.output_gate(x_in)) * heads), weights, None))
