@@ -1,0 +1,283 @@
+"""Qwen3-Next as an attnkit decoder: three Gated DeltaNet layers for every gated-attention layer
+(``layer_types``), each followed by a mixture of experts with a gated shared expert.
+
+    x = embed(ids)
+    for each layer:  x = x + mixer(RMSNorm(x));  x = x + MoE(RMSNorm(x))      (zero-centred RMSNorms, 1 + w)
+        mixer: GatedDeltaNet (linear_attention) or GatedAttention (full_attention, partial RoPE, q/k norms)
+        MoE: softmax router, top-k experts (SwiGLU), + sigmoid(x w) * shared expert
+    logits = lm_head(RMSNorm(x))
+
+Module names follow transformers' (``embed_tokens``, ``layers.i.linear_attn`` / ``self_attn``, ``mlp.gate``,
+``mlp.experts``, ``mlp.shared_expert``, ...), so a checkpoint's tensors find their places by name
+(:func:`load_checkpoint_folder`, reached through :func:`attnkit.models.pretrained.load_hf_folder`). The cache is one
+:class:`~attnkit.layers.KVCache` per softmax layer and one constant-size
+:class:`~attnkit.layers.LinearStateCache` per linear layer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._files import read_json
+from ..errors import InputError
+from ..functional import kept
+from ..functional.checks import check_rank
+from ..layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache, RotaryEmbedding
+from ..layers.gated import ZeroCentredRMSNorm
+from .hf_config import UnsupportedConfigError
+from .outputs import LMOutput
+
+__all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
+
+
+@dataclass(frozen=True)
+class Qwen3NextConfig:
+    """The sizes of a Qwen3-Next model (transformers' ``Qwen3NextConfig`` keys, attnkit's names)."""
+
+    vocab_size: int
+    d_model: int
+    layer_types: tuple[str, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    conv_kernel: int
+    d_ff: int  # a dense MLP's width (layers without experts)
+    num_experts: int
+    experts_per_token: int
+    moe_d_ff: int
+    shared_d_ff: int
+    norm_topk_prob: bool
+    sparse_layers: tuple[bool, ...]
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-Next's mixture of experts: a softmax router (float32), the top-k experts (SwiGLU, weights stored as
+    transformers' fused ``gate_up_proj`` (E, 2 I, D) and ``down_proj`` (E, D, I)), normalised top-k
+    probabilities where the config says so, plus a shared expert scaled by a sigmoid gate."""
+
+    def __init__(self, c: Qwen3NextConfig):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = c.experts_per_token, c.norm_topk_prob
+        self.gate = nn.Linear(c.d_model, c.num_experts, bias=False)
+        self.experts = _Experts(c.num_experts, c.d_model, c.moe_d_ff)
+        self.shared_expert = _MLP(c.d_model, c.shared_d_ff)
+        self.shared_expert_gate = nn.Linear(c.d_model, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        logits = self.gate(flat)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+        top, chosen = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        routed = self.experts(flat, chosen, top.to(x.dtype))
+        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return (routed + shared).reshape(shape)
+
+
+class _Experts(nn.Module):
+    def __init__(self, num_experts: int, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * d_ff, d_model).normal_(0, 0.02))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, d_model, d_ff).normal_(0, 0.02))
+
+    def forward(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
+        out = torch.zeros_like(x)
+        for expert in chosen.unique().tolist():  # each expert on the tokens that chose it
+            token, slot = torch.where(chosen == expert)
+            gate, up = F.linear(x[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[expert]) * weights[token, slot, None]
+            out.index_add_(0, token, y)
+        return out
+
+
+class _MLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3NextBlock(nn.Module):
+    """One layer: the token mixer (linear or full attention) and the MLP, each after its zero-centred RMSNorm."""
+
+    def __init__(self, c: Qwen3NextConfig, layer: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.kind = c.layer_types[layer]
+        self.input_layernorm = ZeroCentredRMSNorm(c.d_model, eps=c.norm_eps)
+        if self.kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(c.d_model, c.linear_num_key_heads, c.linear_num_value_heads,
+                                             c.linear_key_head_dim, c.linear_value_head_dim, conv_kernel=c.conv_kernel,
+                                             norm_eps=c.norm_eps)
+        else:
+            self.self_attn = GatedAttention(c.d_model, c.num_heads, c.num_kv_heads, head_dim=c.head_dim, bias=False,
+                                            norm_eps=c.norm_eps, rotary=rotary)
+        self.post_attention_layernorm = ZeroCentredRMSNorm(c.d_model, eps=c.norm_eps)
+        self.mlp: nn.Module = SparseMoE(c) if c.sparse_layers[layer] else _MLP(c.d_model, c.d_ff)
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            L = x.shape[1]
+            own = None if key_mask is None else key_mask[:, -L:]  # the linear layer reads the call's own tokens
+            mixed = self.linear_attn(h, key_mask=own, cache=cache).output
+        else:
+            mixed = self.self_attn(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache).output
+        x = x + mixed
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3NextLM(nn.Module):
+    """Qwen3-Next's decoder (module docstring): ``forward(input_ids, attention_mask, cache=, position_ids=)``
+    -> :class:`LMOutput` as attnkit's other decoders, so :func:`attnkit.decoding.generate` drives it."""
+
+    def __init__(self, config: Qwen3NextConfig):
+        super().__init__()
+        c = self.config = config
+        rotary = RotaryEmbedding(c.head_dim, c.rope_theta, rotary_dim=c.rotary_dim)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)
+        self.layers = nn.ModuleList(Qwen3NextBlock(c, i, rotary) for i in range(len(c.layer_types)))
+        self.norm = ZeroCentredRMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def new_cache(self) -> list:
+        """A KV cache for each softmax layer, a constant-size state for each linear one."""
+        return [LinearStateCache() if block.kind == "linear_attention" else KVCache() for block in self.layers]
+
+    @kept.per_call
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
+                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
+        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
+        ``position_ids`` (B, L) the new tokens' RoPE positions (default: the softmax caches' position onwards)."""
+        check_rank("input_ids", input_ids, 2, "(B, L)")
+        B, L = input_ids.shape
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
+        full = next((cache[i] for i, b in enumerate(self.layers) if b.kind != "linear_attention"), None) if cache else None
+        held = 0 if cache is None else (full.length if full is not None else cache[0].position)
+        key_mask = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (B, held + L):
+                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
+                                 f"got {tuple(attention_mask.shape)}")
+            key_mask = attention_mask.bool()
+        x = self.embed_tokens(input_ids)
+        for i, block in enumerate(self.layers):
+            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
+        x = self.norm(x)
+        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)
+
+
+# --------------------------------------------------------------------------- transformers checkpoints
+_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads", "num_key_value_heads",
+         "head_dim", "partial_rotary_factor", "rope_parameters", "rope_theta", "linear_num_key_heads",
+         "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+         "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "rms_norm_eps",
+         "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "full_attention_interval"}
+_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "max_position_embeddings", "use_cache",
+             "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
+             "output_router_logits", "router_aux_loss_coef", "output_attentions", "output_hidden_states", "return_dict",
+             "chunk_size_feed_forward", "is_encoder_decoder", "problem_type", "id2label", "label2id", "tokenizer_class",
+             "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params", "tie_encoder_decoder",
+             "cross_attention_hidden_size", "add_cross_attention", "is_decoder", "finetuning_task", "bad_words_ids",
+             "num_beams", "name_or_path", "_name_or_path", "pruned_heads", "torchscript", "use_return_dict"}
+
+
+def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
+    """attnkit's config from a transformers Qwen3-Next ``config.json``: every key read, harmless in evaluation,
+    or refused by name (:class:`UnsupportedConfigError`)."""
+    if not isinstance(hf, dict) or hf.get("model_type") != "qwen3_next":
+        raise UnsupportedConfigError(f"model_type must be 'qwen3_next', got {hf.get('model_type') if isinstance(hf, dict) else hf!r}")
+    unknown = sorted(set(hf) - _READ - _HARMLESS)
+    if unknown:
+        raise UnsupportedConfigError(f"qwen3_next config: keys attnkit does not implement: {unknown}")
+    if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False):
+        raise UnsupportedConfigError("qwen3_next config: attnkit implements hidden_act 'silu' without attention biases, "
+                                     f"got {hf.get('hidden_act')!r}, attention_bias={hf.get('attention_bias')!r}")
+    layers = hf["num_hidden_layers"]
+    types = tuple(hf.get("layer_types") or ["full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0
+                                            else "linear_attention" for i in range(layers)])
+    step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or [])
+    sparse = tuple(i not in only and hf.get("num_experts", 0) > 0 and (i + 1) % step == 0 for i in range(layers))
+    rope = hf.get("rope_parameters") or {}
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    factor = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
+    return Qwen3NextConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], layer_types=types, num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf["num_key_value_heads"], head_dim=head_dim, rotary_dim=int(head_dim * factor),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        linear_num_key_heads=hf["linear_num_key_heads"], linear_num_value_heads=hf["linear_num_value_heads"],
+        linear_key_head_dim=hf["linear_key_head_dim"], linear_value_head_dim=hf["linear_value_head_dim"],
+        conv_kernel=hf.get("linear_conv_kernel_dim", 4), d_ff=hf["intermediate_size"], num_experts=hf.get("num_experts", 0),
+        experts_per_token=hf.get("num_experts_per_tok", 1), moe_d_ff=hf.get("moe_intermediate_size", 0),
+        shared_d_ff=hf.get("shared_expert_intermediate_size", 0), norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+        sparse_layers=sparse, norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings")))
+
+
+def _state(tensors: dict[str, Tensor], c: Qwen3NextConfig) -> dict[str, Tensor]:
+    """attnkit's state dict from a checkpoint's tensors: ``model.`` dropped, ``o_proj`` as ``out_proj``, experts
+    saved one by one stacked into the fused layout."""
+    out: dict[str, Tensor] = {}
+    per_expert: dict[str, dict[int, dict[str, Tensor]]] = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj.")
+        parts = name.split(".")
+        if len(parts) == 7 and parts[2:4] == ["mlp", "experts"] and parts[4].isdigit():
+            per_expert.setdefault(".".join(parts[:4]), {}).setdefault(int(parts[4]), {})[parts[5]] = tensor
+        else:
+            out[name] = tensor
+    for prefix, experts in per_expert.items():
+        order = sorted(experts)
+        out[prefix + ".gate_up_proj"] = torch.stack([torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]])
+                                                     for e in order])
+        out[prefix + ".down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
+    return out
+
+
+def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Qwen3NextLM:
+    """A :class:`Qwen3NextLM` from a transformers Qwen3-Next checkpoint folder (``config.json`` and safetensors), in
+    eval mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
+    from .weights import read_safetensors
+
+    folder = Path(folder)
+    config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no model.safetensors (or model-*-of-*.safetensors shards)")
+    tensors: dict[str, Tensor] = {}
+    for path in files:
+        tensors.update(read_safetensors(path))
+    model = Qwen3NextLM(config)
+    state = _state(tensors, config)
+    if config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}
+    unknown, missing = sorted(set(state) - expected), sorted(expected - set(state))
+    if unknown or missing:
+        raise InputError(f"{folder}: tensors attnkit has no place for {unknown[:5]}; missing {missing[:5]}")
+    model.load_state_dict(state, strict=not config.tie_embeddings)
+    model = model if dtype is None else model.to(dtype)
+    return model.eval()
+

@@ -1,0 +1,79 @@
+"""attnkit's native Qwen3-Next (``attnkit.models.qwen3_next``) loaded from a transformers checkpoint folder by the
+one loader: the same logits as transformers' Qwen3NextForCausalLM (a left-padded batch too), the same greedy
+tokens through its mixed cache (KV caches for the softmax layers, constant-size states for the Gated DeltaNet
+layers), and a config key it does not implement refused by name. transformers computes the delta rule in
+float32 whatever the model's dtype, so the comparison is float32's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from attnkit.decoding import generate  # noqa: E402
+from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
+from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    config = transformers.Qwen3NextConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        intermediate_size=48, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    folder = tempfile.mkdtemp()
+    theirs.save_pretrained(folder)
+    yield theirs, folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
+    theirs, folder = checkpoint
+    ours = load_hf_folder(folder)
+    assert isinstance(ours, Qwen3NextLM)
+    ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=2e-4, atol=2e-4)
+        got, want = ours(ids, mask).logits, theirs(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=2e-4, atol=2e-4)
+
+
+def test_greedy_generation_through_the_mixed_cache_gives_transformers_tokens(checkpoint):
+    theirs, folder = checkpoint
+    ours = load_hf_folder(folder)
+    ids = torch.randint(3, 60, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = theirs.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, 12:]
+    assert torch.equal(generate(ours, ids, max_new_tokens=12).tokens[0, :12], want)
+    kinds = [type(c) for c in ours.new_cache()]
+    assert kinds == [LinearStateCache, LinearStateCache, LinearStateCache, KVCache]
+
+
+def test_a_config_key_attnkit_does_not_implement_is_refused_by_name(checkpoint, tmp_path):
+    _, folder = checkpoint
+    config = json.loads(open(f"{folder}/config.json").read())
+    config["sliding_window_everywhere"] = 8
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedConfigError, match="sliding_window_everywhere"):
+        load_hf_folder(tmp_path)
