@@ -115,6 +115,20 @@ def _checked_input(x: Tensor, d_model: int, key_mask: Tensor | None, cache: Line
     return x * key_mask.to(x.dtype)[..., None]
 
 
+def _rule_through_cache(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cache: LinearStateCache | None,
+                        key_mask: Tensor | None, chunk_size: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule (q and k normalised) over the call's tokens from the cache's state, the new state kept
+    in the cache; and the call's implicit attention matrix when asked: (output (B, H, L, V), weights or None)."""
+    state = None if cache is None else cache.state
+    result = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
+                              chunk_size=chunk_size, use_qk_l2norm=True, key_mask=key_mask)
+    if cache is not None:
+        cache.state = result.final_state
+        cache.position += v.shape[2]
+    weights = implicit_attention(q, k, g, beta, use_qk_l2norm=True, key_mask=key_mask) if need_weights else None
+    return result.output, weights
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3-Next's Gated DeltaNet layer (module docstring): (B, L, D) -> :class:`AttentionOutput` with the output
     (B, L, D) and, with ``need_weights``, the implicit attention matrix (B, H, L, L) of the call's own tokens.
@@ -179,16 +193,8 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid().transpose(1, 2)  # (B, Hv, L)
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)
-        state = None if cache is None else cache.state
-        result = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
-                                  chunk_size=self.chunk_size, use_qk_l2norm=True, key_mask=key_mask)
-        if cache is not None:
-            cache.state = result.final_state
-            cache.position += L
-        weights = None
-        if need_weights:
-            weights = implicit_attention(q, k, g, beta, use_qk_l2norm=True, key_mask=key_mask)
-        heads = self.norm(result.output.transpose(1, 2), z)  # (B, L, Hv, V)
+        output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
+        heads = self.norm(output.transpose(1, 2), z)  # (B, L, Hv, V)
         return make_output((self.out_proj(heads.reshape(B, L, self.value_dim)), weights, None))
 
 
@@ -251,15 +257,9 @@ class KimiDeltaAttention(nn.Module):
         q, k, v = (t.reshape(B, L, H, E).transpose(1, 2) for t in (q, k, v))
         g = self.forget_gate(x)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
-        state = None if cache is None else cache.state
-        result = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
-                                  chunk_size=self.chunk_size, use_qk_l2norm=True, key_mask=key_mask)
-        if cache is not None:
-            cache.state = result.final_state
-            cache.position += L
-        weights = implicit_attention(q, k, g, beta, use_qk_l2norm=True, key_mask=key_mask) if need_weights else None
+        output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
         gate = self.g_b_proj(self.g_a_proj(x)).view(B, L, H, E)
-        heads = self.o_norm(result.output.transpose(1, 2), gate)
+        heads = self.o_norm(output.transpose(1, 2), gate)
         return make_output((self.o_proj(heads.reshape(B, L, H * E)), weights, None))
 
 

@@ -216,25 +216,6 @@ def _attnkit_name(name: str) -> str | None:
     return None
 
 
-def _fused_experts(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Per-expert tensors (the DeepSeek hub layout, ``mlp.experts.{e}.gate_proj.weight``) stacked into
-    transformers' fused ``gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F)."""
-    per_expert: dict[str, dict[int, dict[str, Tensor]]] = {}
-    out = {}
-    for name, tensor in tensors.items():
-        parts = name.split(".")
-        if len(parts) == 8 and parts[3:5] == ["mlp", "experts"] and parts[5].isdigit():
-            per_expert.setdefault(".".join(parts[:5]), {}).setdefault(int(parts[5]), {})[parts[6]] = tensor
-        else:
-            out[name] = tensor
-    for prefix, experts in per_expert.items():
-        order = sorted(experts)
-        out[prefix + ".gate_up_proj"] = torch.stack([torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]])
-                                                     for e in order])
-        out[prefix + ".down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
-    return out
-
-
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> DeepSeekLM:
     """A :class:`DeepSeekLM` from a transformers DeepSeek-V3 or V3.2 checkpoint folder (``config.json`` and
     ``model.safetensors`` or its shards), in eval mode: DeepSeek's part of
@@ -242,7 +223,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     (:func:`attnkit.models.hf_config.deepseek_config_from_hf`); every tensor must find its place, and every
     parameter a tensor. Loading never runs code (safetensors)."""
     from .hf_config import deepseek_config_from_hf
-    from .weights import read_safetensors
+    from .weights import fused_experts, read_safetensors
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -257,7 +238,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     model = DeepSeekLM(config)
     state = {}
     unknown = []
-    for name, tensor in _fused_experts(tensors).items():
+    for name, tensor in fused_experts(tensors, prefix_parts=3).items():
         target = _attnkit_name(name)
         if target is None:
             unknown.append(name)

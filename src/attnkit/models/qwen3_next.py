@@ -32,6 +32,7 @@ from ..layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache, R
 from ..layers.gated import ZeroCentredRMSNorm
 from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
+from .weights import fused_experts
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
 
@@ -236,24 +237,12 @@ def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
         sparse_layers=sparse, norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings")))
 
 
-def _state(tensors: dict[str, Tensor], c: Qwen3NextConfig) -> dict[str, Tensor]:
+def _state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """attnkit's state dict from a checkpoint's tensors: ``model.`` dropped, ``o_proj`` as ``out_proj``, experts
     saved one by one stacked into the fused layout."""
-    out: dict[str, Tensor] = {}
-    per_expert: dict[str, dict[int, dict[str, Tensor]]] = {}
-    for name, tensor in tensors.items():
-        name = name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj.")
-        parts = name.split(".")
-        if len(parts) == 7 and parts[2:4] == ["mlp", "experts"] and parts[4].isdigit():
-            per_expert.setdefault(".".join(parts[:4]), {}).setdefault(int(parts[4]), {})[parts[5]] = tensor
-        else:
-            out[name] = tensor
-    for prefix, experts in per_expert.items():
-        order = sorted(experts)
-        out[prefix + ".gate_up_proj"] = torch.stack([torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]])
-                                                     for e in order])
-        out[prefix + ".down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
-    return out
+    renamed = {name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj."): tensor
+               for name, tensor in tensors.items()}
+    return fused_experts(renamed, prefix_parts=2)
 
 
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Qwen3NextLM:
@@ -270,7 +259,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     for path in files:
         tensors.update(read_safetensors(path))
     model = Qwen3NextLM(config)
-    state = _state(tensors, config)
+    state = _state(tensors)
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .._files import atomic_path
 from ..errors import InputError
 
-__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "LEGACY_NAMES",
+__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts", "LEGACY_NAMES",
            "read_safetensors"]
 
 
@@ -99,3 +99,25 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
         state = model.state_dict()
         for name, tensor in tensors.items():
             state[name].copy_(tensor)
+
+
+def fused_experts(tensors: dict[str, Tensor], prefix_parts: int) -> dict[str, Tensor]:
+    """Per-expert tensors of a hub checkpoint (``...mlp.experts.{e}.gate_proj.weight`` and its ``up_proj``,
+    ``down_proj``) stacked into transformers' fused ``gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F); every
+    other tensor as it is. ``prefix_parts``: the dot-separated parts before ``mlp`` (``model.layers.i``: 3;
+    ``layers.i``: 2)."""
+    per_expert: dict[str, dict[int, dict[str, Tensor]]] = {}
+    out = {}
+    for name, tensor in tensors.items():
+        parts = name.split(".")
+        n = prefix_parts
+        if len(parts) == n + 5 and parts[n:n + 2] == ["mlp", "experts"] and parts[n + 2].isdigit():
+            per_expert.setdefault(".".join(parts[:n + 2]), {}).setdefault(int(parts[n + 2]), {})[parts[n + 3]] = tensor
+        else:
+            out[name] = tensor
+    for prefix, experts in per_expert.items():
+        order = sorted(experts)
+        out[prefix + ".gate_up_proj"] = torch.stack([torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]])
+                                                     for e in order])
+        out[prefix + ".down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
+    return out
