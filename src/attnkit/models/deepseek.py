@@ -223,18 +223,13 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     (:func:`attnkit.models.hf_config.deepseek_config_from_hf`); every tensor must find its place, and every
     parameter a tensor. Loading never runs code (safetensors)."""
     from .hf_config import deepseek_config_from_hf
-    from .weights import fused_experts, read_safetensors
+    from .weights import fused_experts, read_checkpoint_folder
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"DeepSeek checkpoint folder not found: {folder}")
     config = deepseek_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
-    files = sorted(folder.glob("model*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no model.safetensors (or model-*-of-*.safetensors shards)")
-    tensors: dict[str, Tensor] = {}
-    for path in files:
-        tensors.update(read_safetensors(path))
+    tensors = read_checkpoint_folder(folder)
     model = DeepSeekLM(config)
     state = {}
     unknown = []

@@ -248,16 +248,11 @@ def _state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Qwen3NextLM:
     """A :class:`Qwen3NextLM` from a transformers Qwen3-Next checkpoint folder (``config.json`` and safetensors), in
     eval mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
-    from .weights import read_safetensors
+    from .weights import read_checkpoint_folder
 
     folder = Path(folder)
     config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
-    files = sorted(folder.glob("model*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no model.safetensors (or model-*-of-*.safetensors shards)")
-    tensors: dict[str, Tensor] = {}
-    for path in files:
-        tensors.update(read_safetensors(path))
+    tensors = read_checkpoint_folder(folder)
     model = Qwen3NextLM(config)
     state = _state(tensors)
     if config.tie_embeddings:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .._files import atomic_path
 from ..errors import InputError
 
-__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts", "LEGACY_NAMES",
+__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts", "read_checkpoint_folder", "LEGACY_NAMES",
            "read_safetensors"]
 
 
@@ -121,3 +121,17 @@ def fused_experts(tensors: dict[str, Tensor], prefix_parts: int) -> dict[str, Te
                                                      for e in order])
         out[prefix + ".down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])
     return out
+
+
+def read_checkpoint_folder(folder: str | os.PathLike) -> dict[str, Tensor]:
+    """Every tensor of a checkpoint folder's ``model.safetensors`` or its ``model-*-of-*.safetensors`` shards
+    (safetensors: no code runs)."""
+    from pathlib import Path
+
+    files = sorted(Path(folder).glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no model.safetensors (or model-*-of-*.safetensors shards)")
+    tensors: dict[str, Tensor] = {}
+    for path in files:
+        tensors.update(read_safetensors(path))
+    return tensors
