@@ -6,7 +6,7 @@
 The router scores every expert with a sigmoid, adds a per-expert bias (DeepSeek-V3's auxiliary-loss-free
 balancing) to choose, keeps the ``groups_per_token`` best groups of experts (a group's score: its two
 best) and then the ``experts_per_token`` best experts in them; the chosen experts' (unbiased) scores,
-normalised and scaled, weight their outputs. :func:`load_deepseek_folder` reads a transformers
+normalised and scaled, weight their outputs. :func:`attnkit.models.pretrained.load_hf_folder` reads a transformers
 DeepSeek-V3 (or V3.2, with DeepSeek sparse attention) checkpoint folder, and :meth:`DeepSeekLM.new_cache`
 gives the latent caches :func:`attnkit.decoding.generate` decodes with.
 
