@@ -2,6 +2,7 @@
 
     FFN(x) = act(x W_1 + b_1) W_2 + b_2                 (Vaswani et al. 2017, eq. 2; BERT, GPT-2)
     GLU(x) = down(act(gate(x)) * up(x))                  (Shazeer 2020; SwiGLU in Llama)
+    MoE(x) = sum over x's chosen experts e of w_e SwiGLU_e(x)   (DeepSeek-V3, Qwen3-Next: routed_experts)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FeedForward", "GatedFeedForward", "make_norm", "count_parameters"]
+__all__ = ["ACTIVATIONS", "FeedForward", "GatedFeedForward", "routed_experts", "make_norm", "count_parameters"]
 
 ACTIVATIONS = {
     "relu": torch.relu,
@@ -55,6 +56,20 @@ class GatedFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+
+
+def routed_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
+    """Each token's chosen SwiGLU experts, weighted and summed: x (N, D), transformers' fused expert weights
+    ``gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F), ``experts`` (N, k) the chosen and ``weights`` (N, k)
+    theirs; each expert runs once, on the tokens that chose it. A product with float32 weights is rounded to
+    x's dtype once, when added."""
+    out = torch.zeros_like(x)
+    for expert in experts.unique().tolist():
+        token, slot = torch.where(experts == expert)
+        gate, up = F.linear(x[token], gate_up_proj[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down_proj[expert])
+        out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+    return out
 
 
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:

@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
-from .blocks import GatedFeedForward
+from .blocks import GatedFeedForward, routed_experts
 from .config import DeepSeekConfig
 from .outputs import LMOutput
 
@@ -95,13 +95,7 @@ class DeepSeekMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, D)
         experts, weights = self.route(flat)
-        out = torch.zeros_like(flat)
-        for expert in experts.unique().tolist():  # the experts some token chose, each once
-            token, slot = (experts == expert).nonzero(as_tuple=True)
-            gate, up = nn.functional.linear(flat[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = nn.functional.linear(nn.functional.silu(gate) * up, self.down_proj[expert])
-            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
-        out = out.view(shape)
+        out = routed_experts(flat, self.gate_up_proj, self.down_proj, experts, weights).view(shape)
         return out if self.shared is None else out + self.shared(x)
 
 

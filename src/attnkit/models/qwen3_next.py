@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._files import read_json
@@ -30,9 +29,10 @@ from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache, RotaryEmbedding
 from ..layers.gated import ZeroCentredRMSNorm
+from .blocks import GatedFeedForward, routed_experts
 from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
-from .weights import fused_experts
+from .weights import fused_experts, read_checkpoint_folder
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
 
@@ -75,7 +75,7 @@ class SparseMoE(nn.Module):
         self.top_k, self.norm_topk_prob = c.experts_per_token, c.norm_topk_prob
         self.gate = nn.Linear(c.d_model, c.num_experts, bias=False)
         self.experts = _Experts(c.num_experts, c.d_model, c.moe_d_ff)
-        self.shared_expert = _MLP(c.d_model, c.shared_d_ff)
+        self.shared_expert = GatedFeedForward(c.d_model, c.shared_d_ff)
         self.shared_expert_gate = nn.Linear(c.d_model, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -98,24 +98,7 @@ class _Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, d_model, d_ff).normal_(0, 0.02))
 
     def forward(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
-        out = torch.zeros_like(x)
-        for expert in chosen.unique().tolist():  # each expert on the tokens that chose it
-            token, slot = torch.where(chosen == expert)
-            gate, up = F.linear(x[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down_proj[expert]) * weights[token, slot, None]
-            out.index_add_(0, token, y)
-        return out
-
-
-class _MLP(nn.Module):
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
-        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
-        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return routed_experts(x, self.gate_up_proj, self.down_proj, chosen, weights)
 
 
 class Qwen3NextBlock(nn.Module):
@@ -133,7 +116,7 @@ class Qwen3NextBlock(nn.Module):
             self.self_attn = GatedAttention(c.d_model, c.num_heads, c.num_kv_heads, head_dim=c.head_dim, bias=False,
                                             norm_eps=c.norm_eps, rotary=rotary)
         self.post_attention_layernorm = ZeroCentredRMSNorm(c.d_model, eps=c.norm_eps)
-        self.mlp: nn.Module = SparseMoE(c) if c.sparse_layers[layer] else _MLP(c.d_model, c.d_ff)
+        self.mlp: nn.Module = SparseMoE(c) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
         h = self.input_layernorm(x)
@@ -248,8 +231,6 @@ def _state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Qwen3NextLM:
     """A :class:`Qwen3NextLM` from a transformers Qwen3-Next checkpoint folder (``config.json`` and safetensors), in
     eval mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
-    from .weights import read_checkpoint_folder
-
     folder = Path(folder)
     config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = read_checkpoint_folder(folder)
