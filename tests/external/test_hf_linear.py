@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_next import modeling_qwen3_next as qn  # noqa: E402
 
 from attnkit.layers import GatedDeltaNet, LinearStateCache  # noqa: E402
+from attnkit.layers.delta import causal_convolution  # noqa: E402
 
 SIZES = dict(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
              linear_value_head_dim=6, linear_conv_kernel_dim=4)
@@ -82,8 +83,7 @@ def test_the_implicit_attention_of_the_layer_reproduces_its_heads():
     real = ours.norm.forward
     ours.norm.forward = lambda h, z: captured.setdefault("core", h) is not None and real(h, z)
     ours(x)
-    _, _, v, _, _, _ = ours._split(x)
-    mixed = ours._convolved(torch.cat(ours._split(x)[:3], dim=-1).transpose(1, 2), None).transpose(1, 2)
+    mixed = causal_convolution(torch.cat(ours._split(x)[:3], dim=-1).transpose(1, 2), ours.conv1d.weight, None).transpose(1, 2)
     v = mixed[..., -ours.value_dim:].reshape(1, 12, 4, 6).transpose(1, 2)
     torch.testing.assert_close(result.weights @ v, captured["core"].transpose(1, 2), rtol=1e-10, atol=1e-10)
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
+from ..functional.backends._common import accumulation_dtype
 from ..functional.heads import repeat_kv
 from ..functional.masks import causal_positions
 from ..functional.partial import fused, merge_partial, partial_attention_backward, partial_attention_trusted
@@ -200,7 +201,7 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, q_pos, scale, is_causal, window, group, key_mask):
         ring = _Ring(group)
         groups = q.shape[1] // k.shape[1]
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(q.dtype)
         B, H, L, _ = q.shape
         out = torch.zeros(B, H, L, v.shape[-1], dtype=acc, device=q.device)
         lse = torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)

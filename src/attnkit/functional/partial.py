@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .backends._common import LSE_RESOLVED_BOUND, beyond_resolution
+from .backends._common import LSE_RESOLVED_BOUND, accumulation_dtype, beyond_resolution
 
 __all__ = ["FUSED", "fused", "partial_attention", "partial_attention_trusted", "partial_attention_backward",
            "merge_partial"]
@@ -33,10 +33,6 @@ __all__ = ["FUSED", "fused", "partial_attention", "partial_attention_trusted", "
 FUSED = True  # False: always the plain-PyTorch arithmetic (tests compare the two)
 _ALIGN = 16  # the CUDA memory-efficient kernel wants the bias's rows 16-element aligned
 _LSE_PAD = 32  # ... and keeps its log-sum-exp padded to a multiple of 32 queries
-
-
-def _accumulator(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def fused(q: Tensor) -> str | None:
@@ -107,7 +103,7 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tenso
     unless the inputs are float64: the float32 log-sum-exp of such a row (a -1e9 on every key) rounds
     off its whole content, and merging parts by it weighs them wrongly (output errors of order 1).
     Rule keys out with -inf, or subtract the row's maximum from the bias first."""
-    if bias is not None and bias.shape[-1] and _accumulator(q.dtype) != torch.float64:
+    if bias is not None and bias.shape[-1] and accumulation_dtype(q.dtype) != torch.float64:
         top = bias.amax(dim=-1)
         beyond = beyond_resolution(top)
         if bool(beyond.any()):
@@ -139,7 +135,7 @@ def partial_attention_trusted(q: Tensor, k: Tensor, v: Tensor, scale: float, bia
             q, k, v, _cuda_bias(bias, q, k), True, 0.0, is_causal, scale=scale)
         lse = lse[..., :q.shape[2]]
     else:
-        s = (q @ k.transpose(-1, -2)).to(_accumulator(q.dtype)) * scale
+        s = (q @ k.transpose(-1, -2)).to(accumulation_dtype(q.dtype)) * scale
         if bias is not None:
             s = s + bias
         if is_causal:
@@ -151,7 +147,7 @@ def partial_attention_trusted(q: Tensor, k: Tensor, v: Tensor, scale: float, bia
     if empty is not None:
         lse = lse.masked_fill(empty, float("-inf"))
         out = out.masked_fill(empty[..., None], 0.0)
-    return out, lse.to(_accumulator(q.dtype))
+    return out, lse.to(accumulation_dtype(q.dtype))
 
 
 def merge_partial(out: Tensor, lse: Tensor, part_out: Tensor, part_lse: Tensor) -> tuple[Tensor, Tensor]:
@@ -178,7 +174,7 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
         size, E, Ev = max(q.shape[-1], v.shape[-1]), q.shape[-1], v.shape[-1]
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             _padded(d_out.to(q.dtype), size), _padded(q, size), _padded(k, size), _padded(v, size),
-            _padded(out.to(q.dtype), size), lse.to(_accumulator(q.dtype)).contiguous(), 0.0, is_causal,
+            _padded(out.to(q.dtype), size), lse.to(accumulation_dtype(q.dtype)).contiguous(), 0.0, is_causal,
             attn_mask=bias, scale=scale)
         return dq[..., :E], dk[..., :E], dv[..., :Ev]
     if kernel == "cuda" and _cuda_flash(q, k, v, bias, is_causal):
@@ -194,7 +190,7 @@ def partial_attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
             _heads_inner(d_out.to(q.dtype)), q, k, v, _cuda_bias(bias, q, k), _heads_inner(out.to(q.dtype)), padded,
             unused, unused, 0.0, [True, True, True, False], is_causal, scale=scale)
         return dq, dk, dv
-    acc = _accumulator(q.dtype)
+    acc = accumulation_dtype(q.dtype)
     qa, ka, va, do = q.to(acc), k.to(acc), v.to(acc), d_out.to(acc)
     s = (qa @ ka.transpose(-1, -2)) * scale
     if bias is not None:

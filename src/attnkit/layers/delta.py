@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention import AttentionOutput, make_output
+from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int, check_rank
 from ..functional.linear import gated_delta_rule, gated_linear_attention, implicit_attention
 
@@ -41,7 +42,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         dtype = x.dtype
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(dtype)
         h = x.to(acc)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.activation == "silu":
@@ -175,9 +176,6 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1), z.reshape(B, L, -1, Vd),
                 b.reshape(B, L, -1), a.reshape(B, L, -1))
 
-    def _convolved(self, mixed: Tensor, cache: LinearStateCache | None) -> Tensor:
-        return causal_convolution(mixed, self.conv1d.weight, cache)
-
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
                 need_weights: bool = False) -> AttentionOutput:
         """x (B, L, D); ``key_mask`` (B, L) True at real tokens (left padding: a padded token's input counts as
@@ -185,13 +183,13 @@ class GatedDeltaNet(nn.Module):
         x = _checked_input(x, self.d_model, key_mask, cache)
         B, L, _ = x.shape
         q, k, v, z, b, a = self._split(x)
-        mixed = self._convolved(torch.cat([q, k, v], dim=-1).transpose(1, 2), cache).transpose(1, 2)
+        mixed = causal_convolution(torch.cat([q, k, v], dim=-1).transpose(1, 2), self.conv1d.weight, cache).transpose(1, 2)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, L, self.num_k_heads, self.head_k_dim).transpose(1, 2)
         k = k.reshape(B, L, self.num_k_heads, self.head_k_dim).transpose(1, 2)
         v = v.reshape(B, L, self.num_v_heads, self.head_v_dim).transpose(1, 2)
         beta = b.sigmoid().transpose(1, 2)  # (B, Hv, L)
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(x.dtype)
         g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)
         output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
         heads = self.norm(output.transpose(1, 2), z)  # (B, L, Hv, V)
@@ -212,7 +210,7 @@ class KimiForgetGate(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, L, D) -> g (B, H, L, K), <= 0, in float32 (float64 for a float64 layer)."""
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(x.dtype)
         B, L, _ = x.shape
         raw = (self.f_b_proj(self.f_a_proj(x)).to(acc) + self.dt_bias.to(acc)).view(B, L, self.num_heads, self.head_dim)
         return (-self.A_log.to(acc).exp() * F.softplus(raw)).transpose(1, 2)
@@ -304,16 +302,13 @@ class LightningAttention(nn.Module):
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
                 need_weights: bool = False) -> AttentionOutput:
         """As :meth:`GatedDeltaNet.forward`."""
-        x_in = x
-        x = _checked_input(x, self.d_model, key_mask, cache)
+        masked = _checked_input(x, self.d_model, key_mask, cache)  # a padded token: zeros, so silu(0 W) = 0
         B, L, _ = x.shape
         H, E = self.num_heads, self.head_dim
-        qkv = F.silu(self.qkv_proj(x_in))
-        if key_mask is not None:
-            qkv = qkv * key_mask.to(qkv.dtype)[..., None]  # a padded token: no key, value or query
+        qkv = F.silu(self.qkv_proj(masked))  # a padded token has no key, value or query
         q, k, v = qkv.view(B, L, H, 3 * E).split(E, dim=-1)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(x.dtype)
         g = (-self.slope_rate.to(acc)).view(1, H, 1).expand(B, H, L)
         state = None if cache is None else cache.state
         result = gated_linear_attention(q, k, v, g, scale=1.0, initial_state=state, output_final_state=cache is not None,
@@ -323,4 +318,4 @@ class LightningAttention(nn.Module):
             cache.position += L
         weights = implicit_attention(q, k, g, None, scale=1.0, key_mask=key_mask) if need_weights else None
         heads = self.norm(result.output.transpose(1, 2).reshape(B, L, H * E))
-        return make_output((self.out_proj(torch.sigmoid(self.output_gate(x_in)) * heads), weights, None))
+        return make_output((self.out_proj(torch.sigmoid(self.output_gate(x)) * heads), weights, None))

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..functional import kept
 from ..functional import masks as _masks
+from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int, check_rank
 
 __all__ = [
@@ -49,7 +50,7 @@ def sinusoidal_table(length: int, dim: int, base: float = 10000.0, *, device=Non
 def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype positions are computed in for a model of ``dtype``: at least float32 (half types
     rotate in float32, as transformers does) and at least the model's own (float64 stays float64)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    return accumulation_dtype(dtype)
 
 
 def _check_positions(x: Tensor, offset: int, max_len: int) -> None:

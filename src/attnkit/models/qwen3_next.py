@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..errors import InputError
 from ..functional import kept
+from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
 from ..layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache, RotaryEmbedding
 from ..layers.gated import ZeroCentredRMSNorm
@@ -82,7 +83,7 @@ class SparseMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         logits = self.gate(flat)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+        probs = torch.softmax(logits, dim=-1, dtype=accumulation_dtype(x.dtype))
         top, chosen = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             top = top / top.sum(dim=-1, keepdim=True)

@@ -14,7 +14,7 @@ from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod
 from ..checks import Dims
 
 __all__ = [
-    "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "head_weights", "score_mod_needs_grad",
+    "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "accumulation_dtype", "head_weights", "score_mod_needs_grad",
     "apply_sinks", "needs_grad", "lse_unresolved", "LSE_RESOLVED_BOUND",
 ]
 
@@ -142,6 +142,12 @@ _MISSING = object()
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: float32 for half types, the input dtype otherwise."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 and float32 for every other dtype: the dtype of sums, states and log-sum-exps
+    kept across blocks, tokens or ranks (a float8 input too accumulates in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @overload

@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..backends._common import accumulation_dtype
+
 __all__ = ["LinearAttentionOutput", "gated_delta_rule", "delta_rule", "gated_linear_attention", "implicit_attention",
            "l2norm"]
 
@@ -118,8 +120,7 @@ def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | No
     B, H, L = (beta if beta is not None else g if g is not None else q).shape[:3]
     if beta is None and g is None and num_heads is not None:
         H = num_heads
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    eye = torch.eye(L, dtype=dtype, device=q.device).expand(B, H, L, L)
+    eye = torch.eye(L, dtype=accumulation_dtype(q.dtype), device=q.device).expand(B, H, L, L)
     if beta is None:
         return gated_linear_attention(q, k, eye, g, scale=scale, chunk_size=chunk_size, key_mask=key_mask).output
     return gated_delta_rule(q, k, eye, g, beta, scale=scale, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
@@ -131,7 +132,7 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
          key_mask) -> LinearAttentionOutput:
     B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask)
     out_dtype = v.dtype
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     groups = H // Hk
     q, k = (x.to(acc) if groups == 1 else x.to(acc).repeat_interleave(groups, dim=1) for x in (q, k))
     scale = K**-0.5 if scale is None else float(scale)
