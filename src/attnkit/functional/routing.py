@@ -91,7 +91,7 @@ def _choose_on_cuda(problem: Problem) -> str:
     """
     learned_bias = problem.bias is not None and problem.bias.requires_grad
     dims = problem.dims
-    odd_heads = not all(d >= 16 and d & (d - 1) == 0 for d in (dims.E, dims.Ev))
+    odd_heads = not (_flex_takes_head_dim(dims.E) and _flex_takes_head_dim(dims.Ev))
     exact_only = problem.dtype == torch.float64 or problem.dropout_p > 0 or learned_bias or odd_heads
     if problem.score_mod is not None:
         needs_grad = torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, problem.device)
@@ -104,13 +104,18 @@ def _choose_on_cuda(problem: Problem) -> str:
     return "sdpa"
 
 
+def _flex_takes_head_dim(d: int) -> bool:
+    """Whether FlexAttention's kernels are sure to take head dim ``d``: a power of two of at least 16."""
+    return d >= 16 and d & (d - 1) == 0
+
+
 def lse_backend(q: Tensor, dropout_p: float = 0.0) -> str:
     """The backend for a call that needs the log-sum-exp (merging partial attentions, learned sinks),
     in memory linear in the length: flex on CUDA where FlexAttention's kernels take the call exactly
     (half or float32, power-of-two head dims of at least 16, no dropout), else tiled."""
     E = q.shape[-1]
     flex_fits = (q.device.type == "cuda" and flex.available() and q.dtype != torch.float64 and dropout_p == 0
-                 and E >= 16 and E & (E - 1) == 0)
+                 and _flex_takes_head_dim(E))
     return "flex" if flex_fits else "tiled"
 
 
