@@ -56,22 +56,35 @@ def _inspect_into(args: argparse.Namespace) -> int:
         raise UsageError("--also adds checkpoints to --aer's table; give --aer too")
     if not args.aer:
         refuse_unused(args, ["limit", "no_eflomal", "ibm_iterations", "aer_attribution"], "applies to --aer only")
-    if args.model == "minilm" or args.model == "smollm2" or args.model.endswith(".gguf") or (
-            Path(args.model) / "config.json").is_file() and not (Path(args.model) / "checkpoint.json").is_file():
+    kind = _model_kind(args.model)
+    if kind != "checkpoint":
         refuse_unused(args, ["beam"], "applies to a translation checkpoint's translations, not to this --model")
     args.beam = 5 if args.beam is None else args.beam
     args.ibm_iterations = 5 if args.ibm_iterations is None else args.ibm_iterations
-    if args.model == "minilm":
+    if kind == "minilm":
         return _inspect_minilm(args, texts, references)
-    if args.model == "smollm2" or args.model.endswith(".gguf"):
+    if kind == "gguf":
         return _inspect_gguf(args, texts, references)
     folder = Path(args.model)
     if not folder.exists():
         raise FileNotFoundError(f"--model: neither 'minilm' nor an existing checkpoint, run or Hugging Face folder: "
                                 f"{folder}")
-    if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
+    if kind == "hf":
         return _inspect_hf_folder(args, folder, texts, references)
     return _inspect_checkpoint(args, folder, texts, references)
+
+
+def _model_kind(model: str) -> str:
+    """What --model names: "minilm"; "gguf" (smollm2 or a .gguf file); "hf", a Hugging Face folder (config.json
+    and no checkpoint.json); or "checkpoint", an attnkit checkpoint or run folder (whether it exists or not)."""
+    if model == "minilm":
+        return "minilm"
+    if model == "smollm2" or model.endswith(".gguf"):
+        return "gguf"
+    folder = Path(model)
+    if (folder / "config.json").is_file() and not (folder / "checkpoint.json").is_file():
+        return "hf"
+    return "checkpoint"
 
 
 def _encoder_report(args: argparse.Namespace, model, tokenizer, texts, kind: str | None = None) -> int:

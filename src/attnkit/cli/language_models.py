@@ -238,8 +238,6 @@ def _generate(args: argparse.Namespace) -> int:
 
     prompts = check_texts("--prompt", list(args.prompt))  # bounded by the model's context, in tokens (below)
     if args.temperature == 0:
-        from .arguments import refuse_unused
-
         refuse_unused(args, ["top_k", "top_p", "seed"], "applies to sampling (--temperature > 0), not to greedy decoding")
     if args.compile and args.no_cache:
         raise UsageError("--compile decodes through fixed-size caches; it cannot go with --no-cache")
