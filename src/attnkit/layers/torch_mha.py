@@ -44,6 +44,20 @@ def _refuse_extras(module: nn.MultiheadAttention) -> None:
                          "built without it")
 
 
+def _torch_projections(module: nn.MultiheadAttention | TorchMultiheadAttention) -> tuple[
+        tuple[Tensor, Tensor, Tensor], tuple[Tensor | None, Tensor | None, Tensor | None]]:
+    """The query, key and value projections' weights and biases of ``module``, an ``nn.MultiheadAttention`` or
+    a :class:`TorchMultiheadAttention` (torch's parameter names): the packed ``in_proj_weight`` split, or the
+    separate ``q/k/v_proj_weight`` (other ``kdim``/``vdim``); the biases None without ``in_proj_bias``."""
+    weights: tuple
+    if module.in_proj_weight is not None:  # embed_dim = kdim = vdim: torch's packed weight
+        weights = module.in_proj_weight.chunk(3)
+    else:
+        weights = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
+    biases = (None, None, None) if module.in_proj_bias is None else module.in_proj_bias.chunk(3)
+    return weights, biases  # type: ignore[return-value]
+
+
 def from_torch_mha(module: nn.MultiheadAttention, *, backend: str = "auto") -> MultiHeadAttention:
     """An attnkit :class:`MultiHeadAttention` with ``module``'s weights (copies), dtype and device: the
     same outputs for the same inputs (batch first; ``module.batch_first`` tells how to call torch's)."""
@@ -55,12 +69,9 @@ def from_torch_mha(module: nn.MultiheadAttention, *, backend: str = "auto") -> M
     weight = module.out_proj.weight
     layer = MultiHeadAttention(D, H, kdim=module.kdim, vdim=module.vdim, bias=bias, dropout=module.dropout,
                                backend=backend).to(device=weight.device, dtype=weight.dtype)
-    if module._qkv_same_embed_dim:
-        w_q, w_k, w_v = module.in_proj_weight.chunk(3)
-    else:
-        w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+    weights, _ = _torch_projections(module)
     with torch.no_grad():
-        for projection, w in ((layer.q_proj, w_q), (layer.k_proj, w_k), (layer.v_proj, w_v)):
+        for projection, w in zip((layer.q_proj, layer.k_proj, layer.v_proj), weights):
             projection.weight.copy_(w)
         if bias:
             for projection, b in zip((layer.q_proj, layer.k_proj, layer.v_proj), module.in_proj_bias.chunk(3)):
@@ -173,15 +184,6 @@ class TorchMultiheadAttention(nn.Module):
         ``add_zero_attn``, which it has no place for)."""
         return from_torch_mha(self.to_torch(), backend=self.backend)
 
-    def _projections(self) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor | None, Tensor | None, Tensor | None]]:
-        weights: tuple
-        if self.in_proj_weight is not None:  # embed_dim = kdim = vdim: torch's packed weight
-            weights = self.in_proj_weight.chunk(3)
-        else:
-            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
-        biases = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
-        return weights, biases  # type: ignore[return-value]
-
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -202,7 +204,7 @@ class TorchMultiheadAttention(nn.Module):
         N, L, _ = query.shape
         S = key.shape[1]
         _check_masks(key_padding_mask, attn_mask, N, self.num_heads, L, S)
-        (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
+        (w_q, w_k, w_v), (b_q, b_k, b_v) = _torch_projections(self)
         q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
         if self.bias_k is not None and self.bias_v is not None:  # a learned key and value after every sequence
             k = torch.cat([k, self.bias_k.expand(N, 1, -1)], dim=1)
@@ -242,10 +244,10 @@ def _check_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N: i
 def _attnkit_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N: int, H: int, L: int, S: int,
                    dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     """torch's ``key_padding_mask`` (N, S) and ``attn_mask`` (L, S) or (N H, L, S), boolean True = not
-    allowed or float added, as attnkit's ``mask`` (True = may attend) and ``bias`` (added)."""
+    allowed or float added, as attnkit's ``mask`` (True = may attend) and ``bias`` (added); their shapes
+    already checked (:func:`_check_masks`, before any key is appended)."""
     mask = bias = None
     if key_padding_mask is not None:
-        _check_shape("key_padding_mask", key_padding_mask, (N, S))
         if key_padding_mask.is_floating_point():
             bias = key_padding_mask.to(dtype)[:, None, None, :]
         elif key_padding_mask.dtype == torch.bool:
@@ -254,7 +256,6 @@ def _attnkit_masks(key_padding_mask: Tensor | None, attn_mask: Tensor | None, N:
             raise TypeError(f"key_padding_mask must be boolean (True = ignore) or float (added), got dtype "
                             f"{key_padding_mask.dtype}")
     if attn_mask is not None:
-        _check_shape("attn_mask", attn_mask, (L, S), (N * H, L, S))
         shaped = attn_mask.view(N, H, L, S) if attn_mask.dim() == 3 else attn_mask
         if shaped.is_floating_point():
             bias = shaped.to(dtype) if bias is None else bias + shaped.to(dtype)
