@@ -72,7 +72,7 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
           _median_iqr(r["kendall"]), _mean(r["kendall"])] for r in rows))
     unranked = sum(len(e.tokens) < 2 for e in examples)
     if unranked:
-        lines += ["", f"{unranked} of {len(examples)} example{'s' if len(examples) != 1 else ''} scored fewer than two "
+        lines += ["", f"{unranked} of {_count(len(examples), 'example')} scored fewer than two "
                   "tokens: nothing to rank, no correlation (left out of the counts above)."]
     lines += ["", "![agreement](agreement.png)" if samples else "(no example to draw)", ""]
     return lines, rows
