@@ -12,7 +12,6 @@ Writes benchmarks/results/block_masks.json (atomically) and prints a markdown ta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 
 from attnkit import masks
 from attnkit._files import write_json
-from attnkit.bench.harness import machine_info, peak_extra_mb, run_worker
+from attnkit.bench.harness import machine_info, peak_extra_mb, run_worker, serve_worker
 
 PATTERNS = {  # attnkit.masks.PATTERNS with the Longformer (512 two-sided + 16 globals)
     "longformer": {"window": 512, "num_global": 16},
@@ -73,8 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(_worker(json.loads(args.worker))))
-        return 0
+        return serve_worker(args.worker, _worker)
     rows = []
     points = [(name, n) for name in args.patterns for n in args.sizes]
     for name, n in tqdm(points, desc="block masks", unit="mask"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 
@@ -103,8 +102,9 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return 0
+        from attnkit.bench.harness import serve_worker
+
+        return serve_worker(args.worker, worker)
     if args.record:
         from attnkit._files import write_json
 

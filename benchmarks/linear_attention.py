@@ -21,7 +21,6 @@ output O(L x chunk).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 
 from attnkit._files import write_json
 from attnkit.bench import machine_info
-from attnkit.bench.harness import peak_extra_mb, run_worker, time_round_robin
+from attnkit.bench.harness import peak_extra_mb, run_worker, serve_worker, time_round_robin
 
 H, E, CHUNK = 16, 128, 64
 
@@ -110,8 +109,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return 0
+        return serve_worker(args.worker, worker)
     torch.set_num_threads(args.threads)
     report: dict = {"benchmark": "linear_attention", "machine": machine_info(), "shape": {"B": 1, "H": H, "K": E, "V": E,
                     "chunk": CHUNK, "dtype": "float32"}, "threads": args.threads, "rows": [],

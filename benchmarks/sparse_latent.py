@@ -17,7 +17,6 @@ neither). Target (issue 46): DSA's memory grows with k, not with S.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 
 from attnkit._files import write_json
 from attnkit.bench import machine_info
-from attnkit.bench.harness import peak_extra_mb, run_worker, time_round_robin
+from attnkit.bench.harness import peak_extra_mb, run_worker, serve_worker, time_round_robin
 
 LATENT, ROPE = 512, 64  # DeepSeek-V3.2's kv_lora_rank and qk_rope_head_dim
 INDEX_HEADS, INDEX_DIM = 64, 128
@@ -87,8 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return 0
+        return serve_worker(args.worker, worker)
     torch.set_num_threads(args.threads)
     rows = []
     print(f"{'n':>7} {'dense ms':>10} {'dsa ms':>9} {'indexer ms':>11} {'dense MB':>9} {'dsa MB':>8} {'indexer MB':>11}")

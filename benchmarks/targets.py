@@ -23,7 +23,6 @@ Prints a table and writes JSON (default benchmarks/results/targets.json).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -35,6 +34,7 @@ from torch import nn
 import attnkit
 from attnkit._files import write_json
 from attnkit.bench import machine_info, peak_extra_mb, run_worker, time_round_robin
+from attnkit.bench.harness import serve_worker
 from attnkit.layers.positional import sinusoidal_table
 
 TARGETS = ("mha-overhead", "need-weights", "bahdanau-step", "training")
@@ -204,8 +204,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(_need_weights_worker(json.loads(args.worker))))
-        return 0
+        return serve_worker(args.worker, _need_weights_worker)
     runs = {"mha-overhead": mha_overhead, "need-weights": need_weights, "bahdanau-step": bahdanau_step,
             "training": training}
     results = {}

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .._progress import progress_bar
-from .harness import machine_info, peak_extra_mb, run_worker, time_round_robin
+from .harness import machine_info, peak_extra_mb, run_worker, serve_worker, time_round_robin
 
 __all__ = ["IMPLEMENTATIONS", "MASKS", "DEFAULT_MASKS", "MODES", "DTYPES", "AttentionBench", "run", "naive_attention"]
 
@@ -401,12 +400,13 @@ def ratios(rows: Sequence[dict]) -> list[dict]:
 def _worker_main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="worker process of attnkit.bench.attention")
     parser.add_argument("--worker", required=True)
-    spec = json.loads(parser.parse_args(argv).worker)
+    return serve_worker(parser.parse_args(argv).worker, _work)
+
+
+def _work(spec: dict) -> dict:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    result = time_worker(spec) if spec["task"] == "time" else memory_worker(spec)
-    print(json.dumps(result))
-    return 0
+    return time_worker(spec) if spec["task"] == "time" else memory_worker(spec)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["time_round_robin", "cuda_median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "machine_info"]
+__all__ = ["time_round_robin", "cuda_median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info"]
 
 
 def time_round_robin(
@@ -155,6 +155,13 @@ def run_worker(target: str, spec: Mapping, timeout: float | None = None) -> dict
             reason = f"killed by signal {-done.returncode} (out of memory?)"
         return {"error": reason[:300]}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def serve_worker(spec: str, work: Callable[[dict], dict]) -> int:
+    """The worker's side of :func:`run_worker`: ``work`` on the JSON ``spec`` of ``--worker``, its result
+    printed as the last stdout line; the exit status 0 (a crash exits non-zero on its own)."""
+    print(json.dumps(work(json.loads(spec))))
+    return 0
 
 
 def machine_info(device: str = "cpu") -> dict:
