@@ -58,6 +58,7 @@ def _torch_mods(n: int):
 
 
 PATTERNS = ("dense", "causal", "window", "longformer")
+MODES = ("fwd", "fwd+bwd")
 
 
 def _cases(n: int, patterns=PATTERNS):
@@ -98,7 +99,7 @@ def _chosen(q, k, v, kwargs) -> str:
 
 
 def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, patterns=PATTERNS,
-                   shape=(B, H, E), long_repeats: int | None = None) -> list[dict]:
+                   shape=(B, H, E), long_repeats: int | None = None, modes=MODES) -> list[dict]:
     rows = [] if rows is None else rows
     batch, heads, head_dim = shape
     for n in sizes:
@@ -110,7 +111,7 @@ def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, 
         for name, theirs, kwargs in _cases(n, patterns):
             ours = lambda q, k, v, kw=kwargs: attnkit.attention(q, k, v, **kw).output  # noqa: E731
             row = {"n": n, "pattern": name, "attnkit_backend": _chosen(q, k, v, kwargs)}
-            for mode in ("fwd", "fwd+bwd"):
+            for mode in modes:
                 for label, call in (("torch", theirs), ("attnkit", ours)):
                     if mode == "fwd":
                         def run(call=call):
@@ -176,10 +177,14 @@ def markdown(report: dict) -> str:
     lines = ["| n | pattern | attnkit backend | torch fwd ms | attnkit fwd ms | ratio fwd (back to back) | "
              "torch fwd+bwd ms | attnkit fwd+bwd ms | ratio fwd+bwd (back to back) |", "|" + "---|" * 9]
     for r in report["attention"]:
-        lines.append(f"| {r['n']} | {r['pattern']} | {r['attnkit_backend']} | {r['torch_fwd_ms']:.3f} | "
-                     f"{r['attnkit_fwd_ms']:.3f} | {r['ratio_fwd']:.2f}x ({r['ratio_fwd_back_to_back']:.2f}x) | "
-                     f"{r['torch_fwd+bwd_ms']:.3f} | {r['attnkit_fwd+bwd_ms']:.3f} | {r['ratio_fwd+bwd']:.2f}x "
-                     f"({r['ratio_fwd+bwd_back_to_back']:.2f}x) |")
+        cells = [str(r["n"]), r["pattern"], r["attnkit_backend"]]
+        for mode in MODES:
+            if f"ratio_{mode}" not in r:  # --modes fwd: no backward row
+                cells += ["-", "-", "not run"]
+                continue
+            cells += [f"{r[f'torch_{mode}_ms']:.3f}", f"{r[f'attnkit_{mode}_ms']:.3f}",
+                      f"{r[f'ratio_{mode}']:.2f}x ({r[f'ratio_{mode}_back_to_back']:.2f}x)"]
+        lines.append("| " + " | ".join(cells) + " |")
     labels = ("torch_compiled", "attnkit", "attnkit_flex_tables")
     lines += ["", "| n | block mask | " + " | ".join(f"{label} s | {label} peak MB" for label in labels) + " |",
               "|" + "---|" * (2 + 2 * len(labels))]
@@ -197,6 +202,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     parser.add_argument("--mask-sizes", type=int, nargs="*", default=[65536, 1 << 20], help="none: no block-mask rows")
     parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=PATTERNS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                        help="fwd alone skips the backward's compiles (a structured row at 64K in a short GPU call)")
     parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
                         help="off: attnkit's calls run inside attnkit.nan_rule(False) (what the rule costs)")
     parser.add_argument("--repeats", type=int, default=20, help="calls per measure (each alone; then back to back)")
@@ -226,7 +233,7 @@ def main(argv=None) -> int:
             attnkit.nan_rule(args.nan_rule == "on"):
         attention_rows(args.sizes, args.repeats, progress, save=lambda: write_json(args.out, report),
                        rows=report["attention"], patterns=args.patterns, shape=(args.batch, args.heads, args.head_dim),
-                       long_repeats=args.long_repeats)
+                       long_repeats=args.long_repeats, modes=args.modes)
         report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
     write_json(args.out, report)
     print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")
