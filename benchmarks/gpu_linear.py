@@ -6,7 +6,9 @@ L2-normalised in the kernel. Rows, at each length, forward (no grad) and forward
 
     gdr-attnkit        attnkit.functional.linear.gated_delta_rule (its exact chunked form, PyTorch ops)
     gdr-fla            fla.ops.gated_delta_rule.chunk_gated_delta_rule (fla-core's fused Triton kernels)
-    gdr-transformers   transformers' torch_chunk_gated_delta_rule (Qwen3-Next's PyTorch fallback)
+    gdr-transformers   transformers' torch_chunk_gated_delta_rule (Qwen3-Next's PyTorch fallback; where fla is
+                       installed transformers itself hands the call to fla's kernel, so there this row is fla's
+                       again: seen on an H200 with transformers 5.17, the same times and outputs)
     sdpa-causal        attnkit.attention(is_causal=True) at the same shape (what a softmax layer costs)
 
 Each row: CUDA-event median of ``--repeats`` calls after a warm-up (Triton's compiles included), the peak
