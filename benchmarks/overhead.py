@@ -258,6 +258,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=3000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the best is kept")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: the same cases on the GPU (float32)")
+    parser.add_argument("--cases", nargs="+", metavar="WORD",
+                        help="only the cases whose name holds one of these words (e.g. dense decode MultiHead)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/overhead.json"))
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -266,6 +268,10 @@ def main(argv=None) -> int:
     generator = torch.Generator().manual_seed(0)
     cases = [*attention_cases(generator, args.device), mha_case(generator, args.device),
              decode_case(generator, device=args.device)]
+    if args.cases:
+        cases = [case for case in cases if any(word in case["case"] for word in args.cases)]
+        if not cases:
+            parser.error(f"--cases {' '.join(args.cases)}: no case's name holds one of these words")
     rows = []
     report = {"machine": machine_info(args.device), "threads": 1, "nan_rule": "on, and off in its own column",
               "calls": args.calls, "rounds": args.rounds, "shape": {"B": B, "H": H, "L": L, "E": E}, "results": rows}

@@ -43,7 +43,7 @@ PLAIN_CALLS = [(shape, causal) for shape in SHAPES for causal in (False, True) i
 @pytest.mark.parametrize("shape, is_causal", PLAIN_CALLS, ids=[f"{s}-{'causal' if c else 'full'}" for s, c in PLAIN_CALLS])
 def test_a_plain_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtype, shape, is_causal):
     """The premise of the one-look NaN rule of a plain call (no mask; not causal, or causal with L >= S;
-    at least PLAIN_LOOK_MIN_KEYS keys): SDPA's CPU kernels carry any NaN of q, k or v into the output;
+    at least plain_look_min_keys(dtype) keys): SDPA's CPU kernels carry any NaN of q, k or v into the output;
     and attention() then poisons exactly the rule's rows, at every length (decoding steps with one key
     included, where SDPA returns a finite row for a NaN query). If a PyTorch release stops carrying it,
     this fails before a NaN goes unseen."""
@@ -55,11 +55,52 @@ def test_a_plain_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtyp
             target = {"q": q, "k": k, "v": v}[where]
             index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
             target[-1, -1, index, 3] = float("nan")
-            if S >= nan.PLAIN_LOOK_MIN_KEYS:  # the one look's premise, where the rule takes it
+            if S >= nan.plain_look_min_keys(dtype):  # the one look's premise, where the rule takes it
                 raw = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != Hkv)
                 assert torch.isnan(raw).any(), (where, position)
             out = attnkit.attention(q, k, v, is_causal=is_causal).output
             assert torch.equal(out.isnan().any(-1), _expected_nan_rows(where, index, B, H, Hkv, L)), (where, position)
+
+
+_SWEEP = """
+import sys, torch, torch.nn.functional as F
+from attnkit.functional import nan
+failures = []
+for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    least = nan.plain_look_min_keys(dtype)
+    for S in sorted({least, least + 1, 2 * least - 1, 2 * least, 2 * least + 1, 3 * least + 5}):
+        generator = torch.Generator().manual_seed(S)
+        for is_causal in (False, True):
+            L = S if is_causal else 3  # causal: L = S, the last row sees every key
+            for where in "qkv":
+                for position in range(L if where == "q" else S):
+                    for channel in (0, 7, 15):
+                        q, k, v = (torch.randn(1, 2, n, 16, generator=generator).to(dtype) for n in (L, S, S))
+                        {"q": q, "k": k, "v": v}[where][0, 1, position, channel] = float("nan")
+                        if not F.scaled_dot_product_attention(q, k, v, is_causal=is_causal).isnan().any():
+                            failures.append((str(dtype), S, is_causal, where, position, channel))
+print(torch.backends.cpu.get_cpu_capability(), len(failures), failures[:5])
+sys.exit(1 if failures else 0)
+"""
+
+
+@pytest.mark.parametrize("capability", [None, "avx2"], ids=["this-cpu", "avx2"])
+def test_the_one_looks_premise_holds_from_its_threshold_at_every_position(capability):
+    """plain_look_min_keys reads the vector unit PyTorch dispatches to; on it, from that many keys on, SDPA
+    carries a NaN at every position of q (each row), k and v (each key), first, middle and last channels, into
+    the output: every S of the first vectors and their tails, plain and causal. Run on the CPU that runs the
+    tests, and again with PyTorch's kernels held to AVX2 (ATEN_CPU_CAPABILITY; a CPU without AVX2 skips it)."""
+    import os
+    import subprocess
+    import sys
+
+    if capability is not None and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip(f"this CPU's PyTorch kernels are {torch.backends.cpu.get_cpu_capability()}, not AVX2 or better")
+    env = os.environ | ({"ATEN_CPU_CAPABILITY": capability} if capability else {})
+    done = subprocess.run([sys.executable, "-c", _SWEEP], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    if capability:
+        assert done.stdout.startswith("AVX2 ")
 
 
 def test_causal_with_fewer_queries_than_keys_reads_the_inputs():

@@ -47,22 +47,45 @@ def on() -> bool:
 
 
 PLAIN_LOOK_MIN_KEYS = 64
-"""The one look at a plain call's output stands for the rule only from this many keys on. Below a
-vector's width SDPA's CPU kernels reduce a row with instructions that drop a NaN: with AVX2 a NaN
-query row gives a finite output for S < 8 (float32, half types) or S < 4 (float64), a NaN key for
-S = 1; AVX-512 doubles the widths. 64 keys clear every width with room to spare; shorter calls
-(the first decoding steps among them) read q, k and v instead (:func:`poisoned_rows`)."""
+"""The one look at a plain call's output stands for the rule from this many keys on where the CPU's vector
+width is not known (:func:`plain_look_min_keys`). Below a vector's width SDPA's CPU kernels reduce a row with
+instructions that drop a NaN: with AVX2 a NaN query row gives a finite output for S < 8 (float32, half types)
+or S < 4 (float64), a NaN key for S = 1; AVX-512 doubles the widths. Shorter calls (the first decoding steps
+among them) read q, k and v instead (:func:`poisoned_rows`)."""
+
+_LANES = {"AVX512": 16, "AVX2": 8}
+"""float32 lanes of the vector unit PyTorch's CPU kernels were dispatched to (``get_cpu_capability``); float64
+has half as many. Seen on an AVX-512 machine (tests/functional/test_per_call.py sweeps every S from the
+threshold on, every position of q, k and v, on whatever CPU runs it): SDPA drops a NaN for S < 16 (float32,
+bfloat16, float16) and S < 8 (float64), and carries every one from there."""
+
+
+def _min_keys() -> dict[torch.dtype, int]:
+    lanes = _LANES.get(torch.backends.cpu.get_cpu_capability())
+    if lanes is None:  # another vector unit (Arm's, or none): the width is unknown, the margin wide
+        return {}
+    return {torch.float64: lanes // 2, torch.float32: lanes, torch.bfloat16: lanes, torch.float16: lanes}
+
+
+_MIN_KEYS = _min_keys()
+
+
+def plain_look_min_keys(dtype: torch.dtype) -> int:
+    """The fewest keys from which SDPA's CPU kernels carry every NaN of q, k or v into a plain call's output on
+    this machine: one vector of ``dtype`` (twice as many float32 lanes for a half type's float32 arithmetic,
+    :data:`_LANES`) on AVX2 and AVX-512, :data:`PLAIN_LOOK_MIN_KEYS` elsewhere."""
+    return _MIN_KEYS.get(dtype, PLAIN_LOOK_MIN_KEYS)
 
 
 def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, causal: bool) -> Tensor:
     """SDPA's ``output`` of a plain call (no mask, bias, window, score_mod or sinks) with the rule: where
     some query sees every key (not causal, or causal with L >= S) and there are at least
-    PLAIN_LOOK_MIN_KEYS of them, one look at the output on the CPU settles the common case
+    :func:`plain_look_min_keys` of them, one look at the output on the CPU settles the common case
     (:func:`with_nan_rows`)."""
     if not _on:
         return output
-    if ((not causal or dims.L >= dims.S) and dims.S >= PLAIN_LOOK_MIN_KEYS and output.is_cpu and dims.Ev
-            and not torch.compiler.is_compiling()):
+    if ((not causal or dims.L >= dims.S) and dims.S >= _MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS)
+            and output.is_cpu and dims.Ev and not torch.compiler.is_compiling()):
         return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
     return with_nan_rows(q, k, v, dims, output)
 
@@ -70,7 +93,7 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
 def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
     """``output`` with the rows the NaN rule poisons set to NaN. A plain call on the CPU comes here only
     when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
-    L >= S) and S >= PLAIN_LOOK_MIN_KEYS, SDPA's CPU kernels carry any NaN of q, k or v into the output
+    L >= S) and S >= plain_look_min_keys(dtype), SDPA's CPU kernels carry any NaN of q, k or v into the output
     (checked over dtypes, shapes and positions: tests/functional/test_per_call.py), so that one look
     settles the common case."""
     poisoned = poisoned_rows(q, k, v, dims)

@@ -168,17 +168,13 @@ class KVCache:
         built; what the cache holds from earlier calls is still compared with them."""
         if self.static and self.length:
             raise ValueError("this static (cross-attention) cache is already filled; reset() it first")
-        if self._keys is not None and self._values is not None:
-            expected_k = (self._keys.shape[0], self._keys.shape[1], self._keys.shape[3])
-            expected_v = (self._values.shape[0], self._values.shape[1], self._values.shape[3])
-            got_k = (keys.shape[0], keys.shape[1], keys.shape[3])
-            got_v = (values.shape[0], values.shape[1], values.shape[3])
-            if got_k != expected_k or got_v != expected_v:
-                raise ValueError(
-                    f"cache holds (B, Hkv, E)={expected_k} keys and (B, Hkv, Ev)={expected_v} values, "
-                    f"got {got_k} and {got_v}"
-                )
-            check_same("cached keys", self._keys, keys=keys)
+        held_k, held_v = self._keys, self._values
+        if held_k is not None and held_v is not None:
+            hk, hv, nk, nv = held_k.shape, held_v.shape, keys.shape, values.shape
+            if not (hk[0] == nk[0] and hk[1] == nk[1] and hk[3] == nk[3] and hv[0] == nv[0] and hv[1] == nv[1]
+                    and hv[3] == nv[3] and keys.dtype is held_k.dtype and (keys.is_cpu and held_k.is_cpu
+                                                                            or keys.device == held_k.device)):
+                self._check_matches(keys, values)  # the common step settled above; here each mismatch is named
         new = keys.shape[2]
         if self._keys is None or self._values is None or self._end + new > self._keys.shape[2]:
             self._keys, self._values = self._grown(keys, values, max(self.length + new, 2 * self.length, 16))
@@ -191,6 +187,21 @@ class KVCache:
         if self.window is not None:
             self._start = max(self._start, self._end - self.window)
         return held_keys, held_values
+
+    def _check_matches(self, keys: Tensor, values: Tensor) -> None:
+        """Raise unless new keys and values match what the cache holds in (B, Hkv, E) / (B, Hkv, Ev), dtype
+        and device."""
+        assert self._keys is not None and self._values is not None
+        expected_k = (self._keys.shape[0], self._keys.shape[1], self._keys.shape[3])
+        expected_v = (self._values.shape[0], self._values.shape[1], self._values.shape[3])
+        got_k = (keys.shape[0], keys.shape[1], keys.shape[3])
+        got_v = (values.shape[0], values.shape[1], values.shape[3])
+        if got_k != expected_k or got_v != expected_v:
+            raise ValueError(
+                f"cache holds (B, Hkv, E)={expected_k} keys and (B, Hkv, Ev)={expected_v} values, "
+                f"got {got_k} and {got_v}"
+            )
+        check_same("cached keys", self._keys, keys=keys)
 
     def _grown(self, keys: Tensor, values: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
         """New storage of ``capacity`` positions holding the current ones at its front."""

@@ -201,6 +201,7 @@ class RotaryEmbedding(nn.Module):
         # layers of a model share one RotaryEmbedding: 24 computations a decoding step of a 12-layer
         # model, one with that).
         self._cached: tuple[Tensor, Tensor] | None = None
+        self._last_slice: tuple | None = None  # (offset, L, dtype, device, cos, sin): _slice's last answer
 
     def _frequencies(self, device, dtype: torch.dtype = torch.float32) -> Tensor:
         """theta_i = base^(-2i/E) in ``dtype`` (computed in float64)."""
@@ -248,7 +249,7 @@ class RotaryEmbedding(nn.Module):
         # the numbers do not depend on the dtype or on what ran before the cast.
         super()._apply(fn, recurse)
         self.inv_freq = self._frequencies(self.inv_freq.device)
-        self._cached = None
+        self._cached = self._last_slice = None
         return self
 
     def _table(self, length: int, device, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -262,6 +263,18 @@ class RotaryEmbedding(nn.Module):
             angles = self.angles(torch.arange(size, device=device), dtype=dtype)
             cached = self._cached = _full_width(*angles, self.interleaved)
         return cached
+
+    def _slice(self, offset: int, L: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The table's rows offset .. offset+L-1. The last answer is kept: the layers that share this embedding
+        rotate their queries and keys at the same positions in one decoding step (eight slices a step of four
+        layers, each a view op and host time, become one pair)."""
+        last = self._last_slice
+        if last is not None and last[0] == offset and last[1] == L and last[2] is dtype and last[3] == device:
+            return last[4], last[5]
+        cos, sin = self._table(offset + L, device, dtype)
+        cos, sin = cos[offset : offset + L], sin[offset : offset + L]
+        self._last_slice = (offset, L, dtype, device, cos, sin)
+        return cos, sin
 
     def _factors(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """:func:`_rotate`'s factors for explicit positions, built once per model call for the layers that
@@ -299,8 +312,7 @@ class RotaryEmbedding(nn.Module):
         L = x.shape[2]
         work = rotation_dtype(x.dtype)
         if positions is None:
-            cos, sin = self._table(offset + L, x.device, work)
-            cos, sin = cos[offset : offset + L], sin[offset : offset + L]
+            cos, sin = self._slice(offset, L, x.device, work)
         elif positions.shape[-1] != L or positions.dim() not in (1, 2):
             raise ValueError(f"positions must have shape (L,) or (B, L) with L={L}, got {tuple(positions.shape)}")
         else:

@@ -25,7 +25,7 @@ from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
 from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from ..layers.attending import Attending, Cache
-from .blocks import FeedForward, GatedFeedForward, make_norm
+from .blocks import Dropout, FeedForward, GatedFeedForward, make_norm
 from .config import DecoderConfig
 from .outputs import LMOutput
 
@@ -109,7 +109,7 @@ class DecoderBlock(nn.Module):
             self.mlp = GatedFeedForward(c.d_model, c.d_ff, bias=c.has_bias("mlp"), activation=c.mlp_activation)
         self.attn_norm = make_norm(c.norm, c.d_model, c.norm_eps)
         self.mlp_norm = make_norm(c.norm, c.d_model, c.norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(
         self, x: Tensor, mask: Tensor | BlockMask | None = None, *, key_mask: Tensor | None = None,
@@ -145,7 +145,7 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.tokens.weight
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def _blocks(self) -> list[DecoderBlock]:
         return [block for block in self.layers if isinstance(block, DecoderBlock)]

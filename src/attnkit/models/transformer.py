@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..functional import kept, masks
 from ..functional.checks import check_rank
 from ..layers import KVCache, LearnedPositionalEmbedding, MultiHeadAttention, SinusoidalPositionalEncoding
-from .blocks import FeedForward
+from .blocks import Dropout, FeedForward
 from .config import PAD_ID, TransformerConfig
 from .outputs import StepOutput, TranslationOutput, check_source
 
@@ -55,7 +55,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation=activation)
         self.attn_norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.ff_norm = nn.LayerNorm(d_model, eps=norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, key_mask: Tensor | None = None,
@@ -93,7 +93,7 @@ class DecoderLayer(nn.Module):
         self.self_norm = nn.LayerNorm(d_model)
         self.cross_norm = nn.LayerNorm(d_model)
         self.ff_norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(
@@ -135,7 +135,7 @@ class _Embedding(nn.Module):
         else:
             self.positions = LearnedPositionalEmbedding(c.max_len, c.d_model)
         self.scale = math.sqrt(c.d_model)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         return self.dropout(self.positions(self.tokens(ids) * self.scale, offset))
