@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.layers import KVCache, LatentAttention, LatentCache, LightningIndexer, MultiHeadAttention
+from attnkit.layers import KVCache, LatentAttention, LatentCache, LightningIndexer, MultiHeadAttention, RotaryEmbedding
 
 from helpers import randn
 
@@ -58,6 +58,29 @@ def test_absorbed_equals_naive_without_a_query_latent_too(rng):
     torch.testing.assert_close(layer(x, absorbed=True).output, layer(x, absorbed=False).output, rtol=1e-12, atol=1e-12)
     weights = layer(x, need_weights=True).weights
     assert weights.shape == (2, 4, 6, 6) and torch.allclose(weights.sum(-1), torch.ones(2, 4, 6, dtype=torch.float64))
+
+
+def test_without_rope_positions_change_nothing_and_the_scores_are_the_plain_dot_products(rng):
+    """rope=False (Kimi Linear's MLA): no rotation, so shifted positions give the same output, and the weights are
+    softmax((q_nope k_nope + q_rope k_rope) scale) computed here from the layer's own projections."""
+    torch.manual_seed(0)
+    layer = LatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+                            rope=False).double()
+    assert layer.rotary is None
+    x = randn(2, 6, 32, dtype=torch.float64, generator=rng)
+    plain = layer(x, need_weights=True)
+    shifted = layer(x, positions=torch.arange(100, 106), need_weights=True)
+    torch.testing.assert_close(shifted.output, plain.output, rtol=1e-12, atol=1e-12)
+    q = layer.q_proj(x).view(2, 6, 4, 10).transpose(1, 2)
+    latent, shared = layer.kv_a_proj(x).split([8, 4], dim=-1)
+    up = layer.kv_b_proj(layer.kv_a_norm(latent)).view(2, 6, 4, 11).transpose(1, 2)
+    k = torch.cat([up[..., :6], shared[:, None].expand(-1, 4, -1, -1)], dim=-1)
+    scores = (q @ k.transpose(-1, -2)) * 10**-0.5
+    scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(plain.weights, scores.softmax(-1), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="rope=False rotates nothing"):
+        LatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, rope=False,
+                        rotary=RotaryEmbedding(4))
 
 
 def test_wrong_inputs_are_named(rng):

@@ -61,6 +61,8 @@ class LatentAttention(nn.Module):
         q_lora_rank: the query latent's width (1536), or None for a plain query projection (DeepSeek-V2-Lite).
         bias: biases on the down projections (DeepSeek's ``attention_bias``).
         rotary: the RoPE of the rotary parts (default: base 10000, interleaved pairs as DeepSeek-V3).
+        rope: False for no rotation at all (NoPE: Kimi Linear's latent attention keeps the shared key part of
+            qk_rope_head_dim and rotates nothing; positions then only order the causal mask).
         scale: multiplies the scores (default 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim); YaRN models
             multiply it by mscale^2).
         norm_eps: the latents' RMSNorm epsilon.
@@ -75,7 +77,7 @@ class LatentAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int,
                  qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None = None, bias: bool = False,
                  rotary: RotaryEmbedding | None = None, scale: float | None = None, norm_eps: float = 1e-6,
-                 backend: str = "auto", indexer: LightningIndexer | None = None):
+                 backend: str = "auto", indexer: LightningIndexer | None = None, rope: bool = True):
         super().__init__()
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("kv_lora_rank", kv_lora_rank),
                             ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim),
@@ -84,15 +86,17 @@ class LatentAttention(nn.Module):
         check_int("q_lora_rank", q_lora_rank, 1, optional=True)
         if backend not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
-        rotary = rotary if rotary is not None else RotaryEmbedding(qk_rope_head_dim, interleaved=True)
-        if rotary.full_dim != qk_rope_head_dim:
+        if not rope and rotary is not None:
+            raise ValueError("rope=False rotates nothing: pass no rotary")
+        rotary = rotary if rotary is not None or not rope else RotaryEmbedding(qk_rope_head_dim, interleaved=True)
+        if rotary is not None and rotary.full_dim != qk_rope_head_dim:
             raise ValueError(f"rotary.head_dim={rotary.full_dim} does not match qk_rope_head_dim={qk_rope_head_dim}")
         self.d_model, self.num_heads = d_model, num_heads
         self.kv_lora_rank, self.q_lora_rank = kv_lora_rank, q_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.scale = scale if scale is not None else (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
         self.backend = backend
-        self.rotary = rotary
+        self.rotary: RotaryEmbedding | None = rotary
         query_width = num_heads * (qk_nope_head_dim + qk_rope_head_dim)
         if q_lora_rank is None:
             self.q_proj = nn.Linear(d_model, query_width, bias=False)
@@ -144,7 +148,9 @@ class LatentAttention(nn.Module):
         compressed = self.kv_a_proj(x)
         latent, rope_key = compressed.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_norm(latent)[:, None]  # (B, 1, L, kv_lora_rank)
-        rope_key = self.rotary(rope_key[:, None], positions=positions)  # (B, 1, L, qk_rope_head_dim)
+        rope_key = rope_key[:, None]  # (B, 1, L, qk_rope_head_dim)
+        if self.rotary is not None:
+            rope_key = self.rotary(rope_key, positions=positions)
         index_key = None if self.indexer is None else self.indexer.keys(x, positions)
         return Latents(latent, rope_key, index_key)
 
@@ -154,7 +160,8 @@ class LatentAttention(nn.Module):
         ``positions``) over ``latents`` of all S tokens: naive or absorbed, dense or DSA's top-k."""
         call = latent_call.call
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        q_rope = self.rotary(q_rope, positions=positions)
+        if self.rotary is not None:
+            q_rope = self.rotary(q_rope, positions=positions)
         B, S = x.shape[0], latents.latent.shape[2]
         head_weights = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim,
                                                   self.kv_lora_rank)

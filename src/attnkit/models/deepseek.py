@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..errors import InputError
 from ..functional import kept
+from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
 from .blocks import GatedFeedForward, routed_experts
@@ -77,10 +78,13 @@ class DeepSeekMoE(nn.Module):
         return self
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(experts (N, k), weights (N, k)) for tokens x (N, D); routing in float32."""
+        """(experts (N, k), weights (N, k)) for tokens x (N, D); routing in float32 as transformers routes (float64
+        for a float64 model: never below the model, so that a float64 model's tokens route alike in one pass and
+        one token at a time)."""
         c = self.config
-        scores = torch.sigmoid(x.float() @ self.gate_weight.float().t())  # (N, E)
-        choice = scores + self.score_bias.float()
+        acc = accumulation_dtype(x.dtype)
+        scores = torch.sigmoid(x.to(acc) @ self.gate_weight.to(acc).t())  # (N, E)
+        choice = scores + self.score_bias.to(acc)
         groups = choice.view(-1, c.expert_groups, c.num_experts // c.expert_groups)
         group_scores = groups.topk(min(2, groups.shape[-1]), dim=-1).values.sum(dim=-1)  # (N, groups)
         kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(c.groups_per_token, dim=-1).indices, 1.0)
@@ -182,7 +186,7 @@ _ATTENTION_NAMES = {"q_a_layernorm": "q_a_norm", "kv_a_proj_with_mqa": "kv_a_pro
                     "o_proj": "out_proj"}
 
 
-def _attnkit_name(name: str) -> str | None:
+def attnkit_name(name: str) -> str | None:
     """attnkit's name of a transformers DeepSeek-V3 tensor (None: one it has no place for)."""
     if name == "model.embed_tokens.weight":
         return "tokens.weight"
@@ -228,7 +232,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     state = {}
     unknown = []
     for name, tensor in fused_experts(tensors, prefix_parts=3).items():
-        target = _attnkit_name(name)
+        target = attnkit_name(name)
         if target is None:
             unknown.append(name)
         else:
