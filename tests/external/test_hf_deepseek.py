@@ -215,8 +215,8 @@ def test_the_one_loader_takes_deepseek_and_refuses_other_families_by_name(tmp_pa
     ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(old(ids).logits, load_hf_folder(folder)(ids).logits, rtol=0, atol=0)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "minimax"}))
-    with pytest.raises(UnsupportedConfigError, match="model_type 'minimax' is not one attnkit has natively"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "jamba"}))
+    with pytest.raises(UnsupportedConfigError, match="model_type 'jamba' is not one attnkit has natively"):
         load_hf_folder(tmp_path)
 
 

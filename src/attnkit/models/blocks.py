@@ -13,7 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "routed_experts", "make_norm", "count_parameters"]
+from ..functional.backends._common import accumulation_dtype
+
+__all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k", "routed_experts",
+           "make_norm", "count_parameters"]
 
 ACTIVATIONS = {
     "relu": torch.relu,
@@ -82,6 +85,30 @@ def routed_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, experts: 
         y = F.linear(F.silu(gate) * up, down_proj[expert])
         out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
     return out
+
+
+class Experts(nn.Module):
+    """A mixture's SwiGLU experts as transformers stores them, fused: ``gate_up_proj`` (E, 2F, D) and ``down_proj``
+    (E, D, F); ``forward(x (N, D), experts (N, k), weights (N, k))`` is :func:`routed_experts`."""
+
+    def __init__(self, num_experts: int, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * d_ff, d_model).normal_(0, 0.02))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, d_model, d_ff).normal_(0, 0.02))
+
+    def forward(self, x: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
+        return routed_experts(x, self.gate_up_proj, self.down_proj, experts, weights)
+
+
+def softmax_top_k(logits: Tensor, k: int, normalise: bool) -> tuple[Tensor, Tensor]:
+    """A softmax router's choice (Mixtral, Qwen3-Next, MiniMax): (experts (N, k), weights (N, k)) from router
+    logits (N, E), the softmax in float32 (float64 for a float64 model), the top-k probabilities renormalised to
+    sum 1 where ``normalise``."""
+    probs = torch.softmax(logits, dim=-1, dtype=accumulation_dtype(logits.dtype))
+    top, chosen = probs.topk(k, dim=-1)
+    if normalise:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return chosen, top
 
 
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:

@@ -36,7 +36,7 @@ from .blocks import GatedFeedForward
 from .config import DeepSeekConfig
 from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
-from .weights import fused_experts, read_checkpoint_folder
+from .weights import fused_experts, mixtral_names, read_checkpoint_folder
 
 __all__ = ["KimiLinearConfig", "KimiLinearLM", "kimi_linear_config_from_hf", "load_checkpoint_folder"]
 
@@ -242,30 +242,24 @@ def kimi_linear_config_from_hf(hf: dict) -> KimiLinearConfig:
 
 
 def _transformers_layout(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The original release's tensor names in transformers' layout (what transformers' conversion does on load):
-    ``block_sparse_moe`` as ``mlp``, experts' ``w1/w3/w2`` as ``gate_proj/up_proj/down_proj``, the forget gate's
+    """The original release's tensor names in transformers' layout (what transformers' conversion does on load, and
+    undoes on save): Mixtral's expert names (:func:`~attnkit.models.weights.mixtral_names`), the forget gate's
     ``f_a_proj``, ``f_b_proj``, ``dt_bias``, ``A_log`` under ``forget_gate``, and the three depthwise convolutions
     ``q_conv1d``, ``k_conv1d``, ``v_conv1d`` stacked into one ``conv1d``."""
-    experts = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
     out: dict[str, Tensor] = {}
     convolutions: dict[str, dict[str, Tensor]] = {}
-    for name, tensor in tensors.items():
-        parts = name.replace(".block_sparse_moe.", ".mlp.").split(".")
-        if "experts" in parts and parts[-2] in experts:
-            parts[-2] = experts[parts[-2]]
-        if len(parts) >= 6 and parts[3] == "self_attn":
-            if parts[4] in ("f_a_proj", "f_b_proj", "dt_bias", "A_log"):
-                parts.insert(4, "forget_gate")
-            elif parts[4] in ("q_conv1d", "k_conv1d", "v_conv1d"):
-                convolutions.setdefault(".".join(parts[:4]), {})[parts[4][0]] = tensor
-                continue
-        elif len(parts) == 5 and parts[3] == "self_attn" and parts[4] in ("dt_bias", "A_log"):
+    for name, tensor in mixtral_names(tensors).items():
+        parts = name.split(".")
+        if len(parts) >= 5 and parts[3] == "self_attn" and parts[4] in ("f_a_proj", "f_b_proj", "dt_bias", "A_log"):
             parts.insert(4, "forget_gate")
+        elif len(parts) >= 6 and parts[3] == "self_attn" and parts[4] in ("q_conv1d", "k_conv1d", "v_conv1d"):
+            convolutions.setdefault(".".join(parts[:4]), {})[parts[4][0]] = tensor
+            continue
         out[".".join(parts)] = tensor
-    for prefix, parts3 in convolutions.items():
-        if set(parts3) != {"q", "k", "v"}:
-            raise InputError(f"{prefix}: the checkpoint has {sorted(parts3)} of the q, k and v convolutions")
-        out[prefix + ".conv1d.weight"] = torch.cat([parts3["q"], parts3["k"], parts3["v"]], dim=0)
+    for prefix, pieces in convolutions.items():
+        if set(pieces) != {"q", "k", "v"}:
+            raise InputError(f"{prefix}: the checkpoint has {sorted(pieces)} of the q, k and v convolutions")
+        out[prefix + ".conv1d.weight"] = torch.cat([pieces["q"], pieces["k"], pieces["v"]], dim=0)
     return out
 
 

@@ -26,11 +26,10 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..errors import InputError
 from ..functional import kept
-from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
 from ..layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache, RotaryEmbedding
 from ..layers.gated import ZeroCentredRMSNorm
-from .blocks import GatedFeedForward, routed_experts
+from .blocks import Experts, GatedFeedForward, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
 from .weights import fused_experts, read_checkpoint_folder
@@ -75,31 +74,17 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.top_k, self.norm_topk_prob = c.experts_per_token, c.norm_topk_prob
         self.gate = nn.Linear(c.d_model, c.num_experts, bias=False)
-        self.experts = _Experts(c.num_experts, c.d_model, c.moe_d_ff)
+        self.experts = Experts(c.num_experts, c.d_model, c.moe_d_ff)
         self.shared_expert = GatedFeedForward(c.d_model, c.shared_d_ff)
         self.shared_expert_gate = nn.Linear(c.d_model, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        logits = self.gate(flat)
-        probs = torch.softmax(logits, dim=-1, dtype=accumulation_dtype(x.dtype))
-        top, chosen = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            top = top / top.sum(dim=-1, keepdim=True)
+        chosen, top = softmax_top_k(self.gate(flat), self.top_k, self.norm_topk_prob)
         routed = self.experts(flat, chosen, top.to(x.dtype))
         shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return (routed + shared).reshape(shape)
-
-
-class _Experts(nn.Module):
-    def __init__(self, num_experts: int, d_model: int, d_ff: int):
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * d_ff, d_model).normal_(0, 0.02))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, d_model, d_ff).normal_(0, 0.02))
-
-    def forward(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
-        return routed_experts(x, self.gate_up_proj, self.down_proj, chosen, weights)
 
 
 class Qwen3NextBlock(nn.Module):

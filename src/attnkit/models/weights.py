@@ -101,6 +101,22 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
             state[name].copy_(tensor)
 
 
+_MIXTRAL_EXPERTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def mixtral_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Mixtral's names of a mixture of experts, as MiniMax's and Kimi Linear's checkpoints keep them (and transformers
+    writes them back on save), in transformers' runtime names: ``block_sparse_moe`` as ``mlp``, each expert's ``w1``,
+    ``w3``, ``w2`` as its ``gate_proj``, ``up_proj``, ``down_proj`` (:func:`fused_experts` then stacks them)."""
+    out = {}
+    for name, tensor in tensors.items():
+        parts = name.replace(".block_sparse_moe.", ".mlp.").split(".")
+        if len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit() and parts[-2] in _MIXTRAL_EXPERTS:
+            parts[-2] = _MIXTRAL_EXPERTS[parts[-2]]
+        out[".".join(parts)] = tensor
+    return out
+
+
 def fused_experts(tensors: dict[str, Tensor], prefix_parts: int) -> dict[str, Tensor]:
     """Per-expert tensors of a hub checkpoint (``...mlp.experts.{e}.gate_proj.weight`` and its ``up_proj``,
     ``down_proj``) stacked into transformers' fused ``gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F); every

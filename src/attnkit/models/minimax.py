@@ -1,0 +1,243 @@
+"""MiniMax-01 as an attnkit decoder (MiniMax 2025): lightning attention in most layers, softmax attention in the
+others (``layer_types``), a mixture of experts after each, and residuals scaled per kind of layer.
+
+    h = RMSNorm(x);  x = alpha_a h + beta_a mixer(h)          (the residual is the normed input)
+    h = RMSNorm(x);  x = alpha_m h + beta_m MoE(h)
+        mixer: LightningAttention (linear_attention) or MultiHeadAttention with RoPE, GQA (full_attention)
+        MoE: softmax router (float32), top-k experts (SwiGLU), their probabilities renormalised
+    logits = lm_head(RMSNorm(x))
+
+Module names follow transformers' (``embed_tokens``, ``layers.i.input_layernorm`` / ``self_attn`` /
+``post_attention_layernorm`` / ``mlp.gate`` / ``mlp.experts``; attnkit's ``out_proj`` for the softmax layers'
+``o_proj``). The cache is one :class:`~attnkit.layers.KVCache` per softmax layer and one constant-size
+:class:`~attnkit.layers.LinearStateCache` per lightning layer. :func:`load_checkpoint_folder` (reached through
+:func:`attnkit.models.pretrained.load_hf_folder`) reads the checkpoint's layout (Mixtral's expert names, as
+transformers also writes them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from .._files import read_json
+from ..errors import InputError
+from ..functional import kept
+from ..functional.checks import check_rank
+from ..layers import KVCache, LightningAttention, LinearStateCache, MultiHeadAttention, RotaryEmbedding
+from .blocks import Experts, softmax_top_k
+from .hf_config import UnsupportedConfigError
+from .outputs import LMOutput
+from .weights import fused_experts, mixtral_names, read_checkpoint_folder
+
+__all__ = ["MiniMaxConfig", "MiniMaxLM", "minimax_config_from_hf", "load_checkpoint_folder"]
+
+
+LIGHTNING_NORM_EPS = 1e-6
+"""The epsilon of a lightning layer's output RMSNorm: 1e-6 whatever the checkpoint's rms_norm_eps, as MiniMax builds
+it (transformers' MiniMaxLightningAttention takes its norm's default; with rms_norm_eps, 1e-5, a 4-layer model's
+logits moved by 4e-4)."""
+
+
+@dataclass(frozen=True)
+class MiniMaxConfig:
+    """The sizes of a MiniMax-01 model (transformers' ``MiniMaxConfig`` keys, attnkit's names)."""
+
+    vocab_size: int
+    d_model: int
+    layer_types: tuple[str, ...]  # "linear_attention" or "full_attention", one a layer
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    block_size: int  # the lightning layers' block (their decays' tables)
+    d_ff: int  # one expert's width
+    num_experts: int
+    experts_per_token: int
+    full_alpha: float = 1.0  # residual scales: alpha multiplies the normed input, beta the layer's output
+    full_beta: float = 1.0
+    linear_alpha: float = 1.0
+    linear_beta: float = 1.0
+    mlp_alpha: float = 1.0
+    mlp_beta: float = 1.0
+    window: int | None = None  # the softmax layers' sliding window (transformers' sliding_window)
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+
+class MiniMaxMoE(nn.Module):
+    """MiniMax's mixture of experts: a softmax router ``gate`` and the top-k SwiGLU ``experts``, their probabilities
+    renormalised to sum 1 (no shared expert)."""
+
+    def __init__(self, c: MiniMaxConfig):
+        super().__init__()
+        self.top_k = c.experts_per_token
+        self.gate = nn.Linear(c.d_model, c.num_experts, bias=False)
+        self.experts = Experts(c.num_experts, c.d_model, c.d_ff)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        chosen, weights = softmax_top_k(self.gate(flat), self.top_k, normalise=True)
+        return self.experts(flat, chosen, weights).view(x.shape)
+
+
+class MiniMaxBlock(nn.Module):
+    """One layer (module docstring). Parameters: ``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
+    ``mlp``."""
+
+    def __init__(self, c: MiniMaxConfig, layer: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.kind = c.layer_types[layer]
+        self.window = c.window
+        self.input_layernorm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.self_attn: nn.Module
+        if self.kind == "linear_attention":
+            self.self_attn = LightningAttention(c.d_model, c.num_heads, c.head_dim, layer_idx=layer,
+                                                num_layers=len(c.layer_types), block_size=c.block_size,
+                                                norm_eps=LIGHTNING_NORM_EPS)
+            self.alpha, self.beta = c.linear_alpha, c.linear_beta
+        else:
+            self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.num_kv_heads, head_dim=c.head_dim, bias=False,
+                                                rotary=rotary)
+            self.alpha, self.beta = c.full_alpha, c.full_beta
+        self.post_attention_layernorm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.mlp = MiniMaxMoE(c)
+        self.mlp_alpha, self.mlp_beta = c.mlp_alpha, c.mlp_beta
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            own = None if key_mask is None else key_mask[:, -x.shape[1]:]  # the linear layer reads the call's tokens
+            mixed = self.self_attn(h, key_mask=own, cache=cache).output
+        else:
+            mixed = self.self_attn(h, key_mask=key_mask, is_causal=True, window=self.window, positions=positions,
+                                   cache=cache).output
+        x = self.alpha * h + self.beta * mixed
+        h = self.post_attention_layernorm(x)
+        return self.mlp_alpha * h + self.mlp_beta * self.mlp(h)
+
+
+class MiniMaxLM(nn.Module):
+    """MiniMax-01's decoder (module docstring): ``forward(input_ids, attention_mask, cache=, position_ids=)`` ->
+    :class:`LMOutput` as attnkit's other decoders, so :func:`attnkit.decoding.generate` drives it."""
+
+    def __init__(self, config: MiniMaxConfig):
+        super().__init__()
+        c = self.config = config
+        rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)
+        self.layers = nn.ModuleList(MiniMaxBlock(c, i, rotary) for i in range(len(c.layer_types)))
+        self.norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def new_cache(self) -> list:
+        """A KV cache for each softmax layer (rolling where the model has a window), a constant-size state for each
+        lightning one."""
+        return [LinearStateCache() if block.kind == "linear_attention" else KVCache(window=self.config.window)
+                for block in self.layers]
+
+    @kept.per_call
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
+                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
+        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
+        ``position_ids`` (B, L) the new tokens' RoPE positions (default: the caches' position onwards)."""
+        check_rank("input_ids", input_ids, 2, "(B, L)")
+        B, L = input_ids.shape
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
+        held = 0 if not cache else cache[0].position
+        key_mask = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (B, held + L):
+                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
+                                 f"got {tuple(attention_mask.shape)}")
+            key_mask = attention_mask.bool()
+        x = self.embed_tokens(input_ids)
+        for i, block in enumerate(self.layers):
+            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
+        x = self.norm(x)
+        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)
+
+
+# --------------------------------------------------------------------------- transformers checkpoints
+_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads", "num_key_value_heads",
+         "head_dim", "rope_parameters", "rope_theta", "block_size", "intermediate_size", "num_local_experts",
+         "num_experts_per_tok", "full_attn_alpha_factor", "full_attn_beta_factor", "linear_attn_alpha_factor",
+         "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor", "sliding_window", "rms_norm_eps",
+         "tie_word_embeddings", "hidden_act", "model_type"}
+_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "max_position_embeddings", "use_cache",
+             "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
+             "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "output_attentions",
+             "output_hidden_states", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
+             "id2label", "label2id", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
+             "task_specific_params", "tie_encoder_decoder", "is_decoder", "finetuning_task", "name_or_path",
+             "_name_or_path", "pruned_heads", "torchscript", "use_return_dict"}
+_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def minimax_config_from_hf(hf: dict) -> MiniMaxConfig:
+    """attnkit's config from a transformers MiniMax ``config.json``: every key read, harmless in evaluation, or
+    refused by name (:class:`UnsupportedConfigError`)."""
+    if not isinstance(hf, dict) or hf.get("model_type") != "minimax":
+        raise UnsupportedConfigError(f"model_type must be 'minimax', got {hf.get('model_type') if isinstance(hf, dict) else hf!r}")
+    unknown = sorted(set(hf) - _READ - _HARMLESS)
+    if unknown:
+        raise UnsupportedConfigError(f"minimax config: keys attnkit does not implement: {unknown}")
+    missing = [key for key in _REQUIRED if key not in hf]
+    if missing:
+        raise UnsupportedConfigError(f"minimax config: missing keys {missing} (a MiniMax model needs them)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UnsupportedConfigError(f"minimax config: attnkit implements hidden_act 'silu', got {hf['hidden_act']!r}")
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedConfigError(f"minimax config: attnkit implements rope_type 'default', got {rope['rope_type']!r}")
+    layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or ["full_attention" if i % 2 == 0 else "linear_attention" for i in range(layers)]
+    if len(types) != layers or set(types) - {"linear_attention", "full_attention"}:
+        raise UnsupportedConfigError(f"minimax config: layer_types must give linear_attention or full_attention for "
+                                     f"each of the {layers} layers, got {types!r}")
+    heads = hf["num_attention_heads"]
+    return MiniMaxConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], layer_types=tuple(types), num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 1e6))), block_size=hf.get("block_size", 256),
+        d_ff=hf["intermediate_size"], num_experts=hf.get("num_local_experts", 8),
+        experts_per_token=hf.get("num_experts_per_tok", 2),
+        full_alpha=float(hf.get("full_attn_alpha_factor", 1)), full_beta=float(hf.get("full_attn_beta_factor", 1)),
+        linear_alpha=float(hf.get("linear_attn_alpha_factor", 1)), linear_beta=float(hf.get("linear_attn_beta_factor", 1)),
+        mlp_alpha=float(hf.get("mlp_alpha_factor", 1)), mlp_beta=float(hf.get("mlp_beta_factor", 1)),
+        window=hf.get("sliding_window"), norm_eps=hf.get("rms_norm_eps", 1e-5),
+        tie_embeddings=bool(hf.get("tie_word_embeddings")))
+
+
+_DERIVED_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")
+"""The lightning layers' decay tables: computed from the config, taken from a checkpoint where it has them."""
+
+
+def load_checkpoint_folder(folder: str | os.PathLike, *, dtype=None) -> MiniMaxLM:
+    """A :class:`MiniMaxLM` from a transformers MiniMax checkpoint folder (``config.json`` and safetensors), in eval
+    mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
+    folder = Path(folder)
+    config = minimax_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    tensors = fused_experts(mixtral_names(read_checkpoint_folder(folder)), prefix_parts=3)
+    state = {name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj."): tensor
+             for name, tensor in tensors.items()}
+    model = MiniMaxLM(config)
+    if config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    own = model.state_dict()
+    expected = {n for n in own if not (config.tie_embeddings and n == "lm_head.weight")}
+    unknown = sorted(set(state) - expected)
+    missing = sorted(n for n in expected - set(state) if n.rsplit(".", 1)[-1] not in _DERIVED_BUFFERS)
+    if unknown or missing:
+        raise InputError(f"{folder}: tensors attnkit's MiniMax model has no place for {unknown[:5]}; missing {missing[:5]}")
+    for name in expected - set(state):  # a decay table the checkpoint does not carry: the model's own
+        state[name] = own[name]
+    model.load_state_dict(state, strict=not config.tie_embeddings)
+    model = model if dtype is None else model.to(dtype)
+    return model.eval()

@@ -1,0 +1,160 @@
+"""attnkit's native MiniMax-01 (``attnkit.models.minimax``) loaded from a transformers checkpoint folder by the one
+loader: the same logits as transformers' MiniMaxForCausalLM (residual scales other than 1, a left-padded batch, a
+sliding window), the same greedy tokens through its mixed cache (KV caches for the softmax layers, constant-size
+states for the lightning layers), float64 decoding equal to one whole pass, and config keys it does not implement
+refused by name. With transformers' float32 steps kept in float64 (its RMSNorm, eager softmax, router softmax,
+rotary frequencies and lightning decay tables), the two agree in float64 to 1e-10."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from attnkit.decoding import generate  # noqa: E402
+from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
+from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
+from attnkit.models.minimax import MiniMaxLM  # noqa: E402
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+
+LAYERS = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
+
+
+def _checkpoint(**extra):
+    config = transformers.MiniMaxConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        intermediate_size=24, num_local_experts=4, num_experts_per_tok=2, block_size=8, layer_types=LAYERS,
+        full_attn_alpha_factor=0.9, full_attn_beta_factor=1.1, linear_attn_alpha_factor=1.2,
+        linear_attn_beta_factor=0.8, mlp_alpha_factor=0.95, mlp_beta_factor=1.05, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, **extra)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    folder = tempfile.mkdtemp()
+    theirs.save_pretrained(folder)
+    return theirs, folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    theirs, folder = _checkpoint()
+    yield theirs, folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ids(seed: int, batch: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(3, 60, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
+    theirs, folder = checkpoint
+    ours = load_hf_folder(folder)
+    assert isinstance(ours, MiniMaxLM)
+    ids = _ids(1)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=5e-5, atol=5e-5)
+        got, want = ours(ids, mask).logits, theirs(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=5e-5, atol=5e-5)
+
+
+@pytest.fixture
+def float64_inside(monkeypatch):
+    """transformers' MiniMax with the steps it rounds to float32 kept in float64 for a float64 model."""
+    from transformers.models.minimax import modeling_minimax as mm
+
+    def rms(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        dim = self.inv_freq.shape[0] * 2
+        inv = 1.0 / (self.config.rope_parameters["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        angles = torch.cat([position_ids[..., None].double() * inv] * 2, dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    def router(self, h):
+        logits = F.linear(h.reshape(-1, self.hidden_dim), self.weight)
+        top, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        return logits, top / top.sum(-1, keepdim=True), chosen
+
+    real = F.softmax
+    monkeypatch.setattr(F, "softmax", lambda x, dim=None, dtype=None, **k: real(
+        x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype, **k))
+    monkeypatch.setattr(mm.MiniMaxRMSNorm, "forward", rms)
+    monkeypatch.setattr(mm.MiniMaxRotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(mm.MiniMaxTopKRouter, "forward", router)
+
+
+def test_float64_equals_transformers_to_1e_10(checkpoint, float64_inside):
+    theirs, folder = checkpoint
+    theirs = copy.deepcopy(theirs).double()
+    for module in theirs.modules():
+        if hasattr(module, "config"):
+            module.config._experts_implementation = "eager"  # its grouped kernel takes no float64
+        if hasattr(module, "decay_factors"):  # the lightning decay tables, computed in float32 at init
+            module.query_decay, module.key_decay, module.diagonal_decay = module.decay_factors(module.slope_rate)
+    ours = load_hf_folder(folder, dtype=torch.float64)
+    ids = _ids(5)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-10, atol=1e-10)
+
+
+def test_float64_decoding_through_the_mixed_cache_equals_one_whole_pass(checkpoint):
+    _, folder = checkpoint
+    ours = load_hf_folder(folder, dtype=torch.float64)
+    ids = _ids(3, batch=1, length=14)
+    with torch.no_grad():
+        whole = ours(ids).logits
+        cache, pieces, start = ours.new_cache(), [], 0
+        for size in (5, 1, 1, 4, 3):
+            pieces.append(ours(ids[:, start:start + size], cache=cache).logits)
+            start += size
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
+    assert [type(c) for c in cache] == [KVCache, LinearStateCache, LinearStateCache, KVCache]
+
+
+def test_greedy_generation_gives_transformers_tokens(checkpoint):
+    theirs, folder = checkpoint
+    ours = load_hf_folder(folder)
+    ids = _ids(2, batch=1)
+    with torch.no_grad():
+        want = theirs.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, 12:]
+    assert torch.equal(generate(ours, ids, max_new_tokens=12).tokens[0, :12], want)
+
+
+def test_a_sliding_window_equals_transformers():
+    theirs, folder = _checkpoint(sliding_window=5)
+    try:
+        ours = load_hf_folder(folder)
+        assert ours.config.window == 5
+        ids = _ids(4, length=13)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=5e-5, atol=5e-5)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("key, value", [("sliding_window_everywhere", 8), ("hidden_act", "gelu"),
+                                        ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0})])
+def test_what_attnkit_does_not_implement_is_refused_by_name(checkpoint, tmp_path, key, value):
+    _, folder = checkpoint
+    config = json.loads(open(f"{folder}/config.json").read())
+    config[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedConfigError, match=key if key != "rope_parameters" else "rope_type"):
+        load_hf_folder(tmp_path)
