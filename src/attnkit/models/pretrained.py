@@ -34,7 +34,7 @@ from .hf_names import (
     to_hf,
 )
 
-NATIVE_MODEL_TYPES = (*MODEL_TYPES, "deepseek_v3", "deepseek_v32", "qwen3_next", "kimi_linear", "minimax")
+NATIVE_MODEL_TYPES = (*MODEL_TYPES, "deepseek_v3", "deepseek_v32", *qwen3_next.MODEL_TYPES, "kimi_linear", "minimax")
 """Every transformers ``model_type`` attnkit has natively, each loaded by :func:`load_hf_folder`."""
 
 __all__ = [
@@ -62,9 +62,9 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = Non
     """The one loader: a model from a transformers checkpoint folder (``config.json`` and safetensors), in eval
     mode, for every family attnkit has natively (:data:`NATIVE_MODEL_TYPES`): BERT as an ``EncoderModel``; GPT-2,
     Llama, Mistral and Qwen2 as a ``DecoderLM``; DeepSeek-V3 and V3.2 as a ``DeepSeekLM``; Qwen3-Next as a
-    ``Qwen3NextLM`` (its Gated DeltaNet and gated-attention layers); Kimi Linear as a ``KimiLinearLM`` (Kimi Delta
-    Attention and latent attention); MiniMax-01 as a ``MiniMaxLM`` (lightning and softmax attention). Any other
-    ``model_type`` is refused by name (:class:`UnsupportedConfigError`; transformers' own model runs attnkit's
+    ``Qwen3NextLM`` (its Gated DeltaNet and gated-attention layers), Qwen3.5's text models too; Kimi Linear as a
+    ``KimiLinearLM`` (Kimi Delta Attention and latent attention); MiniMax-01 as a ``MiniMaxLM`` (lightning and
+    softmax attention). Any other ``model_type`` is refused by name (:class:`UnsupportedConfigError`; transformers' own model runs attnkit's
     attention through :mod:`attnkit.hf`). ``dtype`` casts the loaded model; ``ignore`` names config keys to
     skip (named families). Loading never runs code (safetensors)."""
     folder = Path(folder)
@@ -74,7 +74,7 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = Non
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind in ("deepseek_v3", "deepseek_v32"):
         return deepseek.load_checkpoint_folder(folder, dtype=dtype)
-    if kind == "qwen3_next":
+    if kind in qwen3_next.MODEL_TYPES:
         return qwen3_next.load_checkpoint_folder(folder, dtype=dtype)
     if kind == "kimi_linear":
         return kimi_linear.load_checkpoint_folder(folder, dtype=dtype)

@@ -175,23 +175,33 @@ _HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "m
              "num_beams", "name_or_path", "_name_or_path", "pruned_heads", "torchscript", "use_return_dict"}
 
 
+MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+"""The transformers model types this decoder is: Qwen3-Next, and Qwen3.5's text models (dense and mixture of
+experts), which differ from it only in how their checkpoints store the Gated DeltaNet projections (four
+separate ones, :func:`_fused_projections`) and in having no dense layers between expert layers (or no experts)."""
+
+
 def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
-    """attnkit's config from a transformers Qwen3-Next ``config.json``: every key read, harmless in evaluation,
-    or refused by name (:class:`UnsupportedConfigError`)."""
-    if not isinstance(hf, dict) or hf.get("model_type") != "qwen3_next":
-        raise UnsupportedConfigError(f"model_type must be 'qwen3_next', got {hf.get('model_type') if isinstance(hf, dict) else hf!r}")
+    """attnkit's config from a transformers Qwen3-Next or Qwen3.5 text ``config.json``: every key read, harmless in
+    evaluation, or refused by name (:class:`UnsupportedConfigError`)."""
+    if not isinstance(hf, dict) or hf.get("model_type") not in MODEL_TYPES:
+        raise UnsupportedConfigError(f"model_type must be one of {MODEL_TYPES}, got "
+                                     f"{hf.get('model_type') if isinstance(hf, dict) else hf!r}")
+    kind = hf["model_type"]
     unknown = sorted(set(hf) - _READ - _HARMLESS)
     if unknown:
-        raise UnsupportedConfigError(f"qwen3_next config: keys attnkit does not implement: {unknown}")
+        raise UnsupportedConfigError(f"{kind} config: keys attnkit does not implement: {unknown}")
     if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False):
-        raise UnsupportedConfigError("qwen3_next config: attnkit implements hidden_act 'silu' without attention biases, "
+        raise UnsupportedConfigError(f"{kind} config: attnkit implements hidden_act 'silu' without attention biases, "
                                      f"got {hf.get('hidden_act')!r}, attention_bias={hf.get('attention_bias')!r}")
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedConfigError(f"{kind} config: attnkit implements rope_type 'default', got {rope['rope_type']!r}")
     layers = hf["num_hidden_layers"]
     types = tuple(hf.get("layer_types") or ["full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0
                                             else "linear_attention" for i in range(layers)])
     step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or [])
     sparse = tuple(i not in only and hf.get("num_experts", 0) > 0 and (i + 1) % step == 0 for i in range(layers))
-    rope = hf.get("rope_parameters") or {}
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     factor = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
     return Qwen3NextConfig(
@@ -200,28 +210,49 @@ def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
         rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
         linear_num_key_heads=hf["linear_num_key_heads"], linear_num_value_heads=hf["linear_num_value_heads"],
         linear_key_head_dim=hf["linear_key_head_dim"], linear_value_head_dim=hf["linear_value_head_dim"],
-        conv_kernel=hf.get("linear_conv_kernel_dim", 4), d_ff=hf["intermediate_size"], num_experts=hf.get("num_experts", 0),
+        conv_kernel=hf.get("linear_conv_kernel_dim", 4), d_ff=hf.get("intermediate_size", 0), num_experts=hf.get("num_experts", 0),
         experts_per_token=hf.get("num_experts_per_tok", 1), moe_d_ff=hf.get("moe_intermediate_size", 0),
         shared_d_ff=hf.get("shared_expert_intermediate_size", 0), norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
         sparse_layers=sparse, norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings")))
 
 
-def _state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """attnkit's state dict from a checkpoint's tensors: ``model.`` dropped, ``o_proj`` as ``out_proj``, experts
-    saved one by one stacked into the fused layout."""
+def _fused_projections(tensors: dict[str, Tensor], c: Qwen3NextConfig) -> dict[str, Tensor]:
+    """Qwen3.5's four Gated DeltaNet input projections (``in_proj_qkv``: all queries, then keys, then values;
+    ``in_proj_z``; ``in_proj_b``; ``in_proj_a``) as Qwen3-Next's two, grouped per key head (``in_proj_qkvz``: q, k,
+    the values and the gates of the value heads reading key head 0, then of key head 1, ...; ``in_proj_ba``
+    likewise): the same rows, reordered, so one layer serves both (value head j reads key head j // group in
+    both). A checkpoint with Qwen3-Next's fused projections is returned as it is."""
+    Hk, group = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads
+    K, V = c.linear_key_head_dim, c.linear_value_head_dim
+    out = dict(tensors)
+    for name in [n for n in tensors if n.endswith(".linear_attn.in_proj_qkv.weight")]:
+        prefix = name.removesuffix("in_proj_qkv.weight")
+        q, k, v = out.pop(name).split([Hk * K, Hk * K, Hk * group * V])
+        z, b, a = (out.pop(prefix + part + ".weight") for part in ("in_proj_z", "in_proj_b", "in_proj_a"))
+        per_head = [torch.cat([q.view(Hk, K, -1)[h], k.view(Hk, K, -1)[h], v.view(Hk, group * V, -1)[h],
+                               z.view(Hk, group * V, -1)[h]]) for h in range(Hk)]
+        out[prefix + "in_proj_qkvz.weight"] = torch.cat(per_head)
+        out[prefix + "in_proj_ba.weight"] = torch.cat([torch.cat([b.view(Hk, group, -1)[h], a.view(Hk, group, -1)[h]])
+                                                       for h in range(Hk)])
+    return out
+
+
+def _state(tensors: dict[str, Tensor], config: Qwen3NextConfig) -> dict[str, Tensor]:
+    """attnkit's state dict from a checkpoint's tensors: ``model.`` dropped, ``o_proj`` as ``out_proj``, Qwen3.5's
+    projections fused as Qwen3-Next's, experts saved one by one stacked into the fused layout."""
     renamed = {name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj."): tensor
                for name, tensor in tensors.items()}
-    return fused_experts(renamed, prefix_parts=2)
+    return fused_experts(_fused_projections(renamed, config), prefix_parts=2)
 
 
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Qwen3NextLM:
-    """A :class:`Qwen3NextLM` from a transformers Qwen3-Next checkpoint folder (``config.json`` and safetensors), in
+    """A :class:`Qwen3NextLM` from a transformers Qwen3-Next or Qwen3.5 text checkpoint folder (``config.json`` and safetensors), in
     eval mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
     folder = Path(folder)
     config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = read_checkpoint_folder(folder)
     model = Qwen3NextLM(config)
-    state = _state(tensors)
+    state = _state(tensors, config)
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}
