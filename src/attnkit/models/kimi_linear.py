@@ -70,6 +70,7 @@ class KimiLinearConfig:
     norm_eps: float = 1e-5
     attention_bias: bool = False
     tie_embeddings: bool = False
+    max_len: int = 1048576  # the context (model_max_length): generation's bound
 
     def moe(self) -> DeepSeekConfig:
         """The mixture of experts' sizes as :class:`~attnkit.models.deepseek.DeepSeekMoE` reads them."""
@@ -161,9 +162,9 @@ _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "mlp_l
          "num_experts_per_token", "num_experts_per_tok", "num_shared_experts", "n_shared_experts", "num_expert_group",
          "n_group", "topk_group", "routed_scaling_factor", "moe_renormalize", "norm_topk_prob", "rms_norm_eps",
          "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "mla_use_nope", "moe_router_activation_func",
-         "moe_layer_freq", "num_nextn_predict_layers", "use_grouped_topk"}
-_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "max_position_embeddings", "model_max_length",
-             "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
+         "moe_layer_freq", "num_nextn_predict_layers", "use_grouped_topk", "max_position_embeddings",
+         "model_max_length"}
+_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
              "output_router_logits", "router_aux_loss_coef", "output_attentions", "output_hidden_states", "return_dict",
              "pretraining_tp", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type", "id2label", "label2id",
              "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params", "auto_map",
@@ -238,7 +239,8 @@ def kimi_linear_config_from_hf(hf: dict) -> KimiLinearConfig:
         routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
         norm_topk_prob=bool(_either(hf, "moe_renormalize", "norm_topk_prob", default=True)),
         norm_eps=hf.get("rms_norm_eps", 1e-5), attention_bias=bool(hf.get("attention_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings")))
+        tie_embeddings=bool(hf.get("tie_word_embeddings")),
+        max_len=_either(hf, "model_max_length", "max_position_embeddings", default=1048576))
 
 
 def _transformers_layout(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -66,6 +66,7 @@ class MiniMaxConfig:
     window: int | None = None  # the softmax layers' sliding window (transformers' sliding_window)
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    max_len: int = 131072  # the context (max_position_embeddings): generation's bound
 
 
 class MiniMaxMoE(nn.Module):
@@ -169,8 +170,8 @@ _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_a
          "head_dim", "rope_parameters", "rope_theta", "block_size", "intermediate_size", "num_local_experts",
          "num_experts_per_tok", "full_attn_alpha_factor", "full_attn_beta_factor", "linear_attn_alpha_factor",
          "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor", "sliding_window", "rms_norm_eps",
-         "tie_word_embeddings", "hidden_act", "model_type"}
-_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "max_position_embeddings", "use_cache",
+         "tie_word_embeddings", "hidden_act", "model_type", "max_position_embeddings"}
+_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "use_cache",
              "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
              "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "output_attentions",
              "output_hidden_states", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
@@ -212,7 +213,7 @@ def minimax_config_from_hf(hf: dict) -> MiniMaxConfig:
         linear_alpha=float(hf.get("linear_attn_alpha_factor", 1)), linear_beta=float(hf.get("linear_attn_beta_factor", 1)),
         mlp_alpha=float(hf.get("mlp_alpha_factor", 1)), mlp_beta=float(hf.get("mlp_beta_factor", 1)),
         window=hf.get("sliding_window"), norm_eps=hf.get("rms_norm_eps", 1e-5),
-        tie_embeddings=bool(hf.get("tie_word_embeddings")))
+        tie_embeddings=bool(hf.get("tie_word_embeddings")), max_len=hf.get("max_position_embeddings", 131072))
 
 
 _DERIVED_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")

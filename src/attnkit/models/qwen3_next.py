@@ -63,6 +63,7 @@ class Qwen3NextConfig:
     sparse_layers: tuple[bool, ...]
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    max_len: int = 262144  # the context the model was trained for (max_position_embeddings): generation's bound
 
 
 class SparseMoE(nn.Module):
@@ -165,8 +166,8 @@ _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_a
          "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
          "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
          "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "rms_norm_eps",
-         "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "full_attention_interval"}
-_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "max_position_embeddings", "use_cache",
+         "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "full_attention_interval", "max_position_embeddings"}
+_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "use_cache",
              "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
              "output_router_logits", "router_aux_loss_coef", "output_attentions", "output_hidden_states", "return_dict",
              "chunk_size_feed_forward", "is_encoder_decoder", "problem_type", "id2label", "label2id", "tokenizer_class",
@@ -213,7 +214,8 @@ def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
         conv_kernel=hf.get("linear_conv_kernel_dim", 4), d_ff=hf.get("intermediate_size", 0), num_experts=hf.get("num_experts", 0),
         experts_per_token=hf.get("num_experts_per_tok", 1), moe_d_ff=hf.get("moe_intermediate_size", 0),
         shared_d_ff=hf.get("shared_expert_intermediate_size", 0), norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-        sparse_layers=sparse, norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings")))
+        sparse_layers=sparse, norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings")),
+        max_len=hf.get("max_position_embeddings", 262144))
 
 
 def _fused_projections(tensors: dict[str, Tensor], c: Qwen3NextConfig) -> dict[str, Tensor]:
