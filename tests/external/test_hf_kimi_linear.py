@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
-import warnings
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
+from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, ids, saved_checkpoint  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from attnkit.decoding import generate  # noqa: E402
 from attnkit.layers import LatentCache, LinearStateCache  # noqa: E402
 from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
 from attnkit.models.kimi_linear import KimiLinearLM  # noqa: E402
@@ -38,39 +36,22 @@ def checkpoint():
         topk_group=1, routed_scaling_factor=2.0, linear_num_heads=2, linear_head_dim=8, linear_conv_kernel_dim=4,
         layer_types=LAYERS, mlp_layer_types=["dense", "sparse", "sparse", "sparse"], pad_token_id=0, bos_token_id=1,
         eos_token_id=2)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    theirs, folder = saved_checkpoint(
+        lambda: transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
     with torch.no_grad():
-        for name, p in theirs.named_parameters():
-            if "A_log" not in name:
-                p.add_(0.2 * torch.randn_like(p))
         for layer in theirs.model.layers:  # a router bias that changes the choice of experts
             if hasattr(layer.mlp, "gate"):
                 layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(8))
-    folder = tempfile.mkdtemp()
     theirs.save_pretrained(folder)
     yield theirs, folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _ids(seed: int, batch: int = 2, length: int = 12) -> torch.Tensor:
-    return torch.randint(3, 60, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     theirs, folder = checkpoint
     ours = load_hf_folder(folder)
     assert isinstance(ours, KimiLinearLM)
-    ids = _ids(1)
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :4] = 0
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=2e-4, atol=2e-4)
-        got, want = ours(ids, mask).logits, theirs(ids, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(got[real], want[real], rtol=2e-4, atol=2e-4)
+    assert_same_logits(ours, theirs, tol=2e-4)
 
 
 def test_float64_and_decoding_through_the_mixed_cache_equal_one_whole_pass(checkpoint):
@@ -78,12 +59,12 @@ def test_float64_and_decoding_through_the_mixed_cache_equal_one_whole_pass(check
     gives the whole pass's logits to 1e-10, the linear layers' state constant in size."""
     _, folder = checkpoint
     ours = load_hf_folder(folder, dtype=torch.float64)
-    ids = _ids(3, batch=1, length=14)
+    tokens = ids(3, batch=1, length=14)
     with torch.no_grad():
-        whole = ours(ids).logits
+        whole = ours(tokens).logits
         cache, pieces, start = ours.new_cache(), [], 0
         for size in (5, 1, 1, 4, 3):
-            pieces.append(ours(ids[:, start:start + size], cache=cache).logits)
+            pieces.append(ours(tokens[:, start:start + size], cache=cache).logits)
             start += size
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
     assert [type(c) for c in cache] == [LinearStateCache, LinearStateCache, LatentCache, LinearStateCache]
@@ -92,11 +73,7 @@ def test_float64_and_decoding_through_the_mixed_cache_equal_one_whole_pass(check
 
 def test_greedy_generation_gives_transformers_tokens(checkpoint):
     theirs, folder = checkpoint
-    ours = load_hf_folder(folder)
-    ids = _ids(2, batch=1)
-    with torch.no_grad():
-        want = theirs.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, 12:]
-    assert torch.equal(generate(ours, ids, max_new_tokens=12).tokens[0, :12], want)
+    assert_same_greedy_tokens(load_hf_folder(folder), theirs)
 
 
 def test_the_original_releases_layout_loads_to_the_same_model(checkpoint, tmp_path):
@@ -133,9 +110,9 @@ def test_the_original_releases_layout_loads_to_the_same_model(checkpoint, tmp_pa
     assert any(".block_sparse_moe.experts.0.w1." in n for n in original)
     save_file(original, str(tmp_path / "model.safetensors"))
     ours = load_hf_folder(tmp_path)
-    ids = _ids(4)
+    tokens = ids(4)
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=2e-4, atol=2e-4)
+        torch.testing.assert_close(ours(tokens).logits, theirs(tokens).logits, rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("key, value", [("sliding_window_everywhere", 8), ("mla_use_nope", False),

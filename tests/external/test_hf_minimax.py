@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import tempfile
-import warnings
 
 import pytest
 import torch
@@ -19,7 +17,8 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from attnkit.decoding import generate  # noqa: E402
+from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, ids, saved_checkpoint  # noqa: E402
+
 from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
 from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
 from attnkit.models.minimax import MiniMaxLM  # noqa: E402
@@ -35,16 +34,8 @@ def _checkpoint(**extra):
         full_attn_alpha_factor=0.9, full_attn_beta_factor=1.1, linear_attn_alpha_factor=1.2,
         linear_attn_beta_factor=0.8, mlp_alpha_factor=0.95, mlp_beta_factor=1.05, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, **extra)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    folder = tempfile.mkdtemp()
-    theirs.save_pretrained(folder)
-    return theirs, folder
+    return saved_checkpoint(lambda: transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"),
+                            keep=())
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +45,11 @@ def checkpoint():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _ids(seed: int, batch: int = 2, length: int = 12) -> torch.Tensor:
-    return torch.randint(3, 60, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
 def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     theirs, folder = checkpoint
     ours = load_hf_folder(folder)
     assert isinstance(ours, MiniMaxLM)
-    ids = _ids(1)
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :4] = 0
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=5e-5, atol=5e-5)
-        got, want = ours(ids, mask).logits, theirs(ids, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(got[real], want[real], rtol=5e-5, atol=5e-5)
+    assert_same_logits(ours, theirs, tol=5e-5)
 
 
 @pytest.fixture
@@ -108,20 +88,20 @@ def test_float64_equals_transformers_to_1e_10(checkpoint, float64_inside):
         if hasattr(module, "decay_factors"):  # the lightning decay tables, computed in float32 at init
             module.query_decay, module.key_decay, module.diagonal_decay = module.decay_factors(module.slope_rate)
     ours = load_hf_folder(folder, dtype=torch.float64)
-    ids = _ids(5)
+    tokens = ids(5)
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ours(tokens).logits, theirs(tokens).logits, rtol=1e-10, atol=1e-10)
 
 
 def test_float64_decoding_through_the_mixed_cache_equals_one_whole_pass(checkpoint):
     _, folder = checkpoint
     ours = load_hf_folder(folder, dtype=torch.float64)
-    ids = _ids(3, batch=1, length=14)
+    tokens = ids(3, batch=1, length=14)
     with torch.no_grad():
-        whole = ours(ids).logits
+        whole = ours(tokens).logits
         cache, pieces, start = ours.new_cache(), [], 0
         for size in (5, 1, 1, 4, 3):
-            pieces.append(ours(ids[:, start:start + size], cache=cache).logits)
+            pieces.append(ours(tokens[:, start:start + size], cache=cache).logits)
             start += size
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
     assert [type(c) for c in cache] == [KVCache, LinearStateCache, LinearStateCache, KVCache]
@@ -129,11 +109,7 @@ def test_float64_decoding_through_the_mixed_cache_equals_one_whole_pass(checkpoi
 
 def test_greedy_generation_gives_transformers_tokens(checkpoint):
     theirs, folder = checkpoint
-    ours = load_hf_folder(folder)
-    ids = _ids(2, batch=1)
-    with torch.no_grad():
-        want = theirs.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, 12:]
-    assert torch.equal(generate(ours, ids, max_new_tokens=12).tokens[0, :12], want)
+    assert_same_greedy_tokens(load_hf_folder(folder), theirs)
 
 
 def test_a_sliding_window_equals_transformers():
@@ -141,9 +117,9 @@ def test_a_sliding_window_equals_transformers():
     try:
         ours = load_hf_folder(folder)
         assert ours.config.window == 5
-        ids = _ids(4, length=13)
+        tokens = ids(4, length=13)
         with torch.no_grad():
-            torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=5e-5, atol=5e-5)
+            torch.testing.assert_close(ours(tokens).logits, theirs(tokens).logits, rtol=5e-5, atol=5e-5)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -6,15 +6,13 @@ the rule) and the same greedy tokens through the mixed cache."""
 from __future__ import annotations
 
 import shutil
-import tempfile
-import warnings
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 
-from attnkit.decoding import generate  # noqa: E402
+from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, saved_checkpoint  # noqa: E402
+
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
 
@@ -33,15 +31,7 @@ def checkpoint(request):
         config = transformers.Qwen3_5MoeTextConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                                    shared_expert_intermediate_size=16, **SIZES)
         cls = transformers.Qwen3_5MoeForCausalLM
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = cls(config).eval()
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    folder = tempfile.mkdtemp()
-    theirs.save_pretrained(folder)
+    theirs, folder = saved_checkpoint(lambda: cls(config), keep=())
     yield theirs, folder
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -50,20 +40,9 @@ def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     theirs, folder = checkpoint
     ours = load_hf_folder(folder)
     assert isinstance(ours, Qwen3NextLM)
-    ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :4] = 0
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=2e-4, atol=2e-4)
-        got, want = ours(ids, mask).logits, theirs(ids, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(got[real], want[real], rtol=2e-4, atol=2e-4)
+    assert_same_logits(ours, theirs, tol=2e-4)
 
 
 def test_greedy_generation_gives_transformers_tokens(checkpoint):
     theirs, folder = checkpoint
-    ours = load_hf_folder(folder)
-    ids = torch.randint(3, 60, (1, 10), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = theirs.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, 10:]
-    assert torch.equal(generate(ours, ids, max_new_tokens=10).tokens[0, :10], want)
+    assert_same_greedy_tokens(load_hf_folder(folder), theirs, new=10)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
-import warnings
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 
-from attnkit.decoding import generate  # noqa: E402
+from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, saved_checkpoint  # noqa: E402
+
 from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
 from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
@@ -31,15 +29,8 @@ def checkpoint():
         shared_expert_intermediate_size=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
         linear_value_head_dim=8, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    folder = tempfile.mkdtemp()
-    theirs.save_pretrained(folder)
+    theirs, folder = saved_checkpoint(
+        lambda: transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), keep=())
     yield theirs, folder
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -48,23 +39,13 @@ def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     theirs, folder = checkpoint
     ours = load_hf_folder(folder)
     assert isinstance(ours, Qwen3NextLM)
-    ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :4] = 0
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=2e-4, atol=2e-4)
-        got, want = ours(ids, mask).logits, theirs(ids, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(got[real], want[real], rtol=2e-4, atol=2e-4)
+    assert_same_logits(ours, theirs, tol=2e-4)
 
 
 def test_greedy_generation_through_the_mixed_cache_gives_transformers_tokens(checkpoint):
     theirs, folder = checkpoint
     ours = load_hf_folder(folder)
-    ids = torch.randint(3, 60, (1, 12), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = theirs.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, 12:]
-    assert torch.equal(generate(ours, ids, max_new_tokens=12).tokens[0, :12], want)
+    assert_same_greedy_tokens(ours, theirs)
     kinds = [type(c) for c in ours.new_cache()]
     assert kinds == [LinearStateCache, LinearStateCache, LinearStateCache, KVCache]
 

@@ -23,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 from .._files import read_json
-from ..errors import InputError
 from ..functional import kept
 from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
@@ -221,7 +220,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     (:func:`attnkit.models.hf_config.deepseek_config_from_hf`); every tensor must find its place, and every
     parameter a tensor. Loading never runs code (safetensors)."""
     from .hf_config import deepseek_config_from_hf
-    from .weights import fused_experts, read_checkpoint_folder
+    from .weights import fused_experts, load_placed, read_checkpoint_folder
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -229,25 +228,14 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     config = deepseek_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = read_checkpoint_folder(folder)
     model = DeepSeekLM(config)
-    state = {}
-    unknown = []
+    state, unplaced = {}, []
     for name, tensor in fused_experts(tensors, prefix_parts=3).items():
         target = attnkit_name(name)
         if target is None:
-            unknown.append(name)
+            unplaced.append(name)
         else:
             state[target] = tensor
-    if config.tie_embeddings:
-        state.pop("lm_head.weight", None)
-    if unknown:
-        raise InputError(f"{folder}: tensors attnkit's DeepSeek model has no place for: {unknown[:5]}"
-                         + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
-    expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}
-    missing = sorted(expected - set(state))
-    if missing:
-        raise InputError(f"{folder}: the checkpoint lacks {missing[:5]}" + (f" and {len(missing) - 5} more"
-                                                                              if len(missing) > 5 else ""))
-    model.load_state_dict(state, strict=not config.tie_embeddings)
+    load_placed(model, state, source=folder, unplaced=unplaced, tied=config.tie_embeddings)
     model = model.to(dtype) if dtype is not None else model
     return model.eval()
 

@@ -28,15 +28,13 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..errors import InputError
-from ..functional import kept
-from ..functional.checks import check_rank
-from ..layers import KimiDeltaAttention, LatentAttention, LatentCache, LinearStateCache
+from ..layers import KimiDeltaAttention, LatentAttention, LatentCache
 from . import deepseek
 from .blocks import GatedFeedForward
 from .config import DeepSeekConfig
 from .hf_config import UnsupportedConfigError
-from .outputs import LMOutput
-from .weights import fused_experts, mixtral_names, read_checkpoint_folder
+from .hybrid import LINEAR, HybridLM, mix
+from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["KimiLinearConfig", "KimiLinearLM", "kimi_linear_config_from_hf", "load_checkpoint_folder"]
 
@@ -90,7 +88,7 @@ class KimiLinearBlock(nn.Module):
         self.kind = c.layer_types[layer]
         self.attn_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.self_attn: nn.Module
-        if self.kind == "linear_attention":
+        if self.kind == LINEAR:
             self.self_attn = KimiDeltaAttention(c.d_model, c.linear_num_heads, c.linear_head_dim,
                                                 conv_kernel=c.conv_kernel, norm_eps=c.norm_eps)
         else:
@@ -102,19 +100,14 @@ class KimiLinearBlock(nn.Module):
         self.mlp: nn.Module = deepseek.DeepSeekMoE(c.moe()) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
-        h = self.attn_norm(x)
-        if self.kind == "linear_attention":
-            own = None if key_mask is None else key_mask[:, -x.shape[1]:]  # the linear layer reads the call's tokens
-            mixed = self.self_attn(h, key_mask=own, cache=cache).output
-        else:
-            mixed = self.self_attn(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache).output
-        x = x + mixed
+        x = x + mix(self.self_attn, self.kind, self.attn_norm(x), key_mask=key_mask, positions=positions, cache=cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
-class KimiLinearLM(nn.Module):
+class KimiLinearLM(HybridLM):
     """Kimi Linear's decoder (module docstring): ``forward(input_ids, attention_mask, cache=, position_ids=)`` ->
-    :class:`LMOutput` as attnkit's other decoders, so :func:`attnkit.decoding.generate` drives it."""
+    :class:`LMOutput` as attnkit's other decoders (:class:`~attnkit.models.hybrid.HybridLM`; the positions only order
+    the causal mask: no layer rotates), so :func:`attnkit.decoding.generate` drives it."""
 
     def __init__(self, config: KimiLinearConfig):
         super().__init__()
@@ -126,32 +119,11 @@ class KimiLinearLM(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.tokens.weight
 
-    def new_cache(self) -> list:
-        """A latent cache for each latent-attention layer, a constant-size state for each linear one."""
-        return [LinearStateCache() if block.kind == "linear_attention" else LatentCache() for block in self.layers]
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.tokens(input_ids)
 
-    @kept.per_call
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
-                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
-        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
-        ``position_ids`` (B, L) order the new tokens for the causal mask (no layer rotates)."""
-        check_rank("input_ids", input_ids, 2, "(B, L)")
-        B, L = input_ids.shape
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
-        full = next((cache[i] for i, b in enumerate(self.layers) if b.kind != "linear_attention"), None) if cache else None
-        held = 0 if cache is None else (full.length if full is not None else cache[0].position)
-        key_mask = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (B, held + L):
-                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
-                                 f"got {tuple(attention_mask.shape)}")
-            key_mask = attention_mask.bool()
-        x = self.tokens(input_ids)
-        for i, block in enumerate(self.layers):
-            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
-        x = self.norm(x)
-        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)
+    def softmax_cache(self) -> LatentCache:
+        return LatentCache()  # the latent and the shared key part, 576 numbers a token and layer at Kimi's sizes
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
@@ -282,20 +254,13 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     config = kimi_linear_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = fused_experts(_transformers_layout(read_checkpoint_folder(folder)), prefix_parts=3)
     model = KimiLinearLM(config)
-    state, unknown = {}, []
+    state, unplaced = {}, []
     for name, tensor in tensors.items():
         target = _attnkit_name(name, config)
         if target is None:
-            unknown.append(name)
+            unplaced.append(name)
         else:
             state[target] = tensor
-    if config.tie_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}
-    missing = sorted(expected - set(state))
-    unknown += sorted(set(state) - expected)
-    if unknown or missing:
-        raise InputError(f"{folder}: tensors attnkit's Kimi Linear model has no place for {unknown[:5]}; missing {missing[:5]}")
-    model.load_state_dict(state, strict=not config.tie_embeddings)
+    load_placed(model, state, source=folder, unplaced=unplaced, tied=config.tie_embeddings)
     model = model if dtype is None else model.to(dtype)
     return model.eval()

@@ -24,14 +24,11 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from .._files import read_json
-from ..errors import InputError
-from ..functional import kept
-from ..functional.checks import check_rank
-from ..layers import KVCache, LightningAttention, LinearStateCache, MultiHeadAttention, RotaryEmbedding
+from ..layers import KVCache, LightningAttention, MultiHeadAttention, RotaryEmbedding
 from .blocks import Experts, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .outputs import LMOutput
-from .weights import fused_experts, mixtral_names, read_checkpoint_folder
+from .hybrid import LINEAR, HybridLM, mix
+from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["MiniMaxConfig", "MiniMaxLM", "minimax_config_from_hf", "load_checkpoint_folder"]
 
@@ -95,7 +92,7 @@ class MiniMaxBlock(nn.Module):
         self.window = c.window
         self.input_layernorm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.self_attn: nn.Module
-        if self.kind == "linear_attention":
+        if self.kind == LINEAR:
             self.self_attn = LightningAttention(c.d_model, c.num_heads, c.head_dim, layer_idx=layer,
                                                 num_layers=len(c.layer_types), block_size=c.block_size,
                                                 norm_eps=LIGHTNING_NORM_EPS)
@@ -110,20 +107,17 @@ class MiniMaxBlock(nn.Module):
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
         h = self.input_layernorm(x)
-        if self.kind == "linear_attention":
-            own = None if key_mask is None else key_mask[:, -x.shape[1]:]  # the linear layer reads the call's tokens
-            mixed = self.self_attn(h, key_mask=own, cache=cache).output
-        else:
-            mixed = self.self_attn(h, key_mask=key_mask, is_causal=True, window=self.window, positions=positions,
-                                   cache=cache).output
-        x = self.alpha * h + self.beta * mixed
+        options = {} if self.kind == LINEAR else {"window": self.window}
+        x = self.alpha * h + self.beta * mix(self.self_attn, self.kind, h, key_mask=key_mask, positions=positions,
+                                             cache=cache, **options)
         h = self.post_attention_layernorm(x)
         return self.mlp_alpha * h + self.mlp_beta * self.mlp(h)
 
 
-class MiniMaxLM(nn.Module):
+class MiniMaxLM(HybridLM):
     """MiniMax-01's decoder (module docstring): ``forward(input_ids, attention_mask, cache=, position_ids=)`` ->
-    :class:`LMOutput` as attnkit's other decoders, so :func:`attnkit.decoding.generate` drives it."""
+    :class:`LMOutput` as attnkit's other decoders (:class:`~attnkit.models.hybrid.HybridLM`), so
+    :func:`attnkit.decoding.generate` drives it."""
 
     def __init__(self, config: MiniMaxConfig):
         super().__init__()
@@ -136,33 +130,11 @@ class MiniMaxLM(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def new_cache(self) -> list:
-        """A KV cache for each softmax layer (rolling where the model has a window), a constant-size state for each
-        lightning one."""
-        return [LinearStateCache() if block.kind == "linear_attention" else KVCache(window=self.config.window)
-                for block in self.layers]
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.embed_tokens(input_ids)
 
-    @kept.per_call
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
-                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
-        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
-        ``position_ids`` (B, L) the new tokens' RoPE positions (default: the caches' position onwards)."""
-        check_rank("input_ids", input_ids, 2, "(B, L)")
-        B, L = input_ids.shape
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
-        held = 0 if not cache else cache[0].position
-        key_mask = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (B, held + L):
-                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
-                                 f"got {tuple(attention_mask.shape)}")
-            key_mask = attention_mask.bool()
-        x = self.embed_tokens(input_ids)
-        for i, block in enumerate(self.layers):
-            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
-        x = self.norm(x)
-        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)
+    def softmax_cache(self) -> KVCache:
+        return KVCache(window=self.config.window)  # rolling where the model has a sliding window
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
@@ -229,16 +201,6 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype=None) -> MiniMaxL
     state = {name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj."): tensor
              for name, tensor in tensors.items()}
     model = MiniMaxLM(config)
-    if config.tie_embeddings:
-        state.pop("lm_head.weight", None)
-    own = model.state_dict()
-    expected = {n for n in own if not (config.tie_embeddings and n == "lm_head.weight")}
-    unknown = sorted(set(state) - expected)
-    missing = sorted(n for n in expected - set(state) if n.rsplit(".", 1)[-1] not in _DERIVED_BUFFERS)
-    if unknown or missing:
-        raise InputError(f"{folder}: tensors attnkit's MiniMax model has no place for {unknown[:5]}; missing {missing[:5]}")
-    for name in expected - set(state):  # a decay table the checkpoint does not carry: the model's own
-        state[name] = own[name]
-    model.load_state_dict(state, strict=not config.tie_embeddings)
+    load_placed(model, state, source=folder, tied=config.tie_embeddings, derived=_DERIVED_BUFFERS)
     model = model if dtype is None else model.to(dtype)
     return model.eval()

@@ -24,15 +24,12 @@ import torch
 from torch import Tensor, nn
 
 from .._files import read_json
-from ..errors import InputError
-from ..functional import kept
-from ..functional.checks import check_rank
-from ..layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache, RotaryEmbedding
+from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
 from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .outputs import LMOutput
-from .weights import fused_experts, read_checkpoint_folder
+from .hybrid import LINEAR, HybridLM, mix
+from .weights import fused_experts, load_placed, read_checkpoint_folder
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
 
@@ -95,7 +92,7 @@ class Qwen3NextBlock(nn.Module):
         super().__init__()
         self.kind = c.layer_types[layer]
         self.input_layernorm = ZeroCentredRMSNorm(c.d_model, eps=c.norm_eps)
-        if self.kind == "linear_attention":
+        if self.kind == LINEAR:
             self.linear_attn = GatedDeltaNet(c.d_model, c.linear_num_key_heads, c.linear_num_value_heads,
                                              c.linear_key_head_dim, c.linear_value_head_dim, conv_kernel=c.conv_kernel,
                                              norm_eps=c.norm_eps)
@@ -106,20 +103,15 @@ class Qwen3NextBlock(nn.Module):
         self.mlp: nn.Module = SparseMoE(c) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
-        h = self.input_layernorm(x)
-        if self.kind == "linear_attention":
-            L = x.shape[1]
-            own = None if key_mask is None else key_mask[:, -L:]  # the linear layer reads the call's own tokens
-            mixed = self.linear_attn(h, key_mask=own, cache=cache).output
-        else:
-            mixed = self.self_attn(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache).output
-        x = x + mixed
+        mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
+        x = x + mix(mixer, self.kind, self.input_layernorm(x), key_mask=key_mask, positions=positions, cache=cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3NextLM(nn.Module):
+class Qwen3NextLM(HybridLM):
     """Qwen3-Next's decoder (module docstring): ``forward(input_ids, attention_mask, cache=, position_ids=)``
-    -> :class:`LMOutput` as attnkit's other decoders, so :func:`attnkit.decoding.generate` drives it."""
+    -> :class:`LMOutput` as attnkit's other decoders (:class:`~attnkit.models.hybrid.HybridLM`), so
+    :func:`attnkit.decoding.generate` drives it."""
 
     def __init__(self, config: Qwen3NextConfig):
         super().__init__()
@@ -132,32 +124,8 @@ class Qwen3NextLM(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def new_cache(self) -> list:
-        """A KV cache for each softmax layer, a constant-size state for each linear one."""
-        return [LinearStateCache() if block.kind == "linear_attention" else KVCache() for block in self.layers]
-
-    @kept.per_call
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
-                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
-        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
-        ``position_ids`` (B, L) the new tokens' RoPE positions (default: the softmax caches' position onwards)."""
-        check_rank("input_ids", input_ids, 2, "(B, L)")
-        B, L = input_ids.shape
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
-        full = next((cache[i] for i, b in enumerate(self.layers) if b.kind != "linear_attention"), None) if cache else None
-        held = 0 if cache is None else (full.length if full is not None else cache[0].position)
-        key_mask = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (B, held + L):
-                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
-                                 f"got {tuple(attention_mask.shape)}")
-            key_mask = attention_mask.bool()
-        x = self.embed_tokens(input_ids)
-        for i, block in enumerate(self.layers):
-            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
-        x = self.norm(x)
-        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.embed_tokens(input_ids)
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
@@ -254,14 +222,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = read_checkpoint_folder(folder)
     model = Qwen3NextLM(config)
-    state = _state(tensors, config)
-    if config.tie_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = {n for n in model.state_dict() if not (config.tie_embeddings and n == "lm_head.weight")}
-    unknown, missing = sorted(set(state) - expected), sorted(expected - set(state))
-    if unknown or missing:
-        raise InputError(f"{folder}: tensors attnkit has no place for {unknown[:5]}; missing {missing[:5]}")
-    model.load_state_dict(state, strict=not config.tie_embeddings)
+    load_placed(model, _state(tensors, config), source=folder, tied=config.tie_embeddings)
     model = model if dtype is None else model.to(dtype)
     return model.eval()
 

@@ -151,3 +151,29 @@ def read_checkpoint_folder(folder: str | os.PathLike) -> dict[str, Tensor]:
     for path in files:
         tensors.update(read_safetensors(path))
     return tensors
+
+
+def _listed(names: list[str]) -> str:
+    return f"{names[:5]}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def load_placed(model: nn.Module, state: dict[str, Tensor], *, source: object, unplaced: list[str] = (),  # type: ignore[assignment]
+                tied: bool = False, derived: tuple[str, ...] = ()) -> None:
+    """Load a checkpoint's tensors, already under ``model``'s names, into ``model``: every tensor must find its place
+    (``unplaced``: those the caller's name mapping had none for) and every parameter a tensor, or an
+    :class:`~attnkit.errors.InputError` names both (``source``: the folder). ``tied``: the output projection is the
+    embedding (a checkpoint's ``lm_head.weight`` is dropped); ``derived``: buffers computed from the config (their
+    last name part), taken from the checkpoint where it has them and the model's own otherwise."""
+    from ..errors import InputError
+
+    if tied:
+        state = {name: tensor for name, tensor in state.items() if name != "lm_head.weight"}
+    own = model.state_dict()
+    expected = {name for name in own if not (tied and name == "lm_head.weight")}
+    unknown = sorted([*unplaced, *(set(state) - expected)])
+    missing = sorted(name for name in expected - set(state) if name.rsplit(".", 1)[-1] not in derived)
+    if unknown or missing:
+        raise InputError(f"{source}: tensors {type(model).__name__} has no place for: {_listed(unknown) if unknown else 'none'}"
+                         f"; parameters the checkpoint lacks: {_listed(missing) if missing else 'none'}")
+    state = state | {name: own[name] for name in expected - set(state)}  # the derived buffers it does not carry
+    model.load_state_dict(state, strict=not tied)

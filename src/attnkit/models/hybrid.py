@@ -1,0 +1,75 @@
+"""What the hybrid decoders share (Qwen3-Next and Qwen3.5, Kimi Linear, MiniMax-01): layers of two kinds
+(``layer_types``), a linear-attention layer that reads the call's own tokens and carries a constant-size state, a
+softmax one that attends over its cache, and one forward around them.
+
+    x = embed(ids);  for each layer: x = block(x);  logits = lm_head(norm(x))
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..functional import kept
+from ..functional.checks import check_rank
+from ..layers import KVCache, LinearStateCache
+from .outputs import LMOutput
+
+__all__ = ["LINEAR", "mix", "HybridLM"]
+
+LINEAR = "linear_attention"
+"""The ``layer_types`` entry of a linear-attention layer (every other one is softmax attention)."""
+
+
+def mix(mixer: nn.Module, kind: str, h: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
+        **options) -> Tensor:
+    """A layer's token mixer on its normed input h (B, L, D): a linear layer takes the key mask of the call's own
+    tokens (the last L of ``key_mask``'s S) and carries its state in ``cache``; a softmax layer attends causally
+    over its cache and the new tokens at ``positions``, with ``options`` (a window)."""
+    if kind == LINEAR:
+        own = None if key_mask is None else key_mask[:, -h.shape[1]:]
+        return mixer(h, key_mask=own, cache=cache).output
+    return mixer(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache, **options).output
+
+
+class HybridLM(nn.Module):
+    """The forward of a hybrid decoder: subclasses build ``layers`` (blocks with a ``kind`` and
+    ``forward(x, key_mask=, positions=, cache=)``), ``norm`` and ``lm_head``, and say how tokens are embedded
+    (:meth:`embed`) and what cache a softmax layer keeps (:meth:`softmax_cache`)."""
+
+    layers: nn.ModuleList
+    norm: nn.Module
+    lm_head: nn.Linear
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def softmax_cache(self):
+        """A new cache for one softmax layer."""
+        return KVCache()
+
+    def new_cache(self) -> list:
+        """A cache for each softmax layer (:meth:`softmax_cache`), a constant-size state for each linear one."""
+        return [LinearStateCache() if block.kind == LINEAR else self.softmax_cache() for block in self.layers]
+
+    @kept.per_call
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
+                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
+        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = what the softmax layers'
+        caches hold + new; ``position_ids`` (B, L) the new tokens' positions (default: the caches' onwards)."""
+        check_rank("input_ids", input_ids, 2, "(B, L)")
+        B, L = input_ids.shape
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
+        softmax = next((cache[i] for i, b in enumerate(self.layers) if b.kind != LINEAR), None) if cache else None
+        held = 0 if not cache else (softmax.length if softmax is not None else cache[0].position)
+        key_mask = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (B, held + L):
+                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
+                                 f"got {tuple(attention_mask.shape)}")
+            key_mask = attention_mask.bool()
+        x = self.embed(input_ids)
+        for i, block in enumerate(self.layers):
+            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
+        x = self.norm(x)
+        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)

@@ -1,0 +1,59 @@
+"""What the native hybrids' tests (Qwen3-Next, Qwen3.5, Kimi Linear, MiniMax-01) check alike against transformers:
+a tiny random checkpoint saved by transformers, the one loader's model giving its logits on a batch with and
+without left padding, and its greedy tokens."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import warnings
+
+import torch
+
+from attnkit.decoding import generate
+
+
+def saved_checkpoint(build, *, scale: float = 0.2, keep=("A_log",)):
+    """(transformers' model, folder): ``build()`` made in eval mode with seed 0, each parameter moved by ``scale``
+    times a standard normal draw (those whose names hold a word of ``keep`` left as initialised: the decay rates,
+    whose random moves would make a state blow up), saved by transformers to a new folder (the caller removes it)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = build().eval()
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if not any(word in name for word in keep):
+                p.add_(scale * torch.randn_like(p))
+    folder = tempfile.mkdtemp()
+    theirs.save_pretrained(folder)
+    return theirs, folder
+
+
+def ids(seed: int, batch: int = 2, length: int = 12, vocab: int = 60) -> torch.Tensor:
+    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_same_logits(ours, theirs, *, tol: float, seed: int = 1) -> None:
+    """The same logits on a batch of two, as it is and with the second row left-padded by four (its real
+    positions compared)."""
+    tokens = ids(seed)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens).logits, theirs(tokens).logits, rtol=tol, atol=tol)
+        got, want = ours(tokens, mask).logits, theirs(tokens, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=tol, atol=tol)
+
+
+def assert_same_greedy_tokens(ours, theirs, *, seed: int = 2, new: int = 12) -> None:
+    """The same ``new`` greedy tokens, the end token a token like any other on both sides (transformers' generation
+    config without one: with it, ``min_new_tokens`` would make transformers pick another where the end wins)."""
+    prompt = ids(seed, batch=1)
+    config = copy.deepcopy(theirs.generation_config)
+    config.eos_token_id, config.pad_token_id = None, 0
+    with torch.no_grad():
+        want = theirs.generate(prompt, generation_config=config, max_new_tokens=new, do_sample=False)[0, prompt.shape[1]:]
+    assert len(want) == new
+    assert torch.equal(generate(ours, prompt, max_new_tokens=new).tokens[0, :new], want)
