@@ -346,6 +346,25 @@ def test_auto_prefers_tiled_only_for_long_sliding_windows():
     assert choose_backend(_problem(2048, window=256)) == "tiled"
 
 
+def test_auto_writes_a_small_score_mod_call_out_and_tiles_a_larger_one():
+    """routing.AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES: up to 64 x 64 scores the reference backend's written-out softmax,
+    above the tiled loop (benchmarks/score_mod_routing.py); both exact (the oracle sweeps above)."""
+    from attnkit.functional.routing import AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES
+
+    def cap(score, b, h, q_idx, kv_idx):
+        return 30 * torch.tanh(score / 30)
+
+    def problem(L, S):
+        return Problem(dims=Dims(1, 4, 4, L, S, 32, 32), scale=0.125, score_mod=cap)
+
+    assert AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES == 64 * 64
+    with torch.no_grad():
+        assert choose_backend(problem(64, 64)) == "reference"
+        assert choose_backend(problem(1, 4096)) == "reference"
+        assert choose_backend(problem(65, 64)) == "tiled"
+        assert choose_backend(problem(128, 128)) == "tiled"
+
+
 # Bad input --------------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from .backends._common import Problem, apply_sinks, head_weights
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, make_dims
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
+    AUTO_CLASSIFY_MIN_ENTRIES,
     choose_backend,
     classified,
     lse_backend,
@@ -262,6 +263,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
             output = _plain(q, k, v, dims, given_scale, causal)
             return make_output((output, None, None))
+    elif (type(mask) is Tensor and not is_causal and causal_align in _masks.ALIGNMENTS and q.is_cpu and bias is None and score_mod is None and sinks is None
+          and window is None and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L
+          and dims.S and dims.Ev and not return_lse and mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES):
+        # a boolean mask and nothing else on the CPU, below the size auto would classify into tiles: what auto
+        # hands SDPA anyway (:func:`.backends.sdpa.masked`), without a Problem or routing
+        check_mask(mask, dims, q.device)
+        output = sdpa.masked(q, k, v, mask, None, {"dropout_p": 0.0, "scale": scale, "enable_gqa": dims.H != dims.Hkv})
+        return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
                               need_weights, score_mod, sinks)
     if backend == "auto":

@@ -18,7 +18,8 @@ from .backends._common import Problem, score_mod_needs_grad
 from .block_mask import BlockMask
 
 __all__ = ["choose_backend", "lse_backend", "classified", "AUTO_TILED_MIN_KEYS_PER_WINDOW", "AUTO_TILED_MAX_OCCUPANCY",
-           "AUTO_CLASSIFY_MIN_ENTRIES", "AUTO_SINKS_SDPA_MAX_ENTRIES", "AUTO_FLEX_MIN_ENTRIES"]
+           "AUTO_CLASSIFY_MIN_ENTRIES", "AUTO_SINKS_SDPA_MAX_ENTRIES", "AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES",
+           "AUTO_FLEX_MIN_ENTRIES"]
 
 AUTO_TILED_MIN_KEYS_PER_WINDOW = 8
 """``auto`` takes the tiled backend for a sliding window once S >= this many windows; below
@@ -40,6 +41,11 @@ AUTO_SINKS_SDPA_MAX_ENTRIES = 1 << 16
 """On the CPU, learned sinks up to L x S = 64K scores (256 x 256) go to SDPA with the sink as one more
 key (its mask materialised), above to the tiled loop: SDPA 30.6 / 66.4 / 502 us against tiled 90.1 /
 126.8 / 519.5 us at L = S = 16 / 64 / 256 (H 4, E 32, one thread), tiled ahead from 512."""
+AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES = 1 << 12
+"""On the CPU, a score_mod call of up to L x S = 4K scores (64 x 64) goes to the reference backend's written-out
+softmax, above to the tiled loop: reference 219 / 510 / 857 us against tiled 297 / 637 / 873 us at L = S = 16 / 32 /
+64, tiled ahead from 128 (1,180 against 1,708 us; H 4, E 32, one thread, tanh softcapping;
+benchmarks/score_mod_routing.py, benchmarks/results/score_mod_routing.json)."""
 AUTO_FLEX_MIN_ENTRIES = 1 << 22
 """On CUDA, windows, block masks, sinks and bottom-right causal calls with L != S (KV-cache
 prefills) go to flex from L x S >= 4M scores (2K x 2K); below that SDPA with the materialised mask
@@ -49,7 +55,8 @@ is cheap, and decoding steps (L = 1) stay on SDPA's kernels. A score_mod always 
 def choose_backend(problem: Problem) -> str:
     """The backend ``"auto"`` runs: :func:`_choose_on_cuda` on CUDA, else the CPU rules:
 
-    - a ``score_mod``: tiled (reference if it reads tensors that need gradients);
+    - a ``score_mod``: tiled, or reference up to AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES scores (and wherever it
+      reads tensors that need gradients);
     - learned ``sinks``: SDPA up to AUTO_SINKS_SDPA_MAX_ENTRIES scores, else tiled (its lse carries
       them without materialising a mask);
     - a block mask with at most AUTO_TILED_MAX_OCCUPANCY of its tiles non-empty: tiled;
@@ -62,7 +69,8 @@ def choose_backend(problem: Problem) -> str:
         return _choose_on_cuda(problem)
     learned_bias = problem.bias is not None and problem.bias.requires_grad
     if problem.score_mod is not None:
-        if learned_bias or (torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, problem.device)):
+        if learned_bias or problem.dims.L * problem.dims.S <= AUTO_SCORE_MOD_REFERENCE_MAX_ENTRIES or (
+                torch.is_grad_enabled() and score_mod_needs_grad(problem.score_mod, problem.device)):
             return "reference"
         return "tiled"
     if learned_bias:

@@ -28,7 +28,7 @@ from ..heads import repeat_kv
 from . import reference
 from ._common import BackendResult, Problem, lse_unresolved, needs_grad
 
-__all__ = ["forward", "plain"]
+__all__ = ["forward", "plain", "masked"]
 
 
 def repeats_kv_on_cuda(dtype: torch.dtype, head_dim: int, has_mask: bool) -> bool:
@@ -144,10 +144,17 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     if problem.mask is None and problem.block_mask is None and problem.bias is None and problem.window is None:
         if not problem.is_causal or top_left:
             return BackendResult(_sdpa(q, k, v, options, is_causal=problem.is_causal))
-    mask = problem.dense_mask(q.device)
+    return BackendResult(masked(q, k, v, problem.dense_mask(q.device), problem.bias, options))
+
+
+def masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, options: dict) -> Tensor:
+    """SDPA under a boolean ``mask`` (True = may attend) and an additive ``bias``: a row with no allowed key gives
+    zeros whatever this PyTorch's SDPA does (attnkit's semantics). :func:`forward`'s last step, and what
+    :func:`attnkit.attention` runs itself for a call with a mask and nothing else (``options``: SDPA's
+    dropout_p, scale and enable_gqa)."""
     empty_rows = None
     compiling = torch.compiler.is_compiling()  # no probe, no look at the data: one graph
-    if mask is not None and (compiling or not _zeroes_masked_rows(q.device.type, q.dtype, problem.bias is not None)):
+    if mask is not None and (compiling or not _zeroes_masked_rows(q.device.type, q.dtype, bias is not None)):
         # Let SDPA attend everywhere on rows with no allowed key, then zero those rows. On the CPU,
         # look first (most masks have no empty row; the answer is kept on the mask); on an
         # accelerator, or compiled, always fill rather than wait for the device to answer.
@@ -155,12 +162,12 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             empty_rows = ~mask.any(dim=-1, keepdim=True)
             mask = mask | empty_rows
     attn_mask = mask
-    if problem.bias is not None:
-        attn_mask = problem.bias if mask is None else problem.bias.masked_fill(~mask, float("-inf"))
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     output = _sdpa(q, k, v, options, attn_mask)
     if empty_rows is not None:
         output = output.masked_fill(empty_rows, 0.0)
-    return BackendResult(output)
+    return output
 
 
 def _has_empty_rows(mask: Tensor) -> bool:
