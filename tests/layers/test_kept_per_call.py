@@ -43,6 +43,23 @@ def test_multihead_attention_and_a_model_run_under_inference_mode():
     assert rotated.output.shape == (2, 5, 32)
 
 
+def test_training_after_an_evaluation_under_inference_mode():
+    """What a model keeps across calls (the rotary table and its last slice) is made as ordinary tensors even under
+    inference_mode: a loop that validates under inference_mode then trains the same model keeps training (an
+    inference tensor cannot be saved for a backward)."""
+    model = _model()
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.inference_mode():
+        model(ids)  # the rotary table and the slice of this call's positions are built here
+        cache = model.new_cache()
+        model(ids[:, :4], cache=cache)
+        model(ids[:, 4:5], cache=cache)
+    model.train()
+    loss = model(ids).logits.square().mean()  # the same positions: the slice kept above
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def test_an_integer_key_mask_rewritten_behind_the_version_counter_is_read_afresh():
     model = _model()
     ids = torch.randint(0, 50, (2, 6))

@@ -271,6 +271,12 @@ class RotaryEmbedding(nn.Module):
         last = self._last_slice
         if last is not None and last[0] == offset and last[1] == L and last[2] is dtype and last[3] == device:
             return last[4], last[5]
+        if torch.is_inference_mode_enabled():
+            # the table and its slices outlive this call: made under inference_mode they would be inference
+            # tensors, which a later call under autograd cannot save for its backward (training after an
+            # evaluation under inference_mode); built as ordinary tensors they serve both
+            with torch.inference_mode(False):
+                return self._slice(offset, L, device, dtype)
         cos, sin = self._table(offset + L, device, dtype)
         cos, sin = cos[offset : offset + L], sin[offset : offset + L]
         self._last_slice = (offset, L, dtype, device, cos, sin)
