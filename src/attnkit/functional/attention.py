@@ -263,9 +263,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
             output = _plain(q, k, v, dims, given_scale, causal)
             return make_output((output, None, None))
-    elif (type(mask) is Tensor and not is_causal and causal_align in _masks.ALIGNMENTS and q.is_cpu and bias is None and score_mod is None and sinks is None
-          and window is None and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L
-          and dims.S and dims.Ev and not return_lse and mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES):
+    elif (type(mask) is Tensor and not is_causal and causal_align in _masks.ALIGNMENTS and q.is_cpu and bias is None
+          and score_mod is None and sinks is None and window is None and need_weights is False and dropout_p == 0
+          and backend in _PLAIN_BACKENDS and dims.L and dims.S and dims.Ev and not return_lse
+          and mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES):
         # a boolean mask and nothing else on the CPU, below the size auto would classify into tiles: what auto
         # hands SDPA anyway (:func:`.backends.sdpa.masked`), without a Problem or routing
         check_mask(mask, dims, q.device)
