@@ -7,6 +7,7 @@ Tied parameters (e.g. shared embeddings and output layer) are stored once, under
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +16,7 @@ from .._files import atomic_path
 from ..errors import InputError
 
 __all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts", "read_checkpoint_folder", "LEGACY_NAMES",
-           "read_safetensors"]
+           "read_safetensors", "mixtral_names", "load_placed"]
 
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -153,19 +154,17 @@ def read_checkpoint_folder(folder: str | os.PathLike) -> dict[str, Tensor]:
     return tensors
 
 
-def _listed(names: list[str]) -> str:
+def _listed(names: Sequence[str]) -> str:
     return f"{names[:5]}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def load_placed(model: nn.Module, state: dict[str, Tensor], *, source: object, unplaced: list[str] = (),  # type: ignore[assignment]
+def load_placed(model: nn.Module, state: dict[str, Tensor], *, source: object, unplaced: Sequence[str] = (),
                 tied: bool = False, derived: tuple[str, ...] = ()) -> None:
     """Load a checkpoint's tensors, already under ``model``'s names, into ``model``: every tensor must find its place
     (``unplaced``: those the caller's name mapping had none for) and every parameter a tensor, or an
     :class:`~attnkit.errors.InputError` names both (``source``: the folder). ``tied``: the output projection is the
     embedding (a checkpoint's ``lm_head.weight`` is dropped); ``derived``: buffers computed from the config (their
     last name part), taken from the checkpoint where it has them and the model's own otherwise."""
-    from ..errors import InputError
-
     if tied:
         state = {name: tensor for name, tensor in state.items() if name != "lm_head.weight"}
     own = model.state_dict()
