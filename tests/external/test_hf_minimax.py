@@ -134,3 +134,26 @@ def test_what_attnkit_does_not_implement_is_refused_by_name(checkpoint, tmp_path
     shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
     with pytest.raises(UnsupportedConfigError, match=key if key != "rope_parameters" else "rope_type"):
         load_hf_folder(tmp_path)
+
+
+def test_a_rolling_cache_with_a_padded_batch_decodes_as_one_whole_pass():
+    """A sliding window: the softmax layers' caches keep the last `window` tokens; the mask of a step covers what
+    they hold and the new token (attnkit's convention: S = held + new). float64, attnkit against itself."""
+    _, folder = _checkpoint(sliding_window=5)
+    try:
+        ours = load_hf_folder(folder, dtype=torch.float64)
+        tokens = ids(6)
+        mask = torch.ones(2, 12, dtype=torch.long)
+        mask[1, :3] = 0
+        with torch.no_grad():
+            whole = ours(tokens, mask).logits
+            cache = ours.new_cache()
+            pieces = [ours(tokens[:, :6], mask[:, :6], cache=cache).logits]
+            for t in range(6, 12):
+                held = cache[0].length
+                assert held == 5  # the window, whatever the position
+                pieces.append(ours(tokens[:, t:t + 1], mask[:, t - held:t + 1], cache=cache).logits)
+        real = mask.bool()
+        torch.testing.assert_close(torch.cat(pieces, dim=1)[real], whole[real], rtol=1e-10, atol=1e-10)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
