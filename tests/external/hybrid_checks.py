@@ -47,6 +47,20 @@ def assert_same_logits(ours, theirs, *, tol: float, seed: int = 1) -> None:
     torch.testing.assert_close(got[real], want[real], rtol=tol, atol=tol)
 
 
+def cached_decoding_equals_one_pass(ours, *, sizes=(5, 1, 1, 4, 3)) -> list:
+    """attnkit's own exactness (a float64 model): a prefill, then tokens one at a time and a chunk, through the
+    model's caches give the whole pass's logits to 1e-10. Returns the caches, for the caller's own checks."""
+    tokens = ids(3, batch=1, length=sum(sizes))
+    with torch.no_grad():
+        whole = ours(tokens).logits
+        cache, pieces, start = ours.new_cache(), [], 0
+        for size in sizes:
+            pieces.append(ours(tokens[:, start:start + size], cache=cache).logits)
+            start += size
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
+    return cache
+
+
 def assert_same_greedy_tokens(ours, theirs, *, seed: int = 2, new: int = 12) -> None:
     """The same ``new`` greedy tokens, the end token a token like any other on both sides (transformers' generation
     config without one: with it, ``min_new_tokens`` would make transformers pick another where the end wins)."""

@@ -15,7 +15,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, ids, saved_checkpoint  # noqa: E402
+from hybrid_checks import (  # noqa: E402
+    assert_same_greedy_tokens,
+    assert_same_logits,
+    cached_decoding_equals_one_pass,
+    ids,
+    saved_checkpoint,
+)
 from safetensors.torch import save_file  # noqa: E402
 
 from attnkit.layers import LatentCache, LinearStateCache  # noqa: E402
@@ -58,15 +64,7 @@ def test_float64_and_decoding_through_the_mixed_cache_equal_one_whole_pass(check
     """attnkit's own exactness in float64: prefill, then one token at a time and a chunk, through the caches,
     gives the whole pass's logits to 1e-10, the linear layers' state constant in size."""
     _, folder = checkpoint
-    ours = load_hf_folder(folder, dtype=torch.float64)
-    tokens = ids(3, batch=1, length=14)
-    with torch.no_grad():
-        whole = ours(tokens).logits
-        cache, pieces, start = ours.new_cache(), [], 0
-        for size in (5, 1, 1, 4, 3):
-            pieces.append(ours(tokens[:, start:start + size], cache=cache).logits)
-            start += size
-    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
+    cache = cached_decoding_equals_one_pass(load_hf_folder(folder, dtype=torch.float64))
     assert [type(c) for c in cache] == [LinearStateCache, LinearStateCache, LatentCache, LinearStateCache]
     assert cache[2].length == 14 and cache[0].position == 14
 

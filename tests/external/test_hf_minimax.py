@@ -17,7 +17,13 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, ids, saved_checkpoint  # noqa: E402
+from hybrid_checks import (  # noqa: E402
+    assert_same_greedy_tokens,
+    assert_same_logits,
+    cached_decoding_equals_one_pass,
+    ids,
+    saved_checkpoint,
+)
 
 from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
 from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
@@ -95,15 +101,7 @@ def test_float64_equals_transformers_to_1e_10(checkpoint, float64_inside):
 
 def test_float64_decoding_through_the_mixed_cache_equals_one_whole_pass(checkpoint):
     _, folder = checkpoint
-    ours = load_hf_folder(folder, dtype=torch.float64)
-    tokens = ids(3, batch=1, length=14)
-    with torch.no_grad():
-        whole = ours(tokens).logits
-        cache, pieces, start = ours.new_cache(), [], 0
-        for size in (5, 1, 1, 4, 3):
-            pieces.append(ours(tokens[:, start:start + size], cache=cache).logits)
-            start += size
-    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
+    cache = cached_decoding_equals_one_pass(load_hf_folder(folder, dtype=torch.float64))
     assert [type(c) for c in cache] == [KVCache, LinearStateCache, LinearStateCache, KVCache]
 
 
