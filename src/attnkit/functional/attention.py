@@ -18,11 +18,12 @@ from torch import Tensor
 from . import masks as _masks
 from . import nan as _nan
 from .backends import BACKENDS, sdpa
-from .backends._common import Problem, apply_sinks, head_weights
+from .backends._common import Problem, apply_sinks, head_weights, whole_structure
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, make_dims
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
     AUTO_CLASSIFY_MIN_ENTRIES,
+    AUTO_TILED_MIN_KEYS_PER_WINDOW,
     choose_backend,
     classified,
     lse_backend,
@@ -263,15 +264,13 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
             output = _plain(q, k, v, dims, given_scale, causal)
             return make_output((output, None, None))
-    elif (type(mask) is Tensor and not is_causal and causal_align in _masks.ALIGNMENTS and q.is_cpu and bias is None
-          and score_mod is None and sinks is None and window is None and need_weights is False and dropout_p == 0
+    elif (q.is_cpu and bias is None and score_mod is None and sinks is None and need_weights is False and dropout_p == 0
           and backend in _PLAIN_BACKENDS and dims.L and dims.S and dims.Ev and not return_lse
-          and mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES):
-        # a boolean mask and nothing else on the CPU, below the size auto would classify into tiles: what auto
-        # hands SDPA anyway (:func:`.backends.sdpa.masked`), without a Problem or routing
-        check_mask(mask, dims, q.device)
-        output = sdpa.masked(q, k, v, mask, None, {"dropout_p": 0.0, "scale": scale, "enable_gqa": dims.H != dims.Hkv})
-        return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
+          and causal_align in _masks.ALIGNMENTS):
+        direct = _direct_mask(q, dims, mask, is_causal, causal_align, window, backend)
+        if direct is not _GENERAL:  # what auto hands SDPA anyway (:func:`.backends.sdpa.masked`), no Problem, no routing
+            output = sdpa.masked(q, k, v, direct, None, {"dropout_p": 0.0, "scale": scale, "enable_gqa": dims.H != dims.Hkv})
+            return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
                               need_weights, score_mod, sinks)
     if backend == "auto":
@@ -305,6 +304,24 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
 
 
 _PLAIN_BACKENDS = ("auto", "sdpa")
+_GENERAL = object()
+"""What :func:`_direct_mask` answers for a call that takes the general path."""
+
+
+def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, window, backend: str):
+    """For a CPU call with nothing but a boolean mask or a sliding window (the caller checked the rest): the
+    boolean mask (or None) SDPA takes for it, where ``auto`` would hand it to SDPA anyway; else :data:`_GENERAL`.
+    A mask alone below the size auto classifies into tiles (AUTO_CLASSIFY_MIN_ENTRIES); a window alone where
+    auto would not tile it (S < AUTO_TILED_MIN_KEYS_PER_WINDOW windows), its structure kept per shape."""
+    if type(mask) is Tensor and not is_causal and window is None:
+        if mask.shape[-2] * dims.S >= AUTO_CLASSIFY_MIN_ENTRIES:
+            return _GENERAL
+        check_mask(mask, dims, q.device)
+        return mask
+    if (mask is None and type(window) is int and window >= 1
+            and (backend == "sdpa" or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
+        return whole_structure(dims.L, dims.S, _masks.causal_offset(dims.L, dims.S, causal_align), window, q.device)
+    return _GENERAL
 """Backends under which a plain call (no mask, bias, window, score_mod, sinks, weights or dropout) goes
 straight to SDPA: ``auto`` picks it for such a call on every device."""
 

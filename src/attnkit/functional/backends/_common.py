@@ -82,12 +82,7 @@ class Problem:
         """(q1-q0, k1-k0) structural mask of a block, or None if it allows every pair."""
         if not self.structured:
             return None
-        offset = self.offset
-        fully_past = k1 - 1 <= q0 + offset
-        inside_window = self.window is None or k0 > q1 - 1 + offset - self.window
-        if fully_past and inside_window:
-            return None
-        return _masks.causal_block(q0, q1, k0, k1, offset, self.window, device=device)
+        return structural_block(q0, q1, k0, k1, self.offset, self.window, device)
 
     def dense_mask(self, device) -> Tensor | None:
         """The whole boolean mask, user mask and structure combined; None if nothing is masked."""
@@ -99,20 +94,9 @@ class Problem:
         return parts[0] if len(parts) == 1 else _masks.and_masks(*parts)
 
     def _whole_structure(self, device) -> Tensor | None:
-        """The structural (causal / window) mask of the whole call, (L, S); small ones (decoding steps,
-        short prefills, where a call costs microseconds) built once per shape and kept (read-only)."""
-        L, S = self.dims.L, self.dims.S
-        if not self.structured or L * S > STRUCTURE_CACHE_ENTRIES:
-            return self.structural_block(0, L, 0, S, device)
-        key = (L, S, self.offset, self.window, device)
-        found = _structures.get(key, _MISSING)
-        if found is _MISSING:
-            found = _structures[key] = self.structural_block(0, L, 0, S, device)
-            if len(_structures) > STRUCTURE_CACHE_SIZE:
-                _structures.popitem(last=False)
-        else:
-            _structures.move_to_end(key)
-        return found
+        if not self.structured:
+            return None
+        return whole_structure(self.dims.L, self.dims.S, self.offset, self.window, device)
 
     def modify_scores(self, scores: Tensor, q0: int, k0: int, heads: Tensor | None = None) -> Tensor:
         """Apply ``score_mod`` to scores (B, H', bq, bk) of rows q0.. and keys k0.. (H' = all heads,
@@ -129,6 +113,32 @@ class Problem:
             got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ValueError(f"score_mod must return a tensor of the score's shape {tuple(scores.shape)}, got {got}")
         return out
+
+
+def structural_block(q0: int, q1: int, k0: int, k1: int, offset: int, window: int | None, device) -> Tensor | None:
+    """(q1-q0, k1-k0) causal (and sliding-window) mask of a block whose key j is allowed for query i where
+    i + offset - window < j <= i + offset, or None if it allows every pair."""
+    fully_past = k1 - 1 <= q0 + offset
+    inside_window = window is None or k0 > q1 - 1 + offset - window
+    if fully_past and inside_window:
+        return None
+    return _masks.causal_block(q0, q1, k0, k1, offset, window, device=device)
+
+
+def whole_structure(L: int, S: int, offset: int, window: int | None, device) -> Tensor | None:
+    """The causal (and window) mask of a whole (L, S) call, or None; small ones (decoding steps, short prefills,
+    where a call costs microseconds) built once per shape and kept (read-only)."""
+    if L * S > STRUCTURE_CACHE_ENTRIES:
+        return structural_block(0, L, 0, S, offset, window, device)
+    key = (L, S, offset, window, device)
+    found = _structures.get(key, _MISSING)
+    if found is _MISSING:
+        found = _structures[key] = structural_block(0, L, 0, S, offset, window, device)
+        if len(_structures) > STRUCTURE_CACHE_SIZE:
+            _structures.popitem(last=False)
+    else:
+        _structures.move_to_end(key)
+    return found
 
 
 STRUCTURE_CACHE_ENTRIES = 1 << 20
