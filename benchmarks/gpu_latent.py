@@ -23,15 +23,13 @@ transformers, commit) and prints a table.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 import attnkit
 from attnkit._files import write_json
-from attnkit.bench.harness import machine_info, peak_extra_mb
+from attnkit.bench.harness import machine_info, median_ms, peak_extra_mb
 from attnkit.functional import nan
 from attnkit.functional.topk import topk_attention
 from attnkit.layers import LatentAttention, LatentCache, RotaryEmbedding
@@ -47,25 +45,6 @@ NAMES = {"q_a_layernorm": "q_a_norm", "kv_a_proj_with_mqa": "kv_a_proj", "kv_a_l
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def _median_ms(run, repeats: int, device: str) -> float:
-    """Median milliseconds of ``repeats`` calls after one warm-up (CUDA events on a GPU)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            started = time.perf_counter()
-            run()
-            times.append(1e3 * (time.perf_counter() - started))
-    return statistics.median(times)
 
 
 def _pair(shape: dict, device: str, dtype: torch.dtype):
@@ -151,8 +130,8 @@ def mla_rows(sizes: list[int], args, save) -> list[dict]:
             our_cache._end, our_cache.position = S, S
             want, got = theirs_step(), ours_step()
             diff = float(((got.float() - want.float()).abs().max() / want.float().abs().max()).item())
-            row = {"S": S, "transformers_ms": _median_ms(theirs_step, args.repeats, device),
-                   "attnkit_absorbed_ms": _median_ms(ours_step, args.repeats, device),
+            row = {"S": S, "transformers_ms": median_ms(theirs_step, args.repeats, device, warmup=1),
+                   "attnkit_absorbed_ms": median_ms(ours_step, args.repeats, device, warmup=1),
                    "max_rel_diff": diff, "transformers_cache_bytes_per_token": per_token,
                    "attnkit_cache_bytes_per_token": our_cache.numbers_per_token() * x.element_size()}
             row["speedup"] = row["transformers_ms"] / row["attnkit_absorbed_ms"]
@@ -194,7 +173,7 @@ def dsa_rows(sizes: list[int], args, save) -> list[dict]:
         with torch.no_grad():
             for name, call in calls.items():
                 try:
-                    row[f"{name}_ms"] = _median_ms(call, args.dsa_repeats, device)
+                    row[f"{name}_ms"] = median_ms(call, args.dsa_repeats, device, warmup=1)
                     row[f"{name}_peak_extra_mb"] = peak_extra_mb(call, device) if device.startswith("cuda") else None
                 except (torch.OutOfMemoryError, RuntimeError) as error:  # recorded with its reason, not hidden
                     row[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"

@@ -32,7 +32,7 @@ import torch
 import attnkit
 from attnkit._files import write_json
 from attnkit._markdown import markdown_table
-from attnkit.bench.harness import cuda_median_ms, machine_info, peak_extra_mb
+from attnkit.bench.harness import machine_info, median_ms, peak_extra_mb
 from attnkit.functional.linear import gated_delta_rule
 
 H, E, CHUNK = 16, 128, 64
@@ -69,20 +69,6 @@ def _function(row: str):
     return lambda q, k, v, g, beta: attnkit.attention(q, k, v, is_causal=True).output
 
 
-def _median_ms(run, repeats: int, device: str) -> float:
-    if device == "cuda":
-        return cuda_median_ms(run, repeats)
-    import time
-
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - started) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def measure(n: int, rows, repeats: int, device: str, report: dict, save) -> None:
     inputs = _inputs(n, device)
     outputs: dict[str, torch.Tensor] = {}
@@ -111,9 +97,9 @@ def measure(n: int, rows, repeats: int, device: str, report: dict, save) -> None
                 for leaf in leaves:
                     leaf.grad = None
 
-            record["fwd_ms"] = _median_ms(forward, repeats, device)
+            record["fwd_ms"] = median_ms(forward, repeats, device)
             record["fwd_peak_extra_mb"] = peak_extra_mb(forward, device)
-            record["fwd+bwd_ms"] = _median_ms(backward, repeats, device)
+            record["fwd+bwd_ms"] = median_ms(backward, repeats, device)
         except Exception as exc:  # a row that cannot run here is recorded with its reason, not hidden
             record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         save()

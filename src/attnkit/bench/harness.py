@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["time_round_robin", "cuda_median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info"]
+__all__ = ["time_round_robin", "cuda_median_ms", "median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info"]
 
 
 def time_round_robin(
@@ -79,6 +79,21 @@ def cuda_median_ms(run: Callable[[], object], repeats: int, warmup: int = 2) -> 
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def median_ms(run: Callable[[], object], repeats: int, device: str, warmup: int = 2) -> float:
+    """Median milliseconds of ``run()`` after ``warmup`` calls: CUDA events on a CUDA ``device``
+    (:func:`cuda_median_ms`), the host clock elsewhere (a benchmark's smoke run on the CPU)."""
+    if device.startswith("cuda"):
+        return cuda_median_ms(run, repeats, warmup)
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(1e3 * (time.perf_counter() - started))
     return statistics.median(times)
 
 
