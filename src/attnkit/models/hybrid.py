@@ -14,10 +14,23 @@ from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
 from .outputs import LMOutput
 
-__all__ = ["LINEAR", "mix", "HybridLM"]
+__all__ = ["LINEAR", "HARMLESS", "mix", "HybridLM"]
 
 LINEAR = "linear_attention"
 """The ``layer_types`` entry of a linear-attention layer (every other one is softmax attention)."""
+
+
+HARMLESS = frozenset({
+    "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "chunk_size_feed_forward",
+    "decoder_start_token_id", "dtype", "eos_token_id", "finetuning_task", "id2label", "initializer_range",
+    "is_decoder", "is_encoder_decoder", "label2id", "name_or_path", "output_attentions", "output_hidden_states",
+    "output_router_logits", "pad_token_id", "prefix", "problem_type", "pruned_heads", "return_dict",
+    "router_aux_loss_coef", "sep_token_id", "task_specific_params", "tie_encoder_decoder", "tokenizer_class",
+    "torch_dtype", "torchscript", "transformers_version", "use_cache", "use_return_dict",
+})
+"""``config.json`` keys the hybrids' loaders take as harmless in evaluation (bookkeeping, token ids, initialisation,
+dropout, router losses, output switches); each loader adds its family's own. (hf_config's ``_HARMLESS_ANY`` is the
+named families' list: close to this one, not the same, and merging them would widen what some loader takes.)"""
 
 
 def mix(mixer: nn.Module, kind: str, h: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,

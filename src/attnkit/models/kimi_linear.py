@@ -33,7 +33,7 @@ from . import deepseek
 from .blocks import GatedFeedForward
 from .config import DeepSeekConfig
 from .hf_config import UnsupportedConfigError
-from .hybrid import LINEAR, HybridLM, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, mix
 from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["KimiLinearConfig", "KimiLinearLM", "kimi_linear_config_from_hf", "load_checkpoint_folder"]
@@ -136,12 +136,7 @@ _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "mlp_l
          "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "mla_use_nope", "moe_router_activation_func",
          "moe_layer_freq", "num_nextn_predict_layers", "use_grouped_topk", "max_position_embeddings",
          "model_max_length"}
-_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
-             "output_router_logits", "router_aux_loss_coef", "output_attentions", "output_hidden_states", "return_dict",
-             "pretraining_tp", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type", "id2label", "label2id",
-             "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params", "auto_map",
-             "tie_encoder_decoder", "is_decoder", "finetuning_task", "name_or_path", "_name_or_path", "pruned_heads",
-             "torchscript", "use_return_dict"}
+_HARMLESS = HARMLESS | {"auto_map", "pretraining_tp"}
 
 
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",

@@ -27,7 +27,7 @@ from .._files import read_json
 from ..layers import KVCache, LightningAttention, MultiHeadAttention, RotaryEmbedding
 from .blocks import Experts, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .hybrid import LINEAR, HybridLM, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, mix
 from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["MiniMaxConfig", "MiniMaxLM", "minimax_config_from_hf", "load_checkpoint_folder"]
@@ -143,13 +143,7 @@ _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_a
          "num_experts_per_tok", "full_attn_alpha_factor", "full_attn_beta_factor", "linear_attn_alpha_factor",
          "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor", "sliding_window", "rms_norm_eps",
          "tie_word_embeddings", "hidden_act", "model_type", "max_position_embeddings"}
-_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "use_cache",
-             "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
-             "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "output_attentions",
-             "output_hidden_states", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
-             "id2label", "label2id", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
-             "task_specific_params", "tie_encoder_decoder", "is_decoder", "finetuning_task", "name_or_path",
-             "_name_or_path", "pruned_heads", "torchscript", "use_return_dict"}
+_HARMLESS = HARMLESS | {"router_jitter_noise"}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 

@@ -28,7 +28,7 @@ from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
 from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .hybrid import LINEAR, HybridLM, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, mix
 from .weights import fused_experts, load_placed, read_checkpoint_folder
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
@@ -135,13 +135,7 @@ _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_a
          "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
          "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "rms_norm_eps",
          "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "full_attention_interval", "max_position_embeddings"}
-_HARMLESS = {"architectures", "transformers_version", "dtype", "torch_dtype", "use_cache",
-             "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout", "initializer_range",
-             "output_router_logits", "router_aux_loss_coef", "output_attentions", "output_hidden_states", "return_dict",
-             "chunk_size_feed_forward", "is_encoder_decoder", "problem_type", "id2label", "label2id", "tokenizer_class",
-             "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params", "tie_encoder_decoder",
-             "cross_attention_hidden_size", "add_cross_attention", "is_decoder", "finetuning_task", "bad_words_ids",
-             "num_beams", "name_or_path", "_name_or_path", "pruned_heads", "torchscript", "use_return_dict"}
+_HARMLESS = HARMLESS | {"add_cross_attention", "bad_words_ids", "cross_attention_hidden_size", "num_beams"}
 
 
 MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
