@@ -12,9 +12,10 @@ from torch import Tensor, nn
 from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
+from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
 
-__all__ = ["LINEAR", "HARMLESS", "mix", "HybridLM"]
+__all__ = ["LINEAR", "HARMLESS", "checked_keys", "mix", "HybridLM"]
 
 LINEAR = "linear_attention"
 """The ``layer_types`` entry of a linear-attention layer (every other one is softmax attention)."""
@@ -31,6 +32,25 @@ HARMLESS = frozenset({
 """``config.json`` keys the hybrids' loaders take as harmless in evaluation (bookkeeping, token ids, initialisation,
 dropout, router losses, output switches); each loader adds its family's own. (hf_config's ``_HARMLESS_ANY`` is the
 named families' list: close to this one, not the same, and merging them would widen what some loader takes.)"""
+
+
+def checked_keys(hf: object, kinds: tuple[str, ...], read: set[str] | frozenset[str],
+                 harmless: set[str] | frozenset[str], required: tuple[str, ...]) -> str:
+    """The ``model_type`` of a hybrid's ``config.json`` after the checks every hybrid loader makes, each failure an
+    :class:`UnsupportedConfigError` naming what it found: a model type of ``kinds``, every key read or harmless,
+    every ``required`` key there."""
+    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    if kind not in kinds:
+        raise UnsupportedConfigError(f"model_type must be {' or '.join(map(repr, kinds))}, got "
+                                     f"{kind if isinstance(hf, dict) else hf!r}")
+    assert isinstance(hf, dict)
+    unknown = sorted(set(hf) - read - harmless)
+    if unknown:
+        raise UnsupportedConfigError(f"{kind} config: keys attnkit does not implement: {unknown}")
+    missing = [key for key in required if key not in hf]
+    if missing:
+        raise UnsupportedConfigError(f"{kind} config: missing keys {missing} (the model needs them)")
+    return kind
 
 
 def mix(mixer: nn.Module, kind: str, h: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,

@@ -33,7 +33,7 @@ from . import deepseek
 from .blocks import GatedFeedForward
 from .config import DeepSeekConfig
 from .hf_config import UnsupportedConfigError
-from .hybrid import HARMLESS, LINEAR, HybridLM, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["KimiLinearConfig", "KimiLinearLM", "kimi_linear_config_from_hf", "load_checkpoint_folder"]
@@ -151,14 +151,7 @@ def _either(hf: dict, *names: str, default=None):
 def kimi_linear_config_from_hf(hf: dict) -> KimiLinearConfig:
     """attnkit's config from a Kimi Linear ``config.json`` (transformers' keys or the original release's): every key
     read, harmless in evaluation, or refused by name (:class:`UnsupportedConfigError`)."""
-    if not isinstance(hf, dict) or hf.get("model_type") != "kimi_linear":
-        raise UnsupportedConfigError(f"model_type must be 'kimi_linear', got {hf.get('model_type') if isinstance(hf, dict) else hf!r}")
-    unknown = sorted(set(hf) - _READ - _HARMLESS)
-    if unknown:
-        raise UnsupportedConfigError(f"kimi_linear config: keys attnkit does not implement: {unknown}")
-    missing = [key for key in _REQUIRED if key not in hf]
-    if missing:
-        raise UnsupportedConfigError(f"kimi_linear config: missing keys {missing} (a Kimi Linear model needs them)")
+    checked_keys(hf, ("kimi_linear",), _READ, _HARMLESS, _REQUIRED)
     refusals = {"hidden_act": ("silu", hf.get("hidden_act", "silu")), "mla_use_nope": (True, hf.get("mla_use_nope", True)),
                 "moe_router_activation_func": ("sigmoid", hf.get("moe_router_activation_func", "sigmoid")),
                 "moe_layer_freq": (1, hf.get("moe_layer_freq", 1)),

@@ -27,7 +27,7 @@ from .._files import read_json
 from ..layers import KVCache, LightningAttention, MultiHeadAttention, RotaryEmbedding
 from .blocks import Experts, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .hybrid import HARMLESS, LINEAR, HybridLM, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["MiniMaxConfig", "MiniMaxLM", "minimax_config_from_hf", "load_checkpoint_folder"]
@@ -150,14 +150,7 @@ _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 def minimax_config_from_hf(hf: dict) -> MiniMaxConfig:
     """attnkit's config from a transformers MiniMax ``config.json``: every key read, harmless in evaluation, or
     refused by name (:class:`UnsupportedConfigError`)."""
-    if not isinstance(hf, dict) or hf.get("model_type") != "minimax":
-        raise UnsupportedConfigError(f"model_type must be 'minimax', got {hf.get('model_type') if isinstance(hf, dict) else hf!r}")
-    unknown = sorted(set(hf) - _READ - _HARMLESS)
-    if unknown:
-        raise UnsupportedConfigError(f"minimax config: keys attnkit does not implement: {unknown}")
-    missing = [key for key in _REQUIRED if key not in hf]
-    if missing:
-        raise UnsupportedConfigError(f"minimax config: missing keys {missing} (a MiniMax model needs them)")
+    checked_keys(hf, ("minimax",), _READ, _HARMLESS, _REQUIRED)
     if hf.get("hidden_act", "silu") != "silu":
         raise UnsupportedConfigError(f"minimax config: attnkit implements hidden_act 'silu', got {hf['hidden_act']!r}")
     rope = hf.get("rope_parameters") or {}

@@ -28,7 +28,7 @@ from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
 from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .hybrid import HARMLESS, LINEAR, HybridLM, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .weights import fused_experts, load_placed, read_checkpoint_folder
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
@@ -147,13 +147,7 @@ separate ones, :func:`_fused_projections`) and in having no dense layers between
 def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
     """attnkit's config from a transformers Qwen3-Next or Qwen3.5 text ``config.json``: every key read, harmless in
     evaluation, or refused by name (:class:`UnsupportedConfigError`)."""
-    if not isinstance(hf, dict) or hf.get("model_type") not in MODEL_TYPES:
-        raise UnsupportedConfigError(f"model_type must be one of {MODEL_TYPES}, got "
-                                     f"{hf.get('model_type') if isinstance(hf, dict) else hf!r}")
-    kind = hf["model_type"]
-    unknown = sorted(set(hf) - _READ - _HARMLESS)
-    if unknown:
-        raise UnsupportedConfigError(f"{kind} config: keys attnkit does not implement: {unknown}")
+    kind = checked_keys(hf, MODEL_TYPES, _READ, _HARMLESS, required=())
     if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False):
         raise UnsupportedConfigError(f"{kind} config: attnkit implements hidden_act 'silu' without attention biases, "
                                      f"got {hf.get('hidden_act')!r}, attention_bias={hf.get('attention_bias')!r}")
