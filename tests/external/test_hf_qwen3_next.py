@@ -58,3 +58,9 @@ def test_a_config_key_attnkit_does_not_implement_is_refused_by_name(checkpoint, 
     shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
     with pytest.raises(UnsupportedConfigError, match="sliding_window_everywhere"):
         load_hf_folder(tmp_path)
+
+
+def test_a_config_without_the_sizes_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "vocab_size": 10}))
+    with pytest.raises(UnsupportedConfigError, match="missing keys .*num_hidden_layers"):
+        load_hf_folder(tmp_path)

@@ -144,10 +144,14 @@ experts), which differ from it only in how their checkpoints store the Gated Del
 separate ones, :func:`_fused_projections`) and in having no dense layers between expert layers (or no experts)."""
 
 
+_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+
+
 def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
     """attnkit's config from a transformers Qwen3-Next or Qwen3.5 text ``config.json``: every key read, harmless in
     evaluation, or refused by name (:class:`UnsupportedConfigError`)."""
-    kind = checked_keys(hf, MODEL_TYPES, _READ, _HARMLESS, required=())
+    kind = checked_keys(hf, MODEL_TYPES, _READ, _HARMLESS, _REQUIRED)
     if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False):
         raise UnsupportedConfigError(f"{kind} config: attnkit implements hidden_act 'silu' without attention biases, "
                                      f"got {hf.get('hidden_act')!r}, attention_bias={hf.get('attention_bias')!r}")
