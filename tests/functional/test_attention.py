@@ -396,6 +396,8 @@ def test_bad_qkv_raise_with_names_and_shapes(make, error, words):
     "mask, error, words",
     [
         (torch.ones(2, 5, 6, dtype=torch.bool), ValueError, ["mask must have shape", "3 dimensions"]),
+        (torch.ones(6, dtype=torch.bool), ValueError, ["mask must have shape", "1 dimensions"]),
+        (torch.ones((), dtype=torch.bool), ValueError, ["mask must have shape", "0 dimensions"]),
         (torch.ones(5, 7, dtype=torch.bool), ValueError, ["(5, 7)", "(2, 4, 5, 6)"]),
         (torch.ones(2, 3, 5, 6, dtype=torch.bool), ValueError, ["(2, 3, 5, 6)"]),
         (torch.ones(5, 6), TypeError, ["boolean", "torch.float32"]),

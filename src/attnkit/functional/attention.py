@@ -314,10 +314,8 @@ def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, wind
     A mask alone below the size auto classifies into tiles (AUTO_CLASSIFY_MIN_ENTRIES); a window alone where
     auto would not tile it (S < AUTO_TILED_MIN_KEYS_PER_WINDOW windows), its structure kept per shape."""
     if type(mask) is Tensor and not is_causal and window is None:
-        if mask.shape[-2] * dims.S >= AUTO_CLASSIFY_MIN_ENTRIES:
-            return _GENERAL
-        check_mask(mask, dims, q.device)
-        return mask
+        check_mask(mask, dims, q.device)  # first: a mask of another rank is named, not indexed
+        return _GENERAL if mask.shape[-2] * dims.S >= AUTO_CLASSIFY_MIN_ENTRIES else mask
     if (mask is None and type(window) is int and window >= 1
             and (backend == "sdpa" or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
         return whole_structure(dims.L, dims.S, _masks.causal_offset(dims.L, dims.S, causal_align), window, q.device)
