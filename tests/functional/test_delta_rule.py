@@ -185,6 +185,20 @@ def test_bfloat16_inputs_keep_a_float32_state_within_bfloat16s_tolerance(rng):
     assert (got.output.double() - want).abs().max() / want.abs().max() < 3e-2
 
 
+@pytest.mark.parametrize("chunk_size", [1, 64])
+def test_no_token_gives_an_empty_output_and_leaves_the_state_as_it_was(chunk_size, rng):
+    """L = 0 (an empty prompt, a decoding call with nothing new): an empty output, and the carried state (zeros
+    without one) as the final state, as attention() gives an empty output; every form alike."""
+    q, k, v, g, beta = _inputs(rng, L=0)
+    state = torch.randn(2, 4, 8, 6, generator=rng, dtype=torch.float64)
+    for form in (lambda **o: gated_delta_rule(q, k, v, g, beta, **o), lambda **o: delta_rule(q, k, v, beta, **o),
+                 lambda **o: gated_linear_attention(q, k, v, g, **o)):
+        carried = form(initial_state=state, output_final_state=True, chunk_size=chunk_size)
+        fresh = form(output_final_state=True, chunk_size=chunk_size)
+        assert carried.output.shape == (2, 4, 0, 6) and fresh.output.shape == (2, 4, 0, 6)
+        assert torch.equal(carried.final_state, state) and not fresh.final_state.any()
+
+
 def test_wrong_input_is_named(rng):
     q, k, v, g, beta = _inputs(rng)
     with pytest.raises(ValueError, match="g must be <= 0"):

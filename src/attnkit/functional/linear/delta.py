@@ -149,7 +149,9 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
         if g is not None:
             g = g * (real if g.dim() == 3 else real[..., None])
     state = None if initial_state is None else initial_state.to(acc)
-    if chunk_size == 1:
+    if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output)
+        out, state = v.new_zeros(B, H, 0, V), q.new_zeros(B, H, K, V) if state is None else state
+    elif chunk_size == 1:
         out, state = _recurrent(q, k, v, g, beta, state, delta)
     else:
         out, state = _chunked(q, k, v, g, beta, state, delta, chunk_size)
