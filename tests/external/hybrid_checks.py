@@ -61,6 +61,19 @@ def cached_decoding_equals_one_pass(ours, *, sizes=(5, 1, 1, 4, 3)) -> list:
     return cache
 
 
+def assert_a_call_of_no_token_is_empty(ours) -> None:
+    """A call of no new token, with and without a filled cache: empty logits, and the caches as they were (the next
+    token's logits those of a cache that never saw the empty call)."""
+    nothing, prompt, step = ids(0, length=0), ids(7, length=5), ids(8, length=1)
+    with torch.no_grad():
+        assert ours(nothing).logits.shape == (2, 0, ours.config.vocab_size)
+        cache, straight = ours.new_cache(), ours.new_cache()
+        ours(prompt, cache=cache)
+        ours(prompt, cache=straight)
+        assert ours(nothing, cache=cache).logits.shape == (2, 0, ours.config.vocab_size)
+        torch.testing.assert_close(ours(step, cache=cache).logits, ours(step, cache=straight).logits, rtol=0, atol=0)
+
+
 def assert_same_greedy_tokens(ours, theirs, *, seed: int = 2, new: int = 12) -> None:
     """The same ``new`` greedy tokens, the end token a token like any other on both sides (transformers' generation
     config without one: with it, ``min_new_tokens`` would make transformers pick another where the end wins)."""

@@ -16,6 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from hybrid_checks import (  # noqa: E402
+    assert_a_call_of_no_token_is_empty,
     assert_same_greedy_tokens,
     assert_same_logits,
     cached_decoding_equals_one_pass,
@@ -129,3 +130,7 @@ def test_a_config_without_the_sizes_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_linear", "vocab_size": 10}))
     with pytest.raises(UnsupportedConfigError, match="missing keys .*hidden_size"):
         load_hf_folder(tmp_path)
+
+
+def test_a_call_of_no_token_gives_empty_logits_and_leaves_the_caches_as_they_were(checkpoint):
+    assert_a_call_of_no_token_is_empty(load_hf_folder(checkpoint[1]))

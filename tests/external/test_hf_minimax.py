@@ -18,6 +18,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from hybrid_checks import (  # noqa: E402
+    assert_a_call_of_no_token_is_empty,
     assert_same_greedy_tokens,
     assert_same_logits,
     cached_decoding_equals_one_pass,
@@ -155,3 +156,7 @@ def test_a_rolling_cache_with_a_padded_batch_decodes_as_one_whole_pass():
         torch.testing.assert_close(torch.cat(pieces, dim=1)[real], whole[real], rtol=1e-10, atol=1e-10)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_call_of_no_token_gives_empty_logits_and_leaves_the_caches_as_they_were(checkpoint):
+    assert_a_call_of_no_token_is_empty(load_hf_folder(checkpoint[1]))

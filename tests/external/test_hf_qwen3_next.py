@@ -13,7 +13,12 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, saved_checkpoint  # noqa: E402
+from hybrid_checks import (  # noqa: E402
+    assert_a_call_of_no_token_is_empty,
+    assert_same_greedy_tokens,
+    assert_same_logits,
+    saved_checkpoint,
+)
 
 from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
 from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
@@ -64,3 +69,7 @@ def test_a_config_without_the_sizes_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "vocab_size": 10}))
     with pytest.raises(UnsupportedConfigError, match="missing keys .*num_hidden_layers"):
         load_hf_folder(tmp_path)
+
+
+def test_a_call_of_no_token_gives_empty_logits_and_leaves_the_caches_as_they_were(checkpoint):
+    assert_a_call_of_no_token_is_empty(load_hf_folder(checkpoint[1]))

@@ -55,6 +55,8 @@ def causal_convolution(mixed: Tensor, weight: Tensor, cache: LinearStateCache | 
     the cache's last (kernel - 1) inputs (zeros before the first token, as the convolution pads) and keeping the
     new ones in it."""
     kernel = weight.shape[-1] - 1
+    if mixed.shape[-1] == 0:  # no token: nothing to convolve, the cache's last inputs as they were
+        return F.silu(mixed)
     if cache is not None and cache.conv is not None:
         full = torch.cat([cache.conv, mixed], dim=-1)
     else:
@@ -173,8 +175,9 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z = qkvz.split([Kd, Kd, group * Vd, group * Vd], dim=-1)
         ba = self.in_proj_ba(x).view(B, L, Hk, 2 * group)
         b, a = ba.split([group, group], dim=-1)
-        return (q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1), z.reshape(B, L, -1, Vd),
-                b.reshape(B, L, -1), a.reshape(B, L, -1))
+        Hv = self.num_v_heads  # the sizes spelled out: a call of no token has no -1 to infer
+        return (q.reshape(B, L, Hk * Kd), k.reshape(B, L, Hk * Kd), v.reshape(B, L, Hv * Vd), z.reshape(B, L, Hv, Vd),
+                b.reshape(B, L, Hv), a.reshape(B, L, Hv))
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
                 need_weights: bool = False) -> AttentionOutput:

@@ -79,7 +79,7 @@ class GatedAttention(MultiHeadAttention):
         k = project(self.k_proj, key)
         if self.k_norm is not None:
             B, S, _ = k.shape
-            k = self.k_norm(k.view(B, S, self.num_kv_heads, self.head_dim)).view(B, S, -1)
+            k = self.k_norm(k.view(B, S, self.num_kv_heads, self.head_dim)).view(B, S, self.num_kv_heads * self.head_dim)
         return split_heads(k, self.num_kv_heads), split_heads(project(self.v_proj, value), self.num_kv_heads)
 
     def combine(self, heads: Tensor, kept: Tensor | None) -> Tensor:

@@ -1,0 +1,28 @@
+"""The linear-attention layers' own promises on a call of no token (their equality with transformers' modules is
+tests/external/test_hf_linear.py's): an empty output, and a cache left as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.layers import GatedDeltaNet, KimiDeltaAttention, LightningAttention, LinearStateCache
+
+LAYERS = {"gated_deltanet": lambda: GatedDeltaNet(32, 2, 4, 8, 6), "kimi": lambda: KimiDeltaAttention(32, 2, 8),
+          "lightning": lambda: LightningAttention(32, 2, 8, layer_idx=0, num_layers=2)}
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_call_of_no_token_gives_an_empty_output_and_leaves_the_cache_as_it_was(name):
+    torch.manual_seed(0)
+    layer = LAYERS[name]().eval()
+    prompt, step, nothing = torch.randn(2, 5, 32), torch.randn(2, 1, 32), torch.randn(2, 0, 32)
+    with torch.no_grad():
+        assert layer(nothing).output.shape == (2, 0, 32)
+        cache, straight = LinearStateCache(), LinearStateCache()
+        layer(prompt, cache=cache)
+        layer(prompt, cache=straight)
+        assert layer(nothing, cache=cache).output.shape == (2, 0, 32)
+        assert cache.position == 5 and torch.equal(cache.state, straight.state)
+        assert (cache.conv is None) == (straight.conv is None) and (cache.conv is None or torch.equal(cache.conv, straight.conv))
+        torch.testing.assert_close(layer(step, cache=cache).output, layer(step, cache=straight).output, rtol=0, atol=0)
