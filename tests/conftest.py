@@ -14,7 +14,7 @@ from attnkit.functional.backends import tiled
 
 def pytest_collection_modifyitems(config, items):
     """Markers by place: tests/external/ are "external", tests/gpu/ "gpu", the Chromium tests
-    "browser" (and they require Chromium)."""
+    "browser" and "slow" (they start a browser; and they require Chromium)."""
     for item in items:
         path = item.path.as_posix()
         if "/tests/external/" in path:
@@ -23,6 +23,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
         if path.endswith("test_viewer_browser.py"):
             item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.requires("chromium", "playwright"))
 
 

@@ -8,6 +8,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 # Tolerances against the float64 oracle, by input dtype: (rtol, atol).
@@ -17,6 +18,13 @@ TOLERANCES = {
     torch.bfloat16: (1.6e-2, 1.6e-2),
 }
 DTYPES = list(TOLERANCES)
+
+
+def slow(value, id: str | None = None):
+    """A parameter whose case belongs to the slow tier (docs/testing.md: a case of 0.3 s or more on one
+    thread). Most are flex on the CPU: even uncompiled, torch's flex_attention runs its score and mask
+    functions through TorchDynamo, about half a second for each new shape."""
+    return pytest.param(value, marks=pytest.mark.slow, id=id if id is not None else str(value))
 
 
 def numpy(x: torch.Tensor | None):

@@ -79,6 +79,7 @@ def test_the_compiled_fixed_cache_step_gives_transformers_tokens_and_compiles_on
     assert torch.equal(first, theirs) and torch.equal(again, theirs)
 
 
+@pytest.mark.slow
 def test_compiled_steps_keep_their_caches_with_the_model_and_let_it_go():
     """A later call of the same shape decodes into the same cache tensors (zeroed: a captured CUDA
     graph and Dynamo's static addresses need them), another batch size gets new ones, and the

@@ -74,6 +74,7 @@ def test_a_stop_that_is_not_one_token_is_refused(capsys):
     refused(["generate", "--prompt", "hi", "--stop", "the end"], capsys, "--stop 'the end' is not one token")
 
 
+@pytest.mark.slow
 @pytest.mark.requires("smollm2")
 def test_chat_uses_the_models_own_template_as_transformers_renders_it():
     """--chat wrapped every prompt in a hard-coded ChatML; SmolLM2's GGUF carries its own template (with its

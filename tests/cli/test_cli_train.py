@@ -262,6 +262,7 @@ def test_a_file_too_small_to_hold_validation_pairs_is_refused_and_leaves_no_fold
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_resume_is_the_same_run_with_its_training_options(phrase_file, tmp_path, capsys):
     """A run of batch 16 stopped at --max-steps 4, resumed with nothing but --resume: it trained 2,280 steps at
     batch 64 before. Now the run's own options: nothing to train; a longer limit trains on at batch 16; an

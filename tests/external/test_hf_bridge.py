@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES, UnsupportedFeature, UnverifiedFamily  # noqa: E402
 
+from helpers import slow  # noqa: E402
 from hf_families import counting_calls  # noqa: E402
 
 ATOL = 1e-4
@@ -144,7 +145,7 @@ def test_outputs_and_weights_equal_eager(family, rng):
             assert (a - b).abs().max() <= ATOL, what  # every row, the left-padded ones with no key included
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", slow("static")])
 @pytest.mark.parametrize("family", [f for f in FAMILIES if TINY[f][3] in ("decoder", "seq2seq")])
 def test_greedy_generation_equals_eager(family, cache, rng):
     eager, ours = _pair(family)

@@ -80,6 +80,7 @@ def _spawn(world: int, families, timeout: float) -> None:
     spawn_workers(functools.partial(_worker, families=tuple(families)), world, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_few_families_at_two_processes_equal_one_process():
     _spawn(2, ("llama", "gemma2", "gpt2"), timeout=240)
 

@@ -43,6 +43,7 @@ def _attention_keywords() -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_keyword_transformers_passes_to_attention_is_classified():
     """A static audit of every attention call in transformers' modeling files: a keyword a new release
     adds fails here, before attnkit could ignore it."""

@@ -5,21 +5,34 @@ float64 (a sample with dropout: the same shape, since the two draw different mas
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import attnkit
+from attnkit.layers import TorchMultiheadAttention
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (attnkit's test extra installs it)
-from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
-
-SDPA = next(op for op in op_db if op.name == "nn.functional.scaled_dot_product_attention")
 TOLERANCES = {torch.float32: dict(rtol=1e-5, atol=5e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
+@functools.cache
+def _info(table: str):
+    """torch's OpInfo of SDPA or ModuleInfo of nn.MultiheadAttention, imported when a test first runs: the
+    tables take seconds to import, which every test process would pay at collection."""
+    if table == "op":
+        from torch.testing._internal.common_methods_invocations import op_db
+
+        return next(op for op in op_db if op.name == "nn.functional.scaled_dot_product_attention")
+    from torch.testing._internal.common_modules import module_db
+
+    return next(info for info in module_db if info.module_cls is torch.nn.MultiheadAttention)
+
+
 def _samples(dtype):
-    return list(SDPA.sample_inputs("cpu", dtype, requires_grad=True))
+    return list(_info("op").sample_inputs("cpu", dtype, requires_grad=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -72,20 +85,17 @@ def test_the_calls_torch_takes_that_attnkit_refused(case, rng):
                                F.scaled_dot_product_attention(q, k, v, **kwargs), rtol=1e-5, atol=1e-5)
 
 
-from torch.testing._internal.common_modules import module_db  # noqa: E402
-
-from attnkit.layers import TorchMultiheadAttention  # noqa: E402
-
-MHA = next(info for info in module_db if info.module_cls is torch.nn.MultiheadAttention)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_every_moduleinfo_sample_of_multihead_attention_gives_torchs_result(dtype, training):
     """torch's ModuleInfo samples of nn.MultiheadAttention (add_bias_kv, add_zero_attn, batch_first, bias,
     masks, unbatched inputs) built with torch's constructor arguments from the same seed: the same parameters
     under the same names, the same outputs and weights, and the same parameter gradients."""
-    inputs = MHA.module_inputs_func(MHA, device="cpu", dtype=dtype, requires_grad=False, training=training)
+    info = _info("module")
+    inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=False, training=training)
     assert len(inputs) >= 32
     extras = 0
     for number, sample in enumerate(inputs):

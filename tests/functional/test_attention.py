@@ -528,6 +528,7 @@ def test_nan_rule_false_skips_the_check_and_restores_it_on_exit(rng):
         pass
 
 
+@pytest.mark.slow
 def test_a_compiled_call_follows_the_nan_rule_setting(rng):
     """torch.compile reads the setting when it traces and guards on it: switching recompiles."""
     q, k, v = randn(1, 2, 3, 4, generator=rng), randn(1, 2, 5, 4, generator=rng), randn(1, 2, 5, 4, generator=rng)

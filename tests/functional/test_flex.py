@@ -26,7 +26,7 @@ from attnkit.functional.backends._common import Problem
 from attnkit.functional.block_mask import length_bucket
 from attnkit.functional.checks import Dims
 
-from helpers import DTYPES, assert_close, numpy, randn
+from helpers import DTYPES, assert_close, numpy, randn, slow
 from test_attention import CASES, MASKINGS, make_call, oracle
 
 pytestmark = pytest.mark.skipif(not flex.available(), reason="this PyTorch has no usable FlexAttention")
@@ -57,7 +57,11 @@ TIERED_DTYPES = [dtype if dtype == torch.float32 else pytest.param(dtype, marks=
 TIERED_CASES = [case if case == "gqa-33x97" else pytest.param(case, marks=pytest.mark.slow) for case in CASES]
 
 
-@pytest.mark.parametrize("masking", MASKINGS)
+# Each masking traces flex anew (about 0.4 s): the quick tier keeps no mask, a padding mask and a bias with one.
+QUICK_MASKINGS = ("none", "padding", "bias+padding")
+
+
+@pytest.mark.parametrize("masking", [m if m in QUICK_MASKINGS else slow(m) for m in MASKINGS])
 @pytest.mark.parametrize("case", TIERED_CASES)
 @pytest.mark.parametrize("dtype", TIERED_DTYPES, ids=str)
 def test_flex_matches_float64_oracle(dtype, case, masking, rng, eager):
@@ -85,7 +89,7 @@ PATTERNS = {
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.slow) if b != 48 else b for b in (16, (32, 64), 128, 48)])
-@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("name", [name if i == 0 else slow(name) for i, name in enumerate(PATTERNS)])
 def test_flex_with_block_masks_matches_oracle(name, block, rng, eager):
     """Any attnkit block size: tiles dividing 128 are merged from attnkit's table, others reclassified."""
     B, H, L = 2, 4, 200
@@ -127,6 +131,7 @@ def test_tables_equal_pytorch_create_block_mask(name):
     assert torch.equal(ours.full_kv_num_blocks, theirs.full_kv_num_blocks)
 
 
+@pytest.mark.slow
 def test_flex_never_materialises_a_block_mask(rng, eager, monkeypatch):
     """The block mask reaches flex as its table and its mask_mod: attnkit's tile() and to_dense(),
     which build boolean tiles, are never called."""
@@ -236,6 +241,7 @@ def test_mask_mod_tables_are_bucketed_and_refused_beyond_their_length():
     masks.block_mask(combined, None, None, 300, 300)
 
 
+@pytest.mark.slow
 def test_tables_are_converted_once_per_block_mask_and_length(rng, eager, monkeypatch):
     """The layers of a model share one block mask: its tables are converted on the first call only;
     a boolean mask (a new tensor each call) is converted every time."""
@@ -353,6 +359,7 @@ def test_float64_on_the_cpu_runs_flex_eager_implementation(rng):
     _check(result, oracle(q, k, v, kwargs), torch.float64)
 
 
+@pytest.mark.slow
 def test_a_learned_score_mod_is_refused_by_name_on_the_cpu(rng):
     q, k, v = (randn(1, 2, 16, 8, generator=rng) for _ in range(3))
     table = torch.randn(2, requires_grad=True)

@@ -18,9 +18,9 @@ import attnkit
 from attnkit import masks, reference
 from attnkit.functional.backends import flex
 
-from helpers import DTYPES, assert_close, numpy, randn
+from helpers import DTYPES, assert_close, numpy, randn, slow
 
-BACKENDS = ["reference", "sdpa", "tiled", "flex", "auto"]
+BACKENDS = ["reference", "sdpa", "tiled", slow("flex"), "auto"]
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_nan_in_bias_poisons_its_row_only_at_an_allowed_key(backend, where, rng,
     assert torch.equal(poisoned, expected)
 
 
-@pytest.mark.parametrize("backend", ["reference", "tiled", "flex", "auto"])
+@pytest.mark.parametrize("backend", ["reference", "tiled", slow("flex"), "auto"])
 def test_a_masked_bias_stays_masked_whatever_the_score_mod(backend, rng, eager_flex):
     """Order: scaled scores + bias, then score_mod, then masking; a bias of -inf (or finfo.min) is
     masking, so softcapping cannot bring such a key back (30 tanh(-inf) would be -30)."""

@@ -12,9 +12,9 @@ import torch
 import attnkit
 from attnkit import masks, reference
 
-from helpers import numpy, randn
+from helpers import numpy, randn, slow
 
-BACKENDS = ["reference", "tiled", "auto", "flex"]
+BACKENDS = ["reference", "tiled", "auto", slow("flex")]
 
 
 def _poison_masked(score, b, h, q_idx, kv_idx):

@@ -85,6 +85,7 @@ sys.exit(1 if failures else 0)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capability", [None, "avx2"], ids=["this-cpu", "avx2"])
 def test_the_one_looks_premise_holds_from_its_threshold_at_every_position(capability):
     """plain_look_min_keys reads the vector unit PyTorch dispatches to; on it, from that many keys on, SDPA
@@ -146,6 +147,7 @@ def test_a_block_masks_occupancy_follows_its_table():
     assert blocks.occupancy() == 1.0
 
 
+@pytest.mark.slow
 def test_flex_keeps_one_prepared_call_per_pattern_and_score_mod(monkeypatch):
     """Two score_mods on the same structure do not share a prepared call; each equals the reference."""
     monkeypatch.setattr(flex, "COMPILE_ON_CPU", False)
@@ -171,3 +173,45 @@ def test_attention_trusted_equals_attention(kwargs):
     got, want = attention_trusted(q, k, v, **kwargs), attnkit.attention(q, k, v, **kwargs)
     torch.testing.assert_close(got.output, want.output, rtol=0, atol=0)
     assert (got.weights is None) == (want.weights is None)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa"])
+@pytest.mark.parametrize("kind", ["attnkit", "torch"])
+def test_a_full_block_mask_alone_goes_to_sdpa_without_a_problem(backend, kind, monkeypatch):
+    """A block mask too full for auto to tile (and any block mask under backend='sdpa') is the dense mask it
+    keeps, handed to SDPA without a Problem or routing: the same numbers as the float64 softmax written out,
+    rows with no key zero, a NaN poisoning its rows; a sparse one under auto still takes the general path."""
+    import importlib
+
+    module = importlib.import_module("attnkit.functional.attention")
+
+    generator = torch.Generator().manual_seed(62)
+    L = 24
+    allowed = torch.rand(L, L, generator=generator) < 0.7
+    allowed[5] = False  # a row with no key
+    blocks = masks.BlockMask.from_dense(allowed[None, None], block=8)
+    if kind == "torch":
+        pytest.importorskip("torch.nn.attention.flex_attention")
+        blocks = masks.to_torch_block_mask(blocks)
+    q, k, v = (randn(2, 3, L, 16, dtype=torch.float64, generator=generator) for _ in range(3))
+    q[1, 2, 7, 0] = float("nan")
+    scores = (q @ k.transpose(-1, -2) / 4).masked_fill(~allowed, float("-inf"))
+    want = torch.nan_to_num(torch.softmax(scores, -1), nan=0.0) @ v
+    want[1, 2, 7] = float("nan")
+    calls = []
+    monkeypatch.setattr(module, "_problem", lambda *args: calls.append(args) or pytest.fail("built a Problem"))
+    got = attnkit.attention(q, k, v, mask=blocks, backend=backend).output
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert (got[:, :, 5] == 0).all()
+
+    monkeypatch.undo()
+    real = module._problem
+    monkeypatch.setattr(module, "_problem", lambda *args: calls.append(args) or real(*args))
+    sparse = masks.causal_block_mask(64, block=8)
+    assert sparse.occupancy() <= module.AUTO_TILED_MAX_OCCUPANCY
+    q, k, v = (randn(1, 2, 64, 16, dtype=torch.float64, generator=generator) for _ in range(3))
+    tiled = attnkit.attention(q, k, v, mask=sparse).output
+    assert len(calls) == 1  # auto tiles it: the general path
+    torch.testing.assert_close(tiled, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="block mask of shape"):
+        attnkit.attention(q[:, :, :32], k, v, mask=sparse)

@@ -23,6 +23,8 @@ from attnkit.functional.backends import flex
 from attnkit.layers import MultiHeadAttention
 from attnkit.masks import BlockMask, block_mask
 
+from helpers import slow
+
 fa = pytest.importorskip("torch.nn.attention.flex_attention")
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -83,9 +85,9 @@ def test_create_block_masks_have_partial_and_full_tiles(name):
     assert tiles["partial"] > 0 and tiles["full"] > 0, tiles
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.float64, slow(torch.float32, "dtype1")])
+@pytest.mark.parametrize("backend", [*BACKENDS[:3], slow("flex")])
+@pytest.mark.parametrize("name", [name if i == 0 else slow(name) for i, name in enumerate(MASKS)])
 def test_torch_block_mask_in_attention_gives_flex_attentions_numbers(name, backend, dtype):
     q, k, v = _qkv(dtype)
     mask = _torch_mask(name)
@@ -115,7 +117,7 @@ def test_gradients_through_a_torch_block_mask_equal_a_float64_oracles(backend):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("name", list(MASKS))
+@pytest.mark.parametrize("name", [name if i == 0 else slow(name) for i, name in enumerate(MASKS)])
 def test_attnkit_block_mask_runs_in_torch_flex_attention(name):
     """attnkit masks of another tile size (64) and from a dense tensor, handed to torch's flex_attention."""
     mask_mod, b, h = MASKS[name]
@@ -138,6 +140,7 @@ def test_from_torch_round_trips_and_converts_once():
     assert torch.equal(converted.to_dense()[0, 0], torch.ones(L, L, dtype=torch.bool).tril())
 
 
+@pytest.mark.slow  # compiles flex
 def test_hand_built_tables_mean_what_torchs_kernel_makes_of_them():
     """``BlockMask.from_kv_blocks`` with the default noop_mask: the tables alone say which tiles are
     attended. torch's compiled CPU kernel follows them; attnkit does on every backend."""
@@ -156,6 +159,7 @@ def test_hand_built_tables_mean_what_torchs_kernel_makes_of_them():
     torch.testing.assert_close(compiled.double(), oracle, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_torchs_mask_combinators_work_in_attnkit_block_masks():
     q, k, v = _qkv(torch.float64, seed=3)
     for mask_mod in (fa.and_masks(_causal, _window), fa.or_masks(_causal, _window), fa.noop_mask):
@@ -174,8 +178,8 @@ SCORE_MODS = {  # written as flex_attention's documentation writes them
 }
 
 
-@pytest.mark.parametrize("backend", ["reference", "tiled", "flex"])
-@pytest.mark.parametrize("name", list(SCORE_MODS))
+@pytest.mark.parametrize("backend", ["reference", "tiled", slow("flex")])
+@pytest.mark.parametrize("name", [name if i == 0 else slow(name) for i, name in enumerate(SCORE_MODS)])
 def test_flex_score_mods_work_unchanged(name, backend):
     q, k, v = _qkv(torch.float64, seed=4)
     torch_mask = _torch_mask("sliding window")

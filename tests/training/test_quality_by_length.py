@@ -32,6 +32,7 @@ def _noisy(references, sources, keep_short: float, keep_long: float, seed: int =
     return out
 
 
+@pytest.mark.slow
 def test_buckets_scores_intervals_and_the_paired_test():
     sources, references = _corpus()
     good = _noisy(references, sources, 0.9, 0.9)

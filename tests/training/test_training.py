@@ -201,6 +201,7 @@ def test_checkpoints_with_the_older_norm_names_still_load(phrases, tmp_path):
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("phase", ["before-the-first-validation", "during-a-validation", "during-the-last-validation"])
 def test_a_stop_at_any_phase_resumes_to_the_weights_of_an_uninterrupted_run(phrases, tmp_path, monkeypatch, phase,

@@ -32,6 +32,7 @@ def test_alignment_head_grid_and_overview_write_png_and_svg(tmp_path):
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
 
 
+@pytest.mark.slow
 def test_labels_are_thinned_for_long_sequences(tmp_path):
     import matplotlib
 
@@ -123,6 +124,7 @@ def test_a_log_axis_keeps_its_tick_labels_as_mathematics_and_user_text_stays_pla
     assert drawn["title"] == r"costs \$5 and \$6"  # escaped: drawn as the characters "$5 and $6"
 
 
+@pytest.mark.slow
 def test_every_plot_returns_a_picture_a_notebook_shows_inline(tmp_path):
     """Without a path nothing is written and a Picture comes back: PNG bytes for Jupyter's
     ``_repr_png_``, the matplotlib Figure to adjust, ``save`` to write it afterwards (issue 47.4)."""

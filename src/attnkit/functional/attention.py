@@ -23,6 +23,7 @@ from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, make_dims
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
     AUTO_CLASSIFY_MIN_ENTRIES,
+    AUTO_TILED_MAX_OCCUPANCY,
     AUTO_TILED_MIN_KEYS_PER_WINDOW,
     choose_backend,
     classified,
@@ -309,13 +310,23 @@ _GENERAL = object()
 
 
 def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, window, backend: str):
-    """For a CPU call with nothing but a boolean mask or a sliding window (the caller checked the rest): the
-    boolean mask (or None) SDPA takes for it, where ``auto`` would hand it to SDPA anyway; else :data:`_GENERAL`.
-    A mask alone below the size auto classifies into tiles (AUTO_CLASSIFY_MIN_ENTRIES); a window alone where
-    auto would not tile it (S < AUTO_TILED_MIN_KEYS_PER_WINDOW windows), its structure kept per shape."""
-    if type(mask) is Tensor and not is_causal and window is None:
-        check_mask(mask, dims, q.device)  # first: a mask of another rank is named, not indexed
-        return _GENERAL if mask.shape[-2] * dims.S >= AUTO_CLASSIFY_MIN_ENTRIES else mask
+    """For a CPU call with nothing but a boolean mask, a block mask or a sliding window (the caller checked the
+    rest): the boolean mask SDPA takes for it, where ``auto`` would hand it to SDPA anyway; else :data:`_GENERAL`.
+    A mask alone below the size auto classifies into tiles (AUTO_CLASSIFY_MIN_ENTRIES); a block mask (attnkit's
+    or torch's) too full for auto to tile it (occupancy above AUTO_TILED_MAX_OCCUPANCY), as the dense mask it
+    keeps; a window alone where auto would not tile it (S < AUTO_TILED_MIN_KEYS_PER_WINDOW windows), its
+    structure kept per shape."""
+    if mask is not None and not is_causal and window is None:
+        if type(mask) is Tensor:
+            check_mask(mask, dims, q.device)  # first: a mask of another rank is named, not indexed
+            return _GENERAL if mask.shape[-2] * dims.S >= AUTO_CLASSIFY_MIN_ENTRIES else mask
+        blocks = mask if type(mask) is BlockMask else as_block_mask(mask)  # torch's BlockMask: converted once
+        if type(blocks) is not BlockMask:
+            return _GENERAL  # (a subclass, or not a mask: the general path names it)
+        check_block_mask(blocks, dims, q.device)
+        if backend == "sdpa" or blocks.occupancy() > AUTO_TILED_MAX_OCCUPANCY:
+            return blocks.to_dense()  # what the sdpa backend materialises, kept with the block mask
+        return _GENERAL
     if (mask is None and type(window) is int and window >= 1
             and (backend == "sdpa" or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
         return whole_structure(dims.L, dims.S, _masks.causal_offset(dims.L, dims.S, causal_align), window, q.device)
