@@ -32,6 +32,28 @@ def test_alignment_head_grid_and_overview_write_png_and_svg(tmp_path):
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
 
 
+@pytest.mark.slow  # three grids drawn: about a second
+def test_a_head_grid_labels_keys_under_each_column_and_queries_beside_the_first():
+    """Every panel shows the same tokens: keys under the lowest panel of each column, queries left of the first
+    column, none elsewhere (nine times the text made a 30-layer inspect draw for minutes); a label list of the
+    wrong length is still refused by name."""
+    rng = np.random.default_rng(1)
+    w = rng.dirichlet(np.ones(6), size=(6, 5))  # (H, L, S): 2 rows of 4 panels, the last two empty
+    keys, queries = [f"k{i}" for i in range(6)], [f"q{i}" for i in range(5)]
+    figure = viz.plot_heads(w, x_labels=keys, y_labels=queries).figure
+    panels = [ax for ax in figure.axes if ax.get_title().startswith("head")]
+    assert len(panels) == 6
+    for h, ax in enumerate(panels):
+        x = [t.get_text() for t in ax.get_xticklabels()]
+        y = [t.get_text() for t in ax.get_yticklabels()]
+        assert x == (keys if h + 4 >= 6 else []), f"head {h}: {x}"  # heads 2..5 are the lowest of their columns
+        assert y == (queries if h % 4 == 0 else []), f"head {h}: {y}"
+    with pytest.raises(ValueError, match="x labels: expected 6, got 5"):
+        viz.plot_heads(w, x_labels=keys[:5])
+    with pytest.raises(ValueError, match="y labels: expected 5, got 4"):
+        viz.plot_heads(w, y_labels=queries[:4])
+
+
 @pytest.mark.slow
 def test_labels_are_thinned_for_long_sequences(tmp_path):
     import matplotlib
