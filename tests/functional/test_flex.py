@@ -50,11 +50,11 @@ def _check(result, expected, dtype):
 
 
 # float32 in the quick tier; float64 and bf16 (each traces anew) join the slow tests.
-TIERED_DTYPES = [dtype if dtype == torch.float32 else pytest.param(dtype, marks=pytest.mark.slow) for dtype in DTYPES]
+TIERED_DTYPES = [dtype if dtype == torch.float32 else slow(dtype) for dtype in DTYPES]
 
 
 # The quick tier runs GQA with L != S; the other cases join the slow tests.
-TIERED_CASES = [case if case == "gqa-33x97" else pytest.param(case, marks=pytest.mark.slow) for case in CASES]
+TIERED_CASES = [case if case == "gqa-33x97" else slow(case) for case in CASES]
 
 
 # Each masking traces flex anew (about 0.4 s): the quick tier keeps no mask, a padding mask and a bias with one.
@@ -88,7 +88,7 @@ PATTERNS = {
 }
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.slow) if b != 48 else b for b in (16, (32, 64), 128, 48)])
+@pytest.mark.parametrize("block", [slow(b) if b != 48 else b for b in (16, (32, 64), 128, 48)])
 @pytest.mark.parametrize("name", [name if i == 0 else slow(name) for i, name in enumerate(PATTERNS)])
 def test_flex_with_block_masks_matches_oracle(name, block, rng, eager):
     """Any attnkit block size: tiles dividing 128 are merged from attnkit's table, others reclassified."""

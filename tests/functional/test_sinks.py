@@ -11,11 +11,11 @@ import torch
 import attnkit
 from attnkit import masks
 
-from helpers import DTYPES, assert_close, numpy, randn
+from helpers import DTYPES, assert_close, numpy, randn, slow
 from test_attention import BACKENDS, CASES, MASKINGS, make_call, oracle
 
 # Half precision runs in the full tier only (the quick tier keeps float32 and float64).
-SINK_DTYPES = [pytest.param(d, marks=pytest.mark.slow) if d in (torch.bfloat16, torch.float16) else d for d in DTYPES]
+SINK_DTYPES = [slow(d) if d in (torch.bfloat16, torch.float16) else d for d in DTYPES]
 
 
 def _sinks(H: int, dtype, generator) -> torch.Tensor:
