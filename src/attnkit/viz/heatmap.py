@@ -111,22 +111,21 @@ def plot_heads(
     fig, axes = subplots(
         rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False, constrained_layout=True
     )
+    _check_labels(x_labels, S, "x")
+    _check_labels(y_labels, L, "y")
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
             continue
         ax.imshow(data[h], cmap="viridis", aspect="auto", vmin=0, vmax=max(1e-9, data.max()))
         ax.set_title(f"head {h}", fontsize=9)
-        column = h % columns
         if h + columns >= H:  # the lowest panel of its column
             _label_axis(ax, x_labels, S, "x", max_labels=20)
-        else:
-            _check_labels(x_labels, S, "x")
+        elif x_labels is not None:
             ax.set_xticks([])
-        if column == 0:
+        if h % columns == 0:
             _label_axis(ax, y_labels, L, "y", max_labels=20)
-        else:
-            _check_labels(y_labels, L, "y")
+        elif y_labels is not None:
             ax.set_yticks([])
     fig.suptitle(title)
     return finish(fig, path)
