@@ -48,6 +48,8 @@ def test_a_head_grid_labels_keys_under_each_column_and_queries_beside_the_first(
         y = [t.get_text() for t in ax.get_yticklabels()]
         assert x == (keys if h + 4 >= 6 else []), f"head {h}: {x}"  # heads 2..5 are the lowest of their columns
         assert y == (queries if h % 4 == 0 else []), f"head {h}: {y}"
+    unlabelled = [ax for ax in viz.plot_heads(w).figure.axes if ax.get_title().startswith("head")]
+    assert all(len(ax.get_xticks()) and len(ax.get_yticks()) for ax in unlabelled)  # positions on every panel
     with pytest.raises(ValueError, match="x labels: expected 6, got 5"):
         viz.plot_heads(w, x_labels=keys[:5])
     with pytest.raises(ValueError, match="y labels: expected 5, got 4"):
