@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The GPU record (issue 63) in one prepared call on the lent device: every step under its own time cap,
 # writing under $OUT as it goes, so that a run cut short still returns what it finished. At most eight files
-# come back (the device tool's most): log.txt (every step's output, the versions), core_4k.json,
-# core_long.json, core_structured.json, overhead.json, generation.json, latent.json, profiles.tgz.
+# come back (the device tool's most): choose STEPS so that at most eight are written: log.txt (every step's
+# output, the versions), core_4k.json, core_16k.json, core_long.json, core_structured.json, nan_rule.json,
+# overhead.json, generation.json, latent.json, profiles.tgz.
 #
 #   ATTNKIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_record.sh      # on the device, repository root
 #   STEPS="2a 2b" TESTS="tests/gpu/test_hf_cuda.py" bash scripts/gpu_record.sh   # a rerun of some steps
 #
 # Steps (caps in seconds; most end well before their cap). A whole run is more than one call of 8 minutes:
 # STEPS picks (the second session of 2026-11-26 ran STEPS="1 6 4b 2d 3b 2e 5b", what the first left unmeasured):
-#   1  tests/gpu (8 workers; --maxfail 10 rather than -x: one run shows every failure it can)       130
+#   1  tests/gpu (8 workers; --maxfail 10 rather than -x: one run shows every failure it can)       170
 #   2a/2b the core, bf16, NaN rule on, H 32, E 128: dense and causal auto against SDPA at 4K (B 8),
 #      16K and 64K (B 1)                                                                       35 + 45
+#   2f the core at 16K alone (B 1), dense and causal                                                35
+#   7  the NaN rule by size, looking first or not (benchmarks/gpu_nan_rule.py: DEVICE_LOOK_MIN_BYTES)  100
 #   2c the per-call cases of benchmarks/overhead.py on CUDA                                         30
 #   4  MLA absorbed decoding against DeepseekV3Attention at 4K-32K; DSA against dense at 16K-32K     45
 #   4b DSA against dense at 64K                                                                     45
@@ -57,11 +60,14 @@ step() {  # step CAP NAME COMMAND...: the command under a time cap, its output i
     echo "commit ${ATTNKIT_COMMIT:-unknown}"
 } >>"$LOG" 2>&1
 
-step 130 "1 tests/gpu" $PY -m pytest ${TESTS:-tests/gpu} -q -n 8 --maxfail 10 -p no:cacheprovider
+step 170 "1 tests/gpu" $PY -m pytest ${TESTS:-tests/gpu} -q -n 8 --maxfail 10 -p no:cacheprovider
 step 35 "2a core 4K, B 8" $PY benchmarks/gpu.py --sizes 4096 --batch 8 --heads 32 --patterns dense causal \
     --mask-sizes --repeats 10 --out "$OUT/core_4k.json"
 step 45 "2b core 16K-64K, B 1" $PY benchmarks/gpu.py --sizes 16384 65536 --batch 1 --heads 32 --patterns dense causal \
     --mask-sizes --repeats 10 --long-repeats 3 --out "$OUT/core_long.json"
+step 35 "2f core 16K, B 1" $PY benchmarks/gpu.py --sizes 16384 --batch 1 --heads 32 --patterns dense causal \
+    --mask-sizes --repeats 10 --out "$OUT/core_16k.json"
+step 100 "7 NaN rule by size" $PY benchmarks/gpu_nan_rule.py --out "$OUT/nan_rule.json"
 step 30 "2c per call" $PY benchmarks/overhead.py --device cuda --calls 200 --rounds 3 --out "$OUT/overhead.json"
 step 45 "4 MLA and DSA" $PY benchmarks/gpu_latent.py --repeats 10 --dsa-sizes 16384 32768 --dsa-repeats 2 \
     --out "$OUT/latent.json"

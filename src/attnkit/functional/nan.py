@@ -23,11 +23,11 @@ _on = True
 def nan_rule(enabled: bool):
     """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
 
-    The rule (docs/semantics.md) makes NaN propagate the same way in every backend. It reads
-    q, k and v once more and writes the output once more; on CUDA that is seven kernels per
-    call, whose cost shows where the attention itself is short: measured on an H100, 0.1-0.2 ms
-    a call when decoding and 0.15-0.27 ms a call of a 4K-16K bf16 causal forward (about what
-    separates attnkit from SDPA there; docs/performance.md).
+    The rule (docs/semantics.md) makes NaN propagate the same way in every backend. Where it looks
+    first (:func:`looks_first`: the CPU, and CUDA calls of at least :data:`DEVICE_LOOK_MIN_BYTES`) it reads
+    a plain call's output or q, k and v once and waits for the device; elsewhere on CUDA it runs seven
+    kernels a call that read q, k and v and rewrite the output, whose cost shows where the attention
+    itself is short (docs/performance.md).
     ``nan_rule(False)`` skips it: NaN then spreads as each backend's kernel lets it (a NaN in a
     masked key, for instance, may change nothing). The setting is global (every thread), restored
     on exit, and read at trace time by ``torch.compile`` (a change recompiles)."""
@@ -77,25 +77,48 @@ def plain_look_min_keys(dtype: torch.dtype) -> int:
     return _MIN_KEYS.get(dtype, PLAIN_LOOK_MIN_KEYS)
 
 
+DEVICE_LOOK_MIN_BYTES = 32 * 2**20
+"""On CUDA, from this many bytes of q, k and v together, the rule looks before it acts, as it does on the CPU
+(:func:`looks_first`): one look at a plain call's output, or the three whole-tensor maxima of q, k and v, and one
+wait for the device, instead of the seven kernels that find each poisoned row and rewrite the output. The wait
+costs the host a few tens of microseconds; the kernels it saves read q, k and v and read and write the output
+(0.9 ms beside a 1.8 ms attention kernel at 4K tokens, batch 8, bf16 on an H200). Below it, and wherever the
+host must not wait (compiling, capturing a CUDA graph), the kernels run without a look.
+benchmarks/gpu_nan_rule.py measures both ways by size."""
+
+
+def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the rule settles the common case, no NaN at all, with a look on the host before it acts: always
+    on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v outside CUDA-graph
+    capture (where a wait is an error) and while ``torch.cuda.set_sync_debug_mode`` hunts waits (the caller asked
+    for none), never while compiling (a look is a graph break) or on other devices."""
+    if q.is_cpu:
+        return not torch.compiler.is_compiling()
+    return (q.is_cuda and q.nbytes + k.nbytes + v.nbytes >= DEVICE_LOOK_MIN_BYTES
+            and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+            and torch.cuda.get_sync_debug_mode() == 0)
+
+
 def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, causal: bool) -> Tensor:
     """SDPA's ``output`` of a plain call (no mask, bias, window, score_mod or sinks) with the rule: where
     some query sees every key (not causal, or causal with L >= S) and there are at least
-    :func:`plain_look_min_keys` of them, one look at the output on the CPU settles the common case
-    (:func:`with_nan_rows`)."""
+    :func:`plain_look_min_keys` of them (:data:`PLAIN_LOOK_MIN_KEYS` on CUDA), one look at the output settles the
+    common case where the rule looks first (:func:`looks_first`; otherwise :func:`with_nan_rows`)."""
     if not _on:
         return output
-    if ((not causal or dims.L >= dims.S) and dims.S >= _MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS)
-            and output.is_cpu and dims.Ev and not torch.compiler.is_compiling()):
+    if ((not causal or dims.L >= dims.S) and dims.Ev
+            and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)
+            and looks_first(q, k, v)):
         return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
     return with_nan_rows(q, k, v, dims, output)
 
 
 def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
-    """``output`` with the rows the NaN rule poisons set to NaN. A plain call on the CPU comes here only
-    when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
+    """``output`` with the rows the NaN rule poisons set to NaN. A plain call where the rule looks first comes here
+    only when its output shows a NaN: where some query sees every key (no mask; not causal, or causal with
     L >= S) and S >= plain_look_min_keys(dtype), SDPA's CPU kernels carry any NaN of q, k or v into the output
-    (checked over dtypes, shapes and positions: tests/functional/test_per_call.py), so that one look
-    settles the common case."""
+    (checked over dtypes, shapes and positions: tests/functional/test_per_call.py), and so do its CUDA kernels from
+    PLAIN_LOOK_MIN_KEYS keys (tests/gpu/test_nan_rule_cuda.py), so that one look settles the common case."""
     poisoned = poisoned_rows(q, k, v, dims)
     return output if poisoned is None else torch.where(poisoned, math.nan, output)
 
@@ -131,9 +154,12 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     # copy of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN
     # at all, is settled on the CPU by three whole-tensor maxima in one foreach call (2.6 us for a tiny
     # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py) and a look.
-    if q.device.type == "cpu" and not torch.compiler.is_compiling():
+    if looks_first(q, k, v):
         present = [x for x in (q, k, v) if x.numel()]
-        if not present or not any(map(math.isnan, map(Tensor.item, _MAXIMA(present)))):  # one dispatch, three floats (item: no grad warning)
+        if not present:
+            return None
+        maxima = _MAXIMA(present)  # one dispatch; then three floats (item: no grad warning), one copy off a GPU
+        if not any(map(math.isnan, map(Tensor.item, maxima) if q.is_cpu else torch.stack(maxima).tolist())):
             return None
     q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
     kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
@@ -147,4 +173,4 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     # and one more maximum is NaN exactly where the query row or its keys and values hold a NaN.
     B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_max.shape[2]
     poisoned = torch.isnan(torch.maximum(q_max.view(B, Hkv, G, L, 1), kv_max.view(B, Hkv, 1, 1, 1)))
-    return poisoned.view(B, Hkv * G, L, 1)  # on accelerators and compiled always (no device sync): 6 small ops
+    return poisoned.view(B, Hkv * G, L, 1)  # without a look first (no device sync) always: 6 small ops
