@@ -123,7 +123,11 @@ def test_above_the_threshold_the_rule_looks_first_and_rewrites_nothing(kwargs):
     assert q.nbytes * 3 >= nan.DEVICE_LOOK_MIN_BYTES
     expected = attnkit.attention(q, k, v, **kwargs).output
     ran = _ops(lambda: attnkit.attention(q, k, v, **kwargs))
-    assert "aten::where" not in ran and "aten::_local_scalar_dense" in ran, sorted(set(ran))
+    # the kernels' way ends in isnan and where; the look reads a maximum (of the output, or of q, k and v in one
+    # foreach call) back to the host (flex's own post-processing may run a where of its own)
+    assert "aten::isnan" not in ran and {"aten::amax", "aten::_foreach_max"} & set(ran), sorted(set(ran))
+    if "window" not in kwargs:
+        assert "aten::where" not in ran, sorted(set(ran))
     with nan.nan_rule(False):
         torch.testing.assert_close(attnkit.attention(q, k, v, **kwargs).output, expected, rtol=0, atol=0)
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 62, the NaN rule's look on CUDA: the GPU tests of the rule, then benchmarks/overhead.py (tiny calls, a
+# DecoderLM step) and benchmarks/gpu_generation.py (bf16 generate, batch 1 and 16) with the rule looking first
+# from nan.DEVICE_LOOK_MIN_BYTES as shipped and from 0 bytes (every call), alternating, in one call on the device.
+set -u
+OUT=${OUT:-out/gpu_nan_look}
+mkdir -p "$OUT"
+export PYTHONPATH=src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore
+LOG="$OUT/log.txt"
+with() {  # with BYTES SCRIPT ARGS...: run a benchmark with nan.DEVICE_LOOK_MIN_BYTES set to BYTES (default: as shipped)
+    local bytes=$1 script=$2
+    shift 2
+    python3 -c "import runpy, sys
+from attnkit.functional import nan
+if '$bytes' != 'default': nan.DEVICE_LOOK_MIN_BYTES = float('$bytes')
+print('DEVICE_LOOK_MIN_BYTES', nan.DEVICE_LOOK_MIN_BYTES)
+sys.argv = ['$script', *sys.argv[1:]]
+runpy.run_path('$script', run_name='__main__')" "$@"
+}
+step() {
+    local cap=$1 name=$2
+    shift 2
+    echo "=== $name (cap $cap s) at $(date +%T)" >>"$LOG"
+    timeout -k 5 "$cap" "$@" >>"$LOG" 2>&1
+    echo "=== $name: exit $? " | tee -a "$LOG"
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  echo "commit ${ATTNKIT_COMMIT:-unknown}"; } >>"$LOG" 2>&1
+step 60 "tests" python3 -m pytest tests/gpu/test_nan_rule_cuda.py -q -n 4 -p no:cacheprovider
+for bytes in default 0; do
+    step 45 "overhead, look from $bytes" with $bytes benchmarks/overhead.py --device cuda --calls 200 --rounds 3 --out "$OUT/overhead_$bytes.json"
+done
+for bytes in default 0; do
+    step 60 "generation, look from $bytes" with $bytes benchmarks/gpu_generation.py --dtypes bfloat16 --batches 1 16 \
+        --new-tokens 64 --repeats 2 --rows attnkit --out "$OUT/generation_$bytes.json"
+done
+grep -E "passed|failed|DEVICE_LOOK|tok/s|^(dense|causal|decode|MultiHead|DecoderLM|padding|window|BlockMask|prefill)" "$LOG"
