@@ -4,7 +4,8 @@ Every row is timed in this one process with CUDA events, bf16, B = 1, H = 16, E 
 ``--batch`` / ``--heads`` / ``--head-dim`` say otherwise, two ways: single-call latency (median of
 ``--repeats`` calls, each between its own events, after a warm-up that includes any compile) and
 back-to-back throughput (``--repeats`` calls issued between two events, per call: what a model sees,
-the host's per-call work overlapping earlier kernels):
+the host's per-call work overlapping earlier kernels), torch and attnkit alternating for ``--rounds``
+rounds (default 3), each figure the median over rounds:
 
 - dense and causal: ``F.scaled_dot_product_attention`` against ``attnkit.attention`` (auto);
 - causal window 1024 and Longformer (two-sided window 512 + 16 global tokens): compiled
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -99,7 +101,7 @@ def _chosen(q, k, v, kwargs) -> str:
 
 
 def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, patterns=PATTERNS,
-                   shape=(B, H, E), long_repeats: int | None = None, modes=MODES) -> list[dict]:
+                   shape=(B, H, E), long_repeats: int | None = None, modes=MODES, rounds: int = 1) -> list[dict]:
     rows = [] if rows is None else rows
     batch, heads, head_dim = shape
     for n in sizes:
@@ -112,6 +114,7 @@ def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, 
             ours = lambda q, k, v, kw=kwargs: attnkit.attention(q, k, v, **kw).output  # noqa: E731
             row = {"n": n, "pattern": name, "attnkit_backend": _chosen(q, k, v, kwargs)}
             for mode in modes:
+                runs = {}
                 for label, call in (("torch", theirs), ("attnkit", ours)):
                     if mode == "fwd":
                         def run(call=call):
@@ -120,12 +123,18 @@ def attention_rows(sizes, repeats: int, progress, save=lambda: None, rows=None, 
                     else:
                         def run(call=call):
                             call(q, k, v).backward(d_out)
-                    row[f"{label}_{mode}_ms"] = cuda_median_ms(run, repeats_here)
-                    row[f"{label}_{mode}_back_to_back_ms"] = cuda_back_to_back_ms(run, repeats_here)
+                    runs[label] = run
+                times = {(label, way): [] for label in runs for way in ("ms", "back_to_back_ms")}
+                for _ in range(rounds):  # the two sides alternate: a drift of the GPU's clock hits both alike
+                    for label, run in runs.items():
+                        times[label, "ms"].append(cuda_median_ms(run, repeats_here))
+                        times[label, "back_to_back_ms"].append(cuda_back_to_back_ms(run, repeats_here))
+                for (label, way), values in times.items():
+                    row[f"{label}_{mode}_{way}"] = statistics.median(values)
                 row[f"ratio_{mode}"] = row[f"torch_{mode}_ms"] / row[f"attnkit_{mode}_ms"]
                 row[f"ratio_{mode}_back_to_back"] = (row[f"torch_{mode}_back_to_back_ms"]
                                                      / row[f"attnkit_{mode}_back_to_back_ms"])
-            row["repeats"] = repeats_here
+            row["repeats"], row["rounds"] = repeats_here, rounds
             rows.append(row)
             save()  # a run cut short keeps its finished rows
             progress.update()
@@ -207,6 +216,8 @@ def main(argv=None) -> int:
     parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
                         help="off: attnkit's calls run inside attnkit.nan_rule(False) (what the rule costs)")
     parser.add_argument("--repeats", type=int, default=20, help="calls per measure (each alone; then back to back)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds, torch and attnkit alternating; each figure is the median over rounds")
     parser.add_argument("--long-repeats", type=int, help="calls per measure past 16K tokens (default: --repeats)")
     parser.add_argument("--batch", type=int, default=B)
     parser.add_argument("--heads", type=int, default=H)
@@ -233,7 +244,7 @@ def main(argv=None) -> int:
             attnkit.nan_rule(args.nan_rule == "on"):
         attention_rows(args.sizes, args.repeats, progress, save=lambda: write_json(args.out, report),
                        rows=report["attention"], patterns=args.patterns, shape=(args.batch, args.heads, args.head_dim),
-                       long_repeats=args.long_repeats, modes=args.modes)
+                       long_repeats=args.long_repeats, modes=args.modes, rounds=args.rounds)
         report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
     write_json(args.out, report)
     print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")

@@ -24,8 +24,8 @@ def nan_rule(enabled: bool):
     """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
 
     The rule (docs/semantics.md) makes NaN propagate the same way in every backend. Where it looks
-    first (:func:`looks_first`: the CPU, and CUDA calls of at least :data:`DEVICE_LOOK_MIN_BYTES`) it reads
-    a plain call's output or q, k and v once and waits for the device; elsewhere on CUDA it runs seven
+    first (:func:`looks_first`: the CPU, and CUDA outside compiling, graph capture and sync debugging) it
+    reads a plain call's output or q, k and v once and waits for the device; elsewhere it runs seven
     kernels a call that read q, k and v and rewrite the output, whose cost shows where the attention
     itself is short (docs/performance.md).
     ``nan_rule(False)`` skips it: NaN then spreads as each backend's kernel lets it (a NaN in a
@@ -77,20 +77,21 @@ def plain_look_min_keys(dtype: torch.dtype) -> int:
     return _MIN_KEYS.get(dtype, PLAIN_LOOK_MIN_KEYS)
 
 
-DEVICE_LOOK_MIN_BYTES = 32 * 2**20
-"""On CUDA, from this many bytes of q, k and v together, the rule looks before it acts, as it does on the CPU
-(:func:`looks_first`): one look at a plain call's output, or the three whole-tensor maxima of q, k and v, and one
-wait for the device, instead of the seven kernels that find each poisoned row and rewrite the output. The wait
-costs the host a few tens of microseconds; the kernels it saves read q, k and v and read and write the output
-(0.9 ms beside a 1.8 ms attention kernel at 4K tokens, batch 8, bf16 on an H200). Below it, and wherever the
-host must not wait (compiling, capturing a CUDA graph), the kernels run without a look.
-benchmarks/gpu_nan_rule.py measures both ways by size."""
+DEVICE_LOOK_MIN_BYTES: float = 0
+"""On CUDA, from this many bytes of q, k and v together (every call, as shipped), the rule looks before it acts, as
+it does on the CPU (:func:`looks_first`): one look at a plain call's output, or the three whole-tensor maxima of q,
+k and v, and one wait for the device, instead of seven kernels that find each poisoned row and rewrite the
+output. Measured on an H200 (benchmarks/results/gpu/2026-11-27/): the look was faster at every size tried, from
+the tiny calls of benchmarks/overhead.py (a decoding step 102 -> 45 us) to 768 MiB of q, k and v (3.02 -> 2.15 ms
+beside SDPA's 2.05 ms), and ``generate`` at batch 1 ran 51 -> 65 tokens/s (batch 16: the same within noise).
+Raise it (``math.inf``: never) to keep the calls below it free of waits; compiling, CUDA-graph capture and
+``torch.cuda.set_sync_debug_mode`` never look."""
 
 
 def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the rule settles the common case, no NaN at all, with a look on the host before it acts: always
-    on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v outside CUDA-graph
-    capture (where a wait is an error) and while ``torch.cuda.set_sync_debug_mode`` hunts waits (the caller asked
+    on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v (every call, as shipped)
+    outside CUDA-graph capture (where a wait is an error) and while ``torch.cuda.set_sync_debug_mode`` hunts waits (the caller asked
     for none), never while compiling (a look is a graph break) or on other devices."""
     if q.is_cpu:
         return not torch.compiler.is_compiling()
