@@ -1,8 +1,7 @@
 """Generation on CUDA (marker ``gpu``): at most one read from the device per step (the new tokens
 and which rows stopped), counted with ``torch.cuda.set_sync_debug_mode("warn")`` (in which the NaN rule does
-not look first: outside it, the rule's look adds one wait per attention call, which measured faster than
-its kernels, ``nan.DEVICE_LOOK_MIN_BYTES``); the same greedy
-tokens as on the CPU in float32, batched with left padding."""
+not look first: outside it, attention calls of ``nan.DEVICE_LOOK_MIN_BYTES`` or more add one wait each); the
+same greedy tokens as on the CPU in float32, batched with left padding."""
 
 from __future__ import annotations
 

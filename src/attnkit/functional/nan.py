@@ -24,7 +24,7 @@ def nan_rule(enabled: bool):
     """Within the block, :func:`attention` applies the NaN rule (``True``, the default) or not.
 
     The rule (docs/semantics.md) makes NaN propagate the same way in every backend. Where it looks
-    first (:func:`looks_first`: the CPU, and CUDA outside compiling, graph capture and sync debugging) it
+    first (:func:`looks_first`: the CPU, and CUDA calls of at least :data:`DEVICE_LOOK_MIN_BYTES`) it
     reads a plain call's output or q, k and v once and waits for the device; elsewhere it runs seven
     kernels a call that read q, k and v and rewrite the output, whose cost shows where the attention
     itself is short (docs/performance.md).
@@ -77,22 +77,25 @@ def plain_look_min_keys(dtype: torch.dtype) -> int:
     return _MIN_KEYS.get(dtype, PLAIN_LOOK_MIN_KEYS)
 
 
-DEVICE_LOOK_MIN_BYTES: float = 0
-"""On CUDA, from this many bytes of q, k and v together (every call, as shipped), the rule looks before it acts, as
-it does on the CPU (:func:`looks_first`): one look at a plain call's output, or the three whole-tensor maxima of q,
-k and v, and one wait for the device, instead of seven kernels that find each poisoned row and rewrite the
-output. Measured on an H200 (benchmarks/results/gpu/2026-11-27/): the look was faster at every size tried, from
-the tiny calls of benchmarks/overhead.py (a decoding step 102 -> 45 us) to 768 MiB of q, k and v (3.02 -> 2.15 ms
-beside SDPA's 2.05 ms), and ``generate`` at batch 1 ran 51 -> 65 tokens/s (batch 16: the same within noise).
-Raise it (``math.inf``: never) to keep the calls below it free of waits; compiling, CUDA-graph capture and
-``torch.cuda.set_sync_debug_mode`` never look."""
+DEVICE_LOOK_MIN_BYTES: float = 32 * 2**20
+"""On CUDA, from this many bytes of q, k and v together, the rule looks before it acts, as it does on the CPU
+(:func:`looks_first`): one look at a plain call's output, or the three whole-tensor maxima of q, k and v, and one
+wait for the device, instead of seven kernels that find each poisoned row and rewrite the output. On an H200 the
+look measured faster at every size tried, 12 to 768 MiB of bf16 q, k and v (at 768 MiB a causal call 3.02 ->
+2.15 ms beside SDPA's 2.05 ms; benchmarks/results/gpu/2026-11-27/). From 32 MiB on, the kernels' own device time
+(reading q, k and v, rewriting the output: tens of microseconds and more) is at least the idle gap a wait leaves,
+so a program whose GPU, not its host, is the bottleneck should not lose either. Below it the look saves host time
+where the host is the bottleneck (measured with 0: a tiny decoding call 102 -> 45 us, ``generate`` at batch 1
+51 -> 65 tokens/s, at batch 16 the same within noise), but its wait can idle a busy GPU, which was not measured:
+set 0 for host-bound work such as decoding at small batches, ``math.inf`` to keep every call free of waits.
+Compiling, CUDA-graph capture and ``torch.cuda.set_sync_debug_mode`` never look."""
 
 
 def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the rule settles the common case, no NaN at all, with a look on the host before it acts: always
-    on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v (every call, as shipped)
-    outside CUDA-graph capture (where a wait is an error) and while ``torch.cuda.set_sync_debug_mode`` hunts waits (the caller asked
-    for none), never while compiling (a look is a graph break) or on other devices."""
+    on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v outside CUDA-graph
+    capture (where a wait is an error) and unless ``torch.cuda.set_sync_debug_mode`` hunts waits (the caller asked
+    for none); never while compiling (a look is a graph break), nor on other devices."""
     if q.is_cpu:
         return not torch.compiler.is_compiling()
     return (q.is_cuda and q.nbytes + k.nbytes + v.nbytes >= DEVICE_LOOK_MIN_BYTES
