@@ -174,10 +174,11 @@ def test_a_refused_command_leaves_no_empty_output_folder(command, tmp_path, caps
     (["inspect", "--model", "minilm", "--beam", "3", "hello there"], ["--beam", "translation checkpoint"]),
     (["inspect", "--model", "minilm", "--limit", "3", "hello there"], ["--limit", "--aer only"]),
     (["inspect", "--model", "minilm", "--no-eflomal", "hello there"], ["--no-eflomal", "--aer only"]),
+    (["inspect", "--model", "minilm", "--dev-limit", "3", "hello there"], ["--dev-limit", "--aer only"]),
     (["inspect", "--model", "minilm", "--ibm-iterations", "3", "hello there"], ["--ibm-iterations", "--aer only"]),
     (["bench", "--render", "README.md", "--sizes", "512"], ["--sizes", "--render"]),
     (["demo", "--models", "bahdanau", "bahdanau"], ["--models", "bahdanau", "twice"]),
-], ids=["generate-seed", "inspect-beam", "inspect-limit", "inspect-no-eflomal", "inspect-ibm", "bench-render",
+], ids=["generate-seed", "inspect-beam", "inspect-limit", "inspect-no-eflomal", "inspect-dev-limit", "inspect-ibm", "bench-render",
         "demo-models"])
 def test_options_that_would_change_nothing_are_refused_by_name(argv, words, capsys, tmp_path):
     """docs/workbench.md promises it (issue 59, item 15): an option the command would ignore is named."""

@@ -55,15 +55,17 @@ def test_inspect_checkpoint_and_alignment_error_rate(greek_checkpoint, tmp_path,
     also = tmp_path / "also"
     shutil.copytree(greek_checkpoint, also)  # a second run in the same table
     assert main(["inspect", "--model", str(greek_checkpoint), "--out", str(out), "--steps", "2", "--beam", "1",
-                 "--aer", "--limit", "20", "--ibm-iterations", "1", "--quiet", "--also", str(also), "--aer-attribution", "2",
+                 "--aer", "--limit", "20", "--dev-limit", "12", "--ibm-iterations", "1", "--quiet", "--also", str(also), "--aer-attribution", "2",
                  "Ἐν ἀρχῇ ἦν ὁ λόγος", "--reference", "In the beginning was the Word"]) == 0
     printed = capsys.readouterr().out
     assert "IBM Model 1" in printed and "diagonal" in printed
     assert (out / "alignment-1.png").read_bytes()[:8] == PNG
     assert (out / "alignment-attention.png").read_bytes()[:8] == PNG
     result = json.loads((out / "alignment.json").read_text())
-    assert result["verses"] == 20 and result["dev_verses"] == 154
-    assert set(result["scores"]) >= {"run: attention, head average, argmax", "run: shift-att, head average, argmax",
+    assert result["verses"] == 20 and result["dev_verses"] == 12 and result["dev_verses_total"] == 154
+    names = {name.removesuffix(" (best on dev)") for name in result["scores"]}  # the dev-best reading is marked
+    assert sum(name.endswith(" (best on dev)") for name in result["scores"]) == 3  # run, also, and run by gradients
+    assert names >= {"run: attention, head average, argmax", "run: shift-att, head average, argmax",
                                      "IBM Model 1", "diagonal", "eflomal, grow-diag-final-and", "eflomal, intersection",
                                      "also: attention, head average, argmax", "run: integrated gradients (2 steps), argmax"}
     for best in result["best_on_dev"]:  # chosen on dev, never on test

@@ -55,7 +55,7 @@ def _inspect_into(args: argparse.Namespace) -> int:
     if args.also and not args.aer:
         raise UsageError("--also adds checkpoints to --aer's table; give --aer too")
     if not args.aer:
-        refuse_unused(args, ["limit", "no_eflomal", "ibm_iterations", "aer_attribution"], "applies to --aer only")
+        refuse_unused(args, ["limit", "dev_limit", "no_eflomal", "ibm_iterations", "aer_attribution"], "applies to --aer only")
     kind = _model_kind(args.model)
     if kind != "checkpoint":
         refuse_unused(args, ["beam"], "applies to a translation checkpoint's translations, not to this --model")
@@ -180,7 +180,8 @@ def _inspect_checkpoint(args: argparse.Namespace, folder: Path, texts, reference
             if other.name in checkpoints:
                 raise UsageError(f"--also {other}: two runs named {other.name!r}; rename one folder")
             checkpoints[other.name] = extra
-        result = report.evaluate_alignment(checkpoints, args.out, limit=args.limit, ibm_iterations=args.ibm_iterations,
+        result = report.evaluate_alignment(checkpoints, args.out, limit=args.limit, dev_limit=args.dev_limit,
+                                           ibm_iterations=args.ibm_iterations,
                                            eflomal=not args.no_eflomal, attribution_steps=args.aer_attribution,
                                            progress=not args.quiet)
         for name, s in result["scores"].items():
@@ -232,6 +233,9 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--aer", action="store_true",
                          help="a checkpoint trained with --data grc-en: AER on the held-out verses vs IBM Model 1 and the diagonal")
     inspect.add_argument("--limit", type=int_in(1), help="--aer on the first N held-out verses only")
+    inspect.add_argument("--dev-limit", type=int_in(1), metavar="N",
+                         help="--aer: choose each model's reading on the first N dev verses only (default: all 154; "
+                              "integrated gradients on every dev verse is most of --aer-attribution's time)")
     inspect.add_argument("--coref", action="store_true",
                          help="per-head pronoun resolution on the bundled Winograd-style pairs (an encoder: minilm or a "
                               "Hugging Face encoder folder, through attn_implementation='attnkit')")

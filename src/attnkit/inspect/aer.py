@@ -119,7 +119,7 @@ def _attribution_methods(label: str, checkpoint, test, dev, thresholds, steps: i
     return {"methods": methods, "dev_aer": named_dev}
 
 
-def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: int = 5,
+def score_alignments(checkpoints, *, limit: int | None = None, dev_limit: int | None = None, ibm_iterations: int = 5,
                        thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True,
                        attribution_steps: int = 0, progress: bool = False,
                        log: Callable[[str], None] | None = None) -> tuple[dict, tuple]:
@@ -132,9 +132,10 @@ def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: i
     for one model), their rule chosen on dev.
 
     ``checkpoints``: one checkpoint, or a dict label -> checkpoint. For each, the reading with the
-    lowest AER on the dev verses (the "valid" split) is reported on test; nothing is chosen on
-    test. The statistical aligners learn from the text of every verse (train, dev and test)
-    without gold links, as aligners are used.
+    lowest AER on the dev verses (the "valid" split; its first ``dev_limit`` verses where given) is
+    reported on test; nothing is chosen on test. ``limit`` keeps the first test verses. The statistical
+    aligners learn from the text of every verse (train, all of dev, and the test verses scored) without
+    gold links, as aligners are used.
 
     Returns the JSON-ready result (``scores``, ``dev_aer``, ``best_on_dev``, ``per_layer`` ...) and
     an example verse of about 14 words: (pair, the first checkpoint's best attention reading as a
@@ -145,7 +146,8 @@ def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: i
         checkpoints = {"attention": checkpoints}
     if not checkpoints:
         raise ValueError("checkpoints is empty: give at least one checkpoint")
-    test, dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
+    test, all_dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
+    dev = all_dev[:dev_limit]
     if any(p.alignment is None for p in test + dev):
         raise ValueError("the aligned corpus has a verse without gold links")
     gold = [p.alignment or () for p in test]
@@ -174,7 +176,7 @@ def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: i
             log(f"{label}: integrated-gradient alignments in {seconds[f'{label}: integrated gradients']:.1f} s")
     log(f"IBM Model 1 ({ibm_iterations} EM iterations) ...")
     words_of = lambda p: (p.source.lower().split(), p.target.lower().split())  # noqa: E731
-    corpus = [words_of(p) for p in train + dev + test]
+    corpus = [words_of(p) for p in train + all_dev + test]
     ibm = IBMModel1().fit(corpus, iterations=ibm_iterations, progress=progress)
     methods["IBM Model 1"] = [ibm.align(*words_of(p)) for p in test]
     if eflomal:
@@ -196,7 +198,7 @@ def score_alignments(checkpoints, *, limit: int | None = None, ibm_iterations: i
     gold_matrix = np.zeros_like(example_words[example])
     for i, j in pair.alignment or ():
         gold_matrix[j, i] = 1.0
-    result: dict[str, Any] = {"verses": len(test), "dev_verses": len(dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
+    result: dict[str, Any] = {"verses": len(test), "dev_verses": len(dev), "dev_verses_total": len(all_dev), "gold_links": sum(len(g) for g in gold), "scores": scores,
               "dev_aer": dev_aer, "best_on_dev": best, "per_layer": per_layer,
               "ibm_iterations": ibm_iterations, "ibm_log_likelihoods": ibm.log_likelihoods,
               "checkpoints": {label: str(c.folder) for label, c in checkpoints.items()}, "example": pair.reference,

@@ -266,7 +266,12 @@ def inspect_encoder_decoder(runs: Sequence[dict], texts: Sequence[str], out: str
     return out / "report.md"
 
 
-def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None, ibm_iterations: int = 5,
+def _dev_verses(used: int, total: int) -> str:
+    return f"{used} dev verses" if used == total else f"first {used} of the {total} dev verses (--dev-limit)"
+
+
+def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None, dev_limit: int | None = None,
+                       ibm_iterations: int = 5,
                        thresholds: Sequence[float] = (0.2, 0.3, 0.5), eflomal: bool = True,
                        attribution_steps: int = 0, progress: bool = False,
                        log: Callable[[str], None] | None = None) -> dict:
@@ -276,7 +281,7 @@ def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None
 
     out = Path(out)
     result, (pair, attention_matrix, gold_matrix) = score_alignments(
-        checkpoints, limit=limit, ibm_iterations=ibm_iterations, thresholds=thresholds, eflomal=eflomal,
+        checkpoints, limit=limit, dev_limit=dev_limit, ibm_iterations=ibm_iterations, thresholds=thresholds, eflomal=eflomal,
         attribution_steps=attribution_steps, progress=progress, log=log)
     for name, matrix in (("attention", attention_matrix), ("gold", gold_matrix)):
         plot_heatmap(matrix, out / f"alignment-{name}.png", x_labels=pair.source.split(), y_labels=pair.target.split(),
@@ -290,7 +295,7 @@ def evaluate_alignment(checkpoints, out: str | Path, *, limit: int | None = None
              "Every method links English words to Greek words; attention comes from each checkpoint forced "
              "to produce the reference English, pooled from subword pieces to words. "
              f"{tried} attention readings (layer, head or head average, shift-att or not, rule) were scored on "
-             f"the {dev_count} dev verses; each model's best is marked. eflomal and IBM Model 1 learn from the text of "
+             f"the {_dev_verses(dev_count, result.get('dev_verses_total', dev_count))}; each model's best is marked. eflomal and IBM Model 1 learn from the text of "
              f"all {corpus_count:,} verses, without gold links.", "",
              ]
     lines += markdown_table(["method", "precision", "recall", "AER (test)", "AER (dev)", "links"], (
