@@ -1,9 +1,10 @@
 """attnkit.hf.context_parallel: a transformers model with its sequence split over W processes (gloo) gives
 the loss and every gradient of one process running the whole batch (tests/external/hf_parallel_check.py),
 with left and right padding (a left-padded row's first label predicted from a pad position: a row with no
-key), for every family of attnkit.hf.CONTEXT_PARALLEL_FAMILIES, both methods, W = 2, 3, 4, float32
-(1e-5) and float64 (1e-10; 1e-8 where the model computes in float32 inside, see FLOAT32_INSIDE); and
-what it refuses, by name."""
+key), for every family of attnkit.hf.CONTEXT_PARALLEL_FAMILIES, both methods, W = 2, 3, 4: float64 (1e-10;
+1e-8 where the model computes in float32 inside, see FLOAT32_INSIDE) at every W, float32 (1e-5) at W = 2 (the
+split is the same in both dtypes: float64 holds it to 1e-10, float32 adds the dtype's own path once) and at
+every W for the families without float64 (NO_FLOAT64); and what it refuses, by name."""
 
 from __future__ import annotations
 
@@ -36,15 +37,19 @@ RING_REFUSES = {"gemma2": "softcap", "gpt_oss": "s_aux"}  # named refusals of me
 
 
 def _cases(world: int, families) -> list[tuple]:
-    """(family, dtype, layout, method): each family with both methods in float32 (and float64 where it
-    has it), its layout turning with its place in the list (each layout on a third of the families);
-    Llama with every layout."""
+    """(family, dtype, layout, method): each family with both methods in float64 where it has it (float32 where
+    it has not), and in float32 too at W = 2; its layout turning with its place in the list (each layout on a
+    third of the families); Llama with every layout."""
     cases = []
     for index, family in enumerate(families):
         layouts = LAYOUTS if family == "llama" else (LAYOUTS[(index + world) % len(LAYOUTS)],)
         for layout in layouts:
             for method in METHODS:
-                for dtype in (torch.float32,) if family in NO_FLOAT64 else (torch.float32, torch.float64):
+                if family in NO_FLOAT64:
+                    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+                else:
+                    dtypes = (torch.float32, torch.float64) if world == 2 else (torch.float64,)
+                for dtype in dtypes:
                     cases.append((family, dtype, layout, method))
     return cases
 
