@@ -215,3 +215,15 @@ def test_a_full_block_mask_alone_goes_to_sdpa_without_a_problem(backend, kind, m
     torch.testing.assert_close(tiled, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="block mask of shape"):
         attnkit.attention(q[:, :, :32], k, v, mask=sparse)
+
+
+def test_the_rule_looks_first_on_the_cpu_and_not_while_compiling_or_on_other_devices(monkeypatch):
+    """nan.looks_first: the CPU looks (one dispatch and a wait for nothing); compiled code never (a look is a
+    graph break); a device that is neither the CPU nor CUDA never (tests/gpu/test_nan_rule_cuda.py holds CUDA's
+    threshold, graph capture and sync-debug mode)."""
+    q = torch.randn(1, 2, 4, 8)
+    assert nan.looks_first(q, q, q)
+    meta = q.to("meta")
+    assert not nan.looks_first(meta, meta, meta)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not nan.looks_first(q, q, q)
