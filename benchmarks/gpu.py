@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 import attnkit
 from attnkit._files import write_json
-from attnkit.bench.harness import cuda_back_to_back_ms, cuda_median_ms, machine_info, peak_extra_mb
+from attnkit.bench.harness import cuda_back_to_back_ms, cuda_median_ms, finish_gpu_report, gpu_report, peak_extra_mb
 from attnkit.functional.backends import flex, flex_tables
 from attnkit.functional.block_patterns import longformer_block_mask
 
@@ -227,14 +227,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    machine = machine_info("cuda")
-    report = {
-        "device": machine["gpu"], "torch": torch.__version__, "cuda": torch.version.cuda, "driver": machine["driver"],
-        "triton": machine["triton"], "transformers": machine["transformers"], "commit": machine["commit"],
-        "machine": machine,
-        "shape": {"B": args.batch, "H": args.heads, "E": args.head_dim, "dtype": "bfloat16"}, "repeats": args.repeats,
-        "nan_rule": args.nan_rule,
-    }
+    report = gpu_report(shape={"B": args.batch, "H": args.heads, "E": args.head_dim, "dtype": "bfloat16"},
+                        repeats=args.repeats, nan_rule=args.nan_rule)
     # torch's compiled flex_attention and attnkit's share one code object, and each (length, scale,
     # pattern) is a graph of its own: past dynamo's default of 8 the baseline would silently run eager.
     torch._dynamo.config.recompile_limit = 512
@@ -246,10 +240,7 @@ def main(argv=None) -> int:
                        rows=report["attention"], patterns=args.patterns, shape=(args.batch, args.heads, args.head_dim),
                        long_repeats=args.long_repeats, modes=args.modes, rounds=args.rounds)
         report["block_masks"] = block_mask_rows(args.mask_sizes, progress)
-    write_json(args.out, report)
-    print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")
-    print(markdown(report))
-    print(f"\nwritten {args.out}")
+    finish_gpu_report(args.out, report, markdown(report))
     return 0
 
 

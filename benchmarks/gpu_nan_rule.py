@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 import attnkit
 from attnkit._files import write_json
-from attnkit.bench.harness import cuda_back_to_back_ms, machine_info
+from attnkit.bench.harness import cuda_back_to_back_ms, finish_gpu_report, gpu_report
 from attnkit.functional import nan
 
 H, E = 32, 128
@@ -114,16 +114,10 @@ def main(argv=None) -> int:
         print("benchmarks/gpu_nan_rule.py needs a CUDA GPU", file=sys.stderr)
         return 2
     cases = [case for case in CASES if not args.cases or case[0] in args.cases]
-    machine = machine_info("cuda")
-    report = {"device": machine["gpu"], "torch": torch.__version__, "cuda": torch.version.cuda,
-              "driver": machine["driver"], "triton": machine["triton"], "commit": machine["commit"], "machine": machine,
-              "threshold_mib": nan.DEVICE_LOOK_MIN_BYTES / 2**20, "rows": []}
+    report = gpu_report(threshold_mib=nan.DEVICE_LOOK_MIN_BYTES / 2**20, rows=[])
     with tqdm(total=len(cases), desc="nan rule", unit="case") as progress:
         rows(cases, args.calls, args.rounds, progress, lambda: write_json(args.out, report), report["rows"])
-    write_json(args.out, report)
-    print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")
-    print(markdown(report))
-    print(f"\nwritten {args.out}")
+    finish_gpu_report(args.out, report, markdown(report))
     return 0
 
 

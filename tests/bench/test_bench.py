@@ -108,3 +108,18 @@ def test_the_gpu_generation_benchmark_runs_on_a_cpu_with_the_same_tokens_in_ever
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 4
     assert all(r["error"] is None and r["same_tokens_as_transformers"] for r in rows), rows
+
+
+def test_a_gpu_reports_head_names_the_card_and_versions_and_its_end_writes_and_prints(tmp_path, capsys):
+    """benchmarks/gpu*.py share these: the head carries machine_info (on a machine without CUDA the card is None),
+    the end writes the JSON atomically and prints the table with the card and versions above it."""
+    from attnkit.bench.harness import finish_gpu_report, gpu_report
+
+    report = gpu_report(shape={"B": 1}, rows=[1, 2])
+    assert report["torch"] == torch.__version__ and report["machine"]["device"] == "cuda"
+    assert report["shape"] == {"B": 1} and report["rows"] == [1, 2] and "commit" in report
+    out = tmp_path / "r.json"
+    finish_gpu_report(out, report, "| a table |")
+    assert json.loads(out.read_text())["rows"] == [1, 2]
+    printed = capsys.readouterr().out
+    assert f"torch {torch.__version__}" in printed and "| a table |" in printed and str(out) in printed

@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["time_round_robin", "cuda_median_ms", "median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info"]
+__all__ = ["time_round_robin", "cuda_median_ms", "median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info",
+           "gpu_report", "finish_gpu_report"]
 
 
 def time_round_robin(
@@ -202,6 +203,25 @@ def machine_info(device: str = "cpu") -> dict:
     # The code measured: ATTNKIT_COMMIT where a copy without .git runs (the GPU record), else git's HEAD.
     info["commit"] = os.environ.get("ATTNKIT_COMMIT") or _git_head()
     return info
+
+
+def gpu_report(**fields) -> dict:
+    """The head of a GPU benchmark's JSON: the card, torch, CUDA, the driver, Triton, transformers and the commit
+    (:func:`machine_info` on CUDA, whole under ``machine``), then ``fields``."""
+    machine = machine_info("cuda")
+    return {"device": machine.get("gpu"), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "driver": machine.get("driver"), "triton": machine.get("triton"), "transformers": machine.get("transformers"),
+            "commit": machine["commit"], "machine": machine, **fields}
+
+
+def finish_gpu_report(out, report: dict, table: str) -> None:
+    """Write ``report`` to ``out`` (atomically), then print the card and versions, ``table`` and where it went."""
+    from .._files import write_json
+
+    write_json(out, report)
+    print(f"{report['device']}, torch {report['torch']}, CUDA {report['cuda']}\n")
+    print(table)
+    print(f"\nwritten {out}")
 
 
 def _driver() -> str | None:
