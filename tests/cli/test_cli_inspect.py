@@ -95,6 +95,12 @@ def test_coref_on_a_translation_checkpoint_is_a_clear_error(phrase_checkpoint, c
     assert "--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation" in capsys.readouterr().err
 
 
+def test_layers_on_a_translation_checkpoint_is_refused_by_name(phrase_checkpoint, tmp_path, capsys):
+    assert main(["inspect", "--model", str(phrase_checkpoint), "--layers", "0", "--out", str(tmp_path / "o"),
+                 "--quiet", "three red cats"]) == 2
+    assert "--layers chooses an encoder or decoder report's head grids, not a translation checkpoint's" in capsys.readouterr().err
+
+
 def test_inspect_transformer_checkpoint_shows_every_layer_and_kind(phrase_checkpoint, tmp_path):
     out = tmp_path / "tf"
     texts = tmp_path / "texts.tsv"

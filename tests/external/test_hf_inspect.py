@@ -136,10 +136,14 @@ def smollm2_model():
 @pytest.mark.requires("smollm2")
 def test_inspect_cli_on_smollm2(tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["inspect", "--model", "smollm2", "--out", str(out), "--steps", "2", "--quiet",
+    assert main(["inspect", "--model", "smollm2", "--out", str(out), "--steps", "2", "--quiet", "--layers", "29,0",
                  "The trophy did not fit in the suitcase because it was too big."]) == 0
     assert "decoder" in capsys.readouterr().out
     assert (out / "report.md").is_file() and (out / "viewer.html").is_file()
+    # --layers: the grids of the first and last layer only (30 grids were most of the report's time); the
+    # report links those two and says of how many
+    assert sorted(p.name for p in out.glob("heads-layer*.png")) == ["heads-layer0.png", "heads-layer29.png"]
+    assert "[layer 0](heads-layer0.png), [layer 29](heads-layer29.png) (of 30 layers: --layers)" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["UsageError", "user_values", "MAX_TEXT_CHARS", "MAX_BEAM", "SEED", "int_in", "float_in", "output_file",
+__all__ = ["UsageError", "user_values", "MAX_TEXT_CHARS", "MAX_BEAM", "SEED", "int_in", "int_list", "float_in", "output_file",
            "picture_file", "seed", "made_folder", "output_dir", "input_file",
            "check_texts", "stdin_lines", "check_writable", "owned_folder", "check_not_input", "check_new_file",
            "refuse_unused", "resolve_checkpoint", "check_beam", "check_trained_on_grc_en",
@@ -80,6 +80,20 @@ def int_in(low: int, high: int | None = None):
             bounds = f">= {low:,}" if high is None else f"in [{low:,}, {high:,}]"
             raise argparse.ArgumentTypeError(f"expected an integer {bounds}, got {value:,}")
         return value
+
+    return parse
+
+
+def int_list(low: int):
+    """Comma-separated integers, each >= ``low`` ("0,29"): one argument, so that it cannot swallow the positional
+    texts that follow it as ``nargs="+"`` would."""
+    one = int_in(low)
+
+    def parse(text: str) -> list[int]:
+        parts = text.split(",")
+        if not all(part.strip() for part in parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,5, got {text!r}")
+        return [one(part.strip()) for part in parts]
 
     return parse
 

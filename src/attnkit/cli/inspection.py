@@ -18,6 +18,7 @@ from .arguments import (
     check_trained_on_grc_en,
     input_file,
     int_in,
+    int_list,
     output_dir,
     owned_folder,
     refuse_unused,
@@ -94,9 +95,10 @@ def _encoder_report(args: argparse.Namespace, model, tokenizer, texts, kind: str
     model = model.to(args.device)
 
     if args.coref:
+        refuse_unused(args, ["layers"], "chooses the head grids of a report; --coref writes none")
         return _coref(model, tokenizer, args, not args.quiet, kind or "encoder")
     path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
-                                  progress=not args.quiet)
+                                  layers=args.layers, progress=not args.quiet)
     print(f"report: {path}" if kind is None else f"report ({kind}, through attn_implementation='attnkit'): {path}")
     return 0
 
@@ -138,6 +140,7 @@ def _inspect_hf_folder(args: argparse.Namespace, folder: Path, texts, references
         return _encoder_report(args, model, tokenizer, texts, kind)
     if args.coref:
         raise UsageError(f"--coref reads one self-attention stack: {folder} is an encoder-decoder")
+    refuse_unused(args, ["layers"], f"chooses an encoder or decoder report's head grids; {folder} is an encoder-decoder")
     if not texts:
         raise UsageError("give source texts (or --file with source<TAB>reference lines) for an encoder-decoder")
     forced = references or [None] * len(texts)
@@ -159,6 +162,7 @@ def _inspect_checkpoint(args: argparse.Namespace, folder: Path, texts, reference
     if args.coref:
         raise UsageError("--coref needs an encoder (minilm or a Hugging Face encoder folder), not a translation "
                          "checkpoint")
+    refuse_unused(args, ["layers"], "chooses an encoder or decoder report's head grids, not a translation checkpoint's")
     if not texts and not args.aer:
         raise UsageError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
     checkpoint = load_checkpoint(resolve_checkpoint(folder))
@@ -228,6 +232,10 @@ def add_inspect_parser(commands) -> None:
     inspect.add_argument("--steps", type=int_in(2, MAX_IG_STEPS), default=32,
                          help=f"integrated-gradients steps, in [2, {MAX_IG_STEPS}] (each step is one copy of the text "
                               "in one batch: the cap bounds the memory)")
+    inspect.add_argument("--layers", type=int_list(0), metavar="N,M,...",
+                         help="head grids (heads-layerN.png) of these layers only, counted from 0, e.g. 0,29 (default: "
+                              "every layer; the overview, viewer and report keep every layer). An encoder or decoder's "
+                              "report")
     inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
     inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), help="beam width of a checkpoint's translations (default 5)")
     inspect.add_argument("--aer", action="store_true",

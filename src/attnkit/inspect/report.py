@@ -25,6 +25,7 @@ from .._markdown import markdown_table, write_markdown
 from .._progress import progress_bar
 from ..data import Pair
 from ..data.batching import collate
+from ..errors import InputError
 from .aer import score_alignments
 from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
 from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
@@ -78,10 +79,24 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
     return lines, rows
 
 
+def _checked_layers(layers: Sequence[int] | None, count: int) -> list[int]:
+    """The layers to draw, in order and once each: every one for None; else each of ``layers`` in [0, count)."""
+    if layers is None:
+        return list(range(count))
+    wrong = [layer for layer in layers if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < count]
+    if wrong or not layers:
+        raise InputError(f"layers (--layers) must be layer numbers in [0, {count - 1}] of this {count}-layer model, "
+                         f"got {list(layers)!r}")
+    return sorted(set(layers))
+
+
 def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Path, *, steps: int = 32,
-                    top_k: int = 16, progress: bool = False, log: Callable[[str], None] | None = None) -> Path:
+                    top_k: int = 16, layers: Sequence[int] | None = None, progress: bool = False,
+                    log: Callable[[str], None] | None = None) -> Path:
     """Inspect a BERT-style encoder on ``texts`` (the bundled :data:`SENTENCES` when None); returns report.md's path.
-    Messages go to ``log`` (default: this module's logger at INFO)."""
+    ``layers``: the layers (from 0) whose head grids are drawn, ``heads-layer{n}.png`` (default every one, as BertViz's
+    ``include_layers``: a 30-layer model's 30 grids take most of a report's time); the roles, overview, viewer and
+    report cover every layer. Messages go to ``log`` (default: this module's logger at INFO)."""
     log = log or logger.info
     from ..viz import AttentionView, plot_head_values, plot_heads, plot_heatmap, plot_overview, write_viewer
 
@@ -94,8 +109,10 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
                      out / "roles.png", title=f"Head roles over {_count(len(texts), 'text')} ({roles.tokens} tokens)",
                      vmax={f"share: {r}": 1.0 for r in ROLES})
     first, first_tokens = attentions[0], tokens[0]
+    drawn = _checked_layers(layers, len(first))
     plot_overview(first, out / "overview.png", title=f"All heads on: {texts[0][:80]}")
-    for layer, weights in enumerate(first):
+    for layer in drawn:
+        weights = first[layer]
         plot_heads(weights, out / f"heads-layer{layer}.png", x_labels=first_tokens, y_labels=first_tokens,
                    title=f"layer {layer}: {texts[0][:80]}")
     rollout = attention_rollout(first)
@@ -133,7 +150,8 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
               "![overview](overview.png)", "", "![rollout](rollout.png)", ""]
     if with_flow:
         lines += ["![flow](flow.png)", ""]
-    lines += ["Per-layer head grids: " + ", ".join(f"[layer {l}](heads-layer{l}.png)" for l in range(len(first))), ""]
+    lines += ["Per-layer head grids: " + ", ".join(f"[layer {l}](heads-layer{l}.png)" for l in drawn)
+              + ("" if len(drawn) == len(first) else f" (of {len(first)} layers: --layers)"), ""]
     target = ("the next text's" if len(texts) > 1 else
               f"that of the bundled sentence \"{_md(partners[0])}\" (one text: its cosine with itself would be a "
               "constant, a degenerate objective)")
