@@ -146,6 +146,9 @@ def score_alignments(checkpoints, *, limit: int | None = None, dev_limit: int | 
         checkpoints = {"attention": checkpoints}
     if not checkpoints:
         raise ValueError("checkpoints is empty: give at least one checkpoint")
+    for name, value in (("limit", limit), ("dev_limit", dev_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive number of verses or None (all), got {value!r}")
     test, all_dev, train = aligned_corpus("test")[:limit], aligned_corpus("valid"), aligned_corpus("train")
     dev = all_dev[:dev_limit]
     if any(p.alignment is None for p in test + dev):

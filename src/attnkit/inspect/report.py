@@ -104,12 +104,12 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     texts = list(texts) if texts else list(SENTENCES)
     started = time.perf_counter()
     attentions, tokens = encoder_attentions(model, tokenizer, texts)
+    drawn = _checked_layers(layers, len(attentions[0]))  # before anything is written
     roles = head_roles(attentions, tokens)
     plot_head_values({**{f"share: {r}": roles.shares[r] for r in ROLES}, "entropy (nats)": roles.entropy},
                      out / "roles.png", title=f"Head roles over {_count(len(texts), 'text')} ({roles.tokens} tokens)",
                      vmax={f"share: {r}": 1.0 for r in ROLES})
     first, first_tokens = attentions[0], tokens[0]
-    drawn = _checked_layers(layers, len(first))
     plot_overview(first, out / "overview.png", title=f"All heads on: {texts[0][:80]}")
     for layer in drawn:
         weights = first[layer]
