@@ -153,7 +153,7 @@ class ContextParallel:
         positions = self.positions(L).to(q.device) if call.positions is None else call.positions
         if positions.shape != (L,):
             raise ValueError(f"context_parallel needs positions (L,) = ({L},) shared by the batch, got {tuple(positions.shape)}")
-        k, v = layer.project_kv(key, value)
+        k, v = layer.project_kv(key, value) if call.kv is None else call.kv  # (layers.attending.keys_values)
         if layer.rotary is not None:
             q, k = layer.rotary(q, positions=positions), layer.rotary(k, positions=positions)
         return self.attention(q, k, v, positions=positions, is_causal=call.is_causal, window=call.window,

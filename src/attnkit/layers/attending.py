@@ -30,7 +30,7 @@ from ..functional import kept
 from ..functional.attention import AttentionOutput, attention_trusted
 from ..functional.block_mask import BlockMask
 
-__all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "strategy", "make_call"]
+__all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "keys_values", "strategy", "make_call"]
 
 
 class AttentionCall(NamedTuple):
@@ -39,7 +39,9 @@ class AttentionCall(NamedTuple):
     ``causal_align`` None for the strategy's default (top-left without a cache, bottom-right with
     one); ``positions`` (L,) or (B, L) rotary positions of the new tokens, None for the strategy's;
     ``self_attention`` whether keys and values are the queries' own inputs; ``key_mask`` (B, S)
-    True at real keys (:meth:`mask_for` joins it to ``mask``)."""
+    True at real keys (:meth:`mask_for` joins it to ``mask``); ``kv`` the new keys and values (B, Hkv, S, E)
+    where the layer projected them with its queries (one packed projection), else None
+    (:func:`keys_values`)."""
 
     mask: Tensor | BlockMask | None = None
     is_causal: bool = False
@@ -50,6 +52,7 @@ class AttentionCall(NamedTuple):
     positions: Tensor | None = None
     self_attention: bool = True
     key_mask: Tensor | None = None
+    kv: tuple[Tensor, Tensor] | None = None
 
     def mask_for(self, B: int, S: int) -> Tensor | BlockMask | None:
         """``mask`` and ``key_mask`` (B, S) as one mask for S keys: (B, 1, 1, S) where only the key mask
@@ -72,9 +75,15 @@ class AttentionCall(NamedTuple):
 
 
 make_call = partial(tuple.__new__, AttentionCall)
-"""``make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention, key_mask))``:
+"""``make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention, key_mask, kv))``:
 an :class:`AttentionCall` built by tuple's own constructor, once per layer call (a NamedTuple's generated
 ``__new__`` costs a quarter of a microsecond more). Every field in order, none left out."""
+
+
+def keys_values(layer, key: Tensor, value: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """A strategy's new keys and values (B, Hkv, S, E): those the layer projected with its queries
+    (``call.kv``), else ``layer.project_kv(key, value)``."""
+    return layer.project_kv(key, value) if call.kv is None else call.kv
 
 
 def _as_keys(key_mask: Tensor) -> Tensor:
@@ -113,7 +122,7 @@ class _Plain:
     """No cache: this call's keys and values, rotated at ``positions`` (default 0 .. S - 1)."""
 
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
-        k, v = layer.project_kv(key, value)
+        k, v = keys_values(layer, key, value, call)
         if layer.rotary is not None:
             q = layer.rotary(q, positions=call.positions)
             k = layer.rotary(k, positions=call.positions)

@@ -18,7 +18,7 @@ from ..functional.block_mask import BlockMask
 from ..functional.checks import check_int, check_rank, check_same
 from ..functional.masks import causal_positions
 from ..functional.partial import merge_partial
-from .attending import AttentionCall
+from .attending import AttentionCall, keys_values
 
 __all__ = ["KVCache", "SinkCache", "FixedKVCache"]
 
@@ -101,7 +101,7 @@ class KVCache:
         else:
             if layer.rotary is not None:
                 q = layer.rotary(q, offset=self.position, positions=call.positions)
-            k, v = layer.project_kv(key, value)  # (B, Hkv, S, E)
+            k, v = keys_values(layer, key, value, call)  # (B, Hkv, S, E)
             if layer.rotary is not None:
                 k = layer.rotary(k, offset=self.position, positions=call.positions)
             k, v = self._append(k, v)  # the layer built them: update()'s checks would only repeat its own
@@ -122,7 +122,7 @@ class KVCache:
                 raise ValueError(f"this static (cross-attention) cache was filled for batch {k.shape[0]}, got a query "
                                  f"of batch {q.shape[0]}: reset() it, or reorder() it to the new batch first")
         else:
-            k, v = layer.project_kv(key, value)  # (B, Hkv, S, E)
+            k, v = keys_values(layer, key, value, call)  # (B, Hkv, S, E)
             if layer.rotary is not None:
                 k = layer.rotary(k)
             k, v = self._append(k, v)
@@ -287,7 +287,7 @@ class SinkCache(KVCache):
                              "it supplies the sinks + window pattern itself")
         if call.need_weights:
             raise ValueError("need_weights is not available with a SinkCache (the sinks are attended in a second call)")
-        k, v = layer.project_kv(key, value)
+        k, v = keys_values(layer, key, value, call)
         keys, values = self.update(k, v)  # unrotated (B, Hkv, S, E)
         S, L = keys.shape[2], q.shape[2]
         device = q.device
@@ -371,7 +371,7 @@ class FixedKVCache:
             raise ValueError("a FixedKVCache takes a boolean mask (B, 1, 1, capacity), not a BlockMask")
         columns = self.columns(q.shape[2], q.device)  # (L,)
         positions = columns if call.positions is None else call.positions
-        k, v = layer.project_kv(key, value)
+        k, v = keys_values(layer, key, value, call)
         if layer.rotary is not None:
             q = layer.rotary(q, positions=positions)
             k = layer.rotary(k, positions=positions)

@@ -18,7 +18,7 @@ from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
 from ..functional.torch_block_mask import as_block_mask
-from ._linear import project_by_name
+from ._linear import Packed, pack, packed_projection, project_by_name
 from .attending import Attending, make_call, strategy
 from .positional import RotaryEmbedding
 
@@ -42,8 +42,14 @@ class MultiHeadAttention(nn.Module):
         scale: multiplies q k^T (default 1 / sqrt(E)).
 
     Parameters: ``q_proj`` (D -> H E), ``k_proj`` (kdim -> Hkv E), ``v_proj`` (vdim -> Hkv E),
-    ``out_proj`` (H E -> D).
+    ``out_proj`` (H E -> D). For self attention the first three are packed: their weights (and biases) are
+    consecutive rows of one tensor, each still its own Parameter and state-dict entry, and one call projects
+    queries, keys and values where no weight gradient is wanted (:func:`._linear.pack`, as
+    ``nn.MultiheadAttention``'s ``in_proj_weight``, with the same numbers).
     """
+
+    _packed_qkv: Packed | None = None  # (class defaults: a layer unpickled from before packing has none)
+    _pack_when_materialised: bool = False
 
     def __init__(
         self,
@@ -92,6 +98,41 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
         self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias if out_bias is None else out_bias)
+        self._packed_qkv = pack(self._qkv()) if self._packs_qkv() else None
+        self._pack_when_materialised = self._packed_qkv is None and self._packs_qkv() and self.q_proj.weight.is_meta
+
+    def _packs_qkv(self) -> bool:
+        """Whether self attention may project queries, keys and values in one packed call (:func:`._linear.pack`):
+        all three read the model's width, and :meth:`queries` and :meth:`project_kv` are this class's own."""
+        cls = type(self)
+        return (self.kdim == self.vdim == self.d_model and cls.queries is MultiHeadAttention.queries
+                and cls.project_kv is MultiHeadAttention.project_kv)
+
+    def _qkv(self) -> tuple[nn.Module | None, ...]:
+        modules = self._modules
+        return modules["q_proj"], modules["k_proj"], modules["v_proj"]
+
+    def _apply(self, fn, recurse=True):
+        # A cast or a move gives each projection new memory: packed again there, so that self attention keeps
+        # one projection call (what nn.MultiheadAttention's in_proj_weight does); so does materialising a
+        # layer built on the meta device (to_empty). A conversion that kept the tensors keeps the packing as it
+        # is, and projections re-seated before (a weight assigned, load_state_dict(assign=True)) are left alone.
+        packed = self._packed_qkv
+        was_packed = packed is not None and packed.holds(self._qkv())
+        super()._apply(fn, recurse)
+        if ((was_packed and packed is not None and not packed.holds(self._qkv()))
+                or (self._pack_when_materialised and not self.q_proj.weight.is_meta)):
+            self._packed_qkv = pack(self._qkv()) if self._packs_qkv() else None
+            self._pack_when_materialised = False
+        return self
+
+    def __setstate__(self, state):
+        # copy.deepcopy clones each Parameter on its own (Parameter.__deepcopy__): the copy is packed again, before
+        # anything can hold its tensors. An unpickled layer keeps its packing (pickle keeps shared storage).
+        super().__setstate__(state)
+        packed = self._packed_qkv
+        if packed is not None and not packed.holds(self._qkv()):
+            self._packed_qkv = pack(self._qkv()) if self._packs_qkv() else None
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         try:  # the common case in a few comparisons; anything else gets the checks that name it
@@ -177,9 +218,22 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and not isinstance(mask, Tensor):
             mask = as_block_mask(mask)  # torch's flex_attention BlockMask: converted once
         attending = strategy(cache, context_parallel)
-        call = make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention, key_mask))
         try:
-            q, kept = self.queries(query)  # (B, H, L, E)
+            packed = self._packed_qkv
+            qkv = None if packed is None or not self_attention else packed_projection(packed, self._qkv(), query)
+            if qkv is None:
+                if packed is not None and not packed.holds(self._qkv()):
+                    self._packed_qkv = None  # a projection re-seated: its old memory is not kept for nothing
+                q, kept = self.queries(query)  # (B, H, L, E)
+                kv = None
+            else:  # one projection for the three (B, L, (H + 2 Hkv) E), split by heads
+                B, L, _ = query.shape
+                H, Hkv = self.num_heads, self.num_kv_heads
+                heads = qkv.view(B, L, H + 2 * Hkv, self.head_dim).transpose(1, 2)
+                q, k, v = heads.split_with_sizes((H, Hkv, Hkv), 1)  # (Tensor.split's Python wrapper: 5 us more)
+                kept, kv = None, (k, v)
+            call = make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention,
+                              key_mask, kv))
             result = attending.attend(self, q, key, value, call)
         except RuntimeError as error:  # torch's "mat1 and mat2 must have the same dtype" names no argument
             mismatch = self._dtype_mismatch(query=query, key=key, value=value)
