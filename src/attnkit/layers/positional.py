@@ -121,12 +121,13 @@ def _full_width(cos: Tensor, sin: Tensor, interleaved: bool) -> tuple[Tensor, Te
 
 def _rotate(x: Tensor, cos: Tensor, signed_sin: Tensor, interleaved: bool) -> Tensor:
     """x * cos + partner(x) * signed_sin: for a pair (x1, x2), (x1 cos - x2 sin, x2 cos + x1 sin),
-    bit for bit (a + (-b) is a - b in floating point), in four elementwise kernels."""
+    bit for bit (a + (-b) is a - b in floating point), in four elementwise kernels. The halves' partners
+    [x2 ; x1] are x rolled by half its width: one op where chunk and cat are two (2 us of a 6 us rotation
+    on a decoding step's tiny tensors)."""
     if interleaved:
         partner = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
     else:
-        x1, x2 = x.chunk(2, dim=-1)
-        partner = torch.cat((x2, x1), dim=-1)
+        partner = x.roll(x.shape[-1] // 2, -1)
     return x * cos + partner * signed_sin
 
 
