@@ -222,7 +222,8 @@ class MultiHeadAttention(nn.Module):
             packed = self._packed_qkv
             qkv = None if packed is None or not self_attention else packed_projection(packed, self._qkv(), query)
             if qkv is None:
-                if packed is not None and not packed.holds(self._qkv()):
+                if (packed is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                        and not packed.holds(self._qkv())):  # (looked at where the packed call was possible)
                     self._packed_qkv = None  # a projection re-seated: its old memory is not kept for nothing
                 q, kept = self.queries(query)  # (B, H, L, E)
                 kv = None
