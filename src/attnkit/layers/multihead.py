@@ -98,7 +98,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
         self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias if out_bias is None else out_bias)
-        self._packed_qkv = pack(self._qkv()) if self._packs_qkv() else None
+        self._packed_qkv = self._pack_qkv()
         self._pack_when_materialised = self._packed_qkv is None and self._packs_qkv() and self.q_proj.weight.is_meta
 
     def _packs_qkv(self) -> bool:
@@ -107,6 +107,10 @@ class MultiHeadAttention(nn.Module):
         cls = type(self)
         return (self.kdim == self.vdim == self.d_model and cls.queries is MultiHeadAttention.queries
                 and cls.project_kv is MultiHeadAttention.project_kv)
+
+    def _pack_qkv(self) -> Packed | None:
+        """The projections packed (:func:`._linear.pack`) where this layer packs them, else None."""
+        return pack(self._qkv()) if self._packs_qkv() else None
 
     def _qkv(self) -> tuple[nn.Module | None, ...]:
         modules = self._modules
@@ -122,7 +126,7 @@ class MultiHeadAttention(nn.Module):
         super()._apply(fn, recurse)
         if ((was_packed and packed is not None and not packed.holds(self._qkv()))
                 or (self._pack_when_materialised and not self.q_proj.weight.is_meta)):
-            self._packed_qkv = pack(self._qkv()) if self._packs_qkv() else None
+            self._packed_qkv = self._pack_qkv()
             self._pack_when_materialised = False
         return self
 
@@ -132,7 +136,7 @@ class MultiHeadAttention(nn.Module):
         super().__setstate__(state)
         packed = self._packed_qkv
         if packed is not None and not packed.holds(self._qkv()):
-            self._packed_qkv = pack(self._qkv()) if self._packs_qkv() else None
+            self._packed_qkv = self._pack_qkv()
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         try:  # the common case in a few comparisons; anything else gets the checks that name it
