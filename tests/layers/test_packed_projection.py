@@ -292,3 +292,52 @@ def test_pack_refuses_what_it_cannot_pack_and_changes_nothing():
         assert pack(layers) is None
         assert [layer.weight.untyped_storage().data_ptr() for layer in layers] == storages
     assert packed_projection(None, [], torch.randn(2, 8)) is None
+
+
+def rotations(layer: MultiHeadAttention, fn) -> list[tuple[int, ...]]:
+    """The shapes the layer's rotary embedding rotated during one call of ``fn``."""
+    shapes = []
+    rotate = RotaryEmbedding._rotated
+
+    def counted(self, x, offset, positions):
+        shapes.append(tuple(x.shape))
+        return rotate(self, x, offset, positions)
+
+    RotaryEmbedding._rotated = counted
+    try:
+        fn()
+    finally:
+        RotaryEmbedding._rotated = rotate
+    return shapes
+
+
+@pytest.mark.parametrize("make_cache", [lambda: None, KVCache, lambda: FixedKVCache(16)],
+                         ids=["no cache", "KVCache", "FixedKVCache"])
+def test_packed_queries_and_keys_are_rotated_in_one_call_with_the_same_numbers(make_cache, rng):
+    """q and k of a packed projection sit side by side (AttentionCall.qk): one rotation of (B, H + Hkv, L, E) at
+    the positions both take, bit for bit the two rotations of the projections called one by one."""
+    layer = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8)).double().eval()
+    x = randn(2, 5, 32, dtype=torch.float64, generator=rng)
+    positions = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 3, 4]])
+    for kwargs in ({}, {"positions": positions}):
+        with torch.no_grad():
+            shapes = rotations(layer, lambda: layer(x, is_causal=True, cache=make_cache(), **kwargs))
+            got = layer(x, is_causal=True, cache=make_cache(), **kwargs).output
+        assert shapes == [(2, 6, 5, 8)]  # 4 query heads and 2 key heads, once
+        with torch.enable_grad():  # the projections one by one: q and k rotated one by one
+            assert len(rotations(layer, lambda: layer(x, is_causal=True, cache=make_cache(), **kwargs))) == 2
+            want = layer(x, is_causal=True, cache=make_cache(), **kwargs).output.detach()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_hook_on_the_rotary_embedding_still_runs_on_the_joint_rotation(rng):
+    layer = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8)).eval()
+    x = randn(1, 4, 32, generator=rng)
+    with torch.no_grad():
+        before = layer(x, is_causal=True).output
+        seen = []
+        layer.rotary.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)) or out * 2)
+        got = layer(x, is_causal=True).output
+    assert seen == [(1, 6, 4, 8)]
+    assert not torch.allclose(got, before)
+    torch.testing.assert_close(got, separately(layer, x, is_causal=True))  # one by one, each doubled by the hook

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-__all__ = ["Packed", "pack", "packed_projection", "project", "project_by_name"]
+__all__ = ["Packed", "hookless", "pack", "packed_projection", "project", "project_by_name"]
 
 
 def project(layer: nn.Module | None, x: Tensor) -> Tensor:
@@ -23,8 +23,7 @@ def project(layer: nn.Module | None, x: Tensor) -> Tensor:
     quantised replacement, a module with hooks) is called as a module. (``None`` only to take an entry
     of ``nn.Module._modules`` as typed; a layer's projections are never None.)"""
     assert layer is not None
-    if (_plain_linear(layer) and not (_module._global_forward_hooks or _module._global_forward_pre_hooks
-                                      or _module._global_backward_hooks or _module._global_backward_pre_hooks)):
+    if type(layer) is nn.Linear and hookless(layer):
         weight, bias = _weight_bias(layer)
         if weight is not None:
             return F.linear(x, weight, bias)
@@ -38,8 +37,17 @@ def project_by_name(owner: nn.Module, name: str, x: Tensor) -> Tensor:
     return project(owner._modules[name], x)
 
 
+def hookless(module: nn.Module) -> bool:
+    """Whether calling ``module.forward`` is what calling ``module`` does: no hooks on it and no global module
+    hooks (``nn.Module.__call__`` then adds only its own checks, about a microsecond a call)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or _module._global_forward_hooks or _module._global_forward_pre_hooks
+                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
+
+
 def _plain_linear(layer: nn.Module | None) -> bool:
-    """Whether ``layer`` is an ``nn.Linear`` that :func:`project` calls as ``F.linear`` (no hooks anywhere)."""
+    """Whether ``layer`` is an ``nn.Linear`` without hooks of its own (:func:`packed_projection` checks the global
+    ones once for all its layers)."""
     return (type(layer) is nn.Linear and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
                                               or layer._backward_pre_hooks))
 

@@ -29,8 +29,9 @@ from torch import Tensor
 from ..functional import kept
 from ..functional.attention import AttentionOutput, attention_trusted
 from ..functional.block_mask import BlockMask
+from ._linear import hookless
 
-__all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "keys_values", "strategy", "make_call"]
+__all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "keys_values", "rotated", "strategy", "make_call"]
 
 
 class AttentionCall(NamedTuple):
@@ -41,7 +42,9 @@ class AttentionCall(NamedTuple):
     ``self_attention`` whether keys and values are the queries' own inputs; ``key_mask`` (B, S)
     True at real keys (:meth:`mask_for` joins it to ``mask``); ``kv`` the new keys and values (B, Hkv, S, E)
     where the layer projected them with its queries (one packed projection), else None
-    (:func:`keys_values`)."""
+    (:func:`keys_values`); ``qk`` the queries and those keys side by side, (B, H + Hkv, L, E) with
+    q = qk[:, :H] and kv[0] = qk[:, H:], where the layer projected them so and rotates them, else None
+    (:func:`rotated`: one rotation for both)."""
 
     mask: Tensor | BlockMask | None = None
     is_causal: bool = False
@@ -53,6 +56,7 @@ class AttentionCall(NamedTuple):
     self_attention: bool = True
     key_mask: Tensor | None = None
     kv: tuple[Tensor, Tensor] | None = None
+    qk: Tensor | None = None
 
     def mask_for(self, B: int, S: int) -> Tensor | BlockMask | None:
         """``mask`` and ``key_mask`` (B, S) as one mask for S keys: (B, 1, 1, S) where only the key mask
@@ -75,7 +79,7 @@ class AttentionCall(NamedTuple):
 
 
 make_call = partial(tuple.__new__, AttentionCall)
-"""``make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention, key_mask, kv))``:
+"""``make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention, key_mask, kv, qk))``:
 an :class:`AttentionCall` built by tuple's own constructor, once per layer call (a NamedTuple's generated
 ``__new__`` costs a quarter of a microsecond more). Every field in order, none left out."""
 
@@ -84,6 +88,19 @@ def keys_values(layer, key: Tensor, value: Tensor, call: AttentionCall) -> tuple
     """A strategy's new keys and values (B, Hkv, S, E): those the layer projected with its queries
     (``call.kv``), else ``layer.project_kv(key, value)``."""
     return layer.project_kv(key, value) if call.kv is None else call.kv
+
+
+def rotated(layer, q: Tensor, k: Tensor, qk: Tensor | None, offset: int = 0,
+            positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """q and k rotated by ``layer.rotary`` at the same positions (``positions``, else ``offset`` on): in one
+    rotation where the layer projected them side by side (``qk``, :attr:`AttentionCall.qk`; a decoding step's
+    rotations are four small ops and host time each), else one each. The same numbers either way (the
+    rotation is elementwise)."""
+    rotary = layer.rotary
+    rotate = rotary.forward if hookless(rotary) else rotary
+    if qk is not None:
+        return rotate(qk, offset=offset, positions=positions).split_with_sizes((q.shape[1], k.shape[1]), 1)
+    return rotate(q, offset=offset, positions=positions), rotate(k, offset=offset, positions=positions)
 
 
 def _as_keys(key_mask: Tensor) -> Tensor:
@@ -124,8 +141,7 @@ class _Plain:
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
         k, v = keys_values(layer, key, value, call)
         if layer.rotary is not None:
-            q = layer.rotary(q, positions=call.positions)
-            k = layer.rotary(k, positions=call.positions)
+            q, k = rotated(layer, q, k, call.qk, 0, call.positions)
         mask = call.mask if call.key_mask is None else call.mask_for(k.shape[0], k.shape[2])
         return attention_trusted(q, k, v, mask, call.is_causal, call.causal_align or "top-left", call.window, call.bias,
                                  layer.scale, layer.dropout if layer.training else 0.0, layer.backend, call.need_weights)

@@ -230,15 +230,20 @@ class MultiHeadAttention(nn.Module):
                         and not packed.holds(self._qkv())):  # (looked at where the packed call was possible)
                     self._packed_qkv = None  # a projection re-seated: its old memory is not kept for nothing
                 q, kept = self.queries(query)  # (B, H, L, E)
-                kv = None
+                kv = qk = None
             else:  # one projection for the three (B, L, (H + 2 Hkv) E), split by heads
                 B, L, _ = query.shape
                 H, Hkv = self.num_heads, self.num_kv_heads
                 heads = qkv.view(B, L, H + 2 * Hkv, self.head_dim).transpose(1, 2)
-                q, k, v = heads.split_with_sizes((H, Hkv, Hkv), 1)  # (Tensor.split's Python wrapper: 5 us more)
+                if self.rotary is None:
+                    q, k, v = heads.split_with_sizes((H, Hkv, Hkv), 1)  # (Tensor.split's Python wrapper: 5 us more)
+                    qk = None
+                else:  # q and k side by side as well: a strategy rotates them in one call (attending.rotated)
+                    qk, v = heads.split_with_sizes((H + Hkv, Hkv), 1)
+                    q, k = qk.split_with_sizes((H, Hkv), 1)
                 kept, kv = None, (k, v)
             call = make_call((mask, is_causal, window, bias, need_weights, causal_align, positions, self_attention,
-                              key_mask, kv))
+                              key_mask, kv, qk))
             result = attending.attend(self, q, key, value, call)
         except RuntimeError as error:  # torch's "mat1 and mat2 must have the same dtype" names no argument
             mismatch = self._dtype_mismatch(query=query, key=key, value=value)
