@@ -90,13 +90,12 @@ def keys_values(layer, key: Tensor, value: Tensor, call: AttentionCall) -> tuple
     return layer.project_kv(key, value) if call.kv is None else call.kv
 
 
-def rotated(layer, q: Tensor, k: Tensor, qk: Tensor | None, offset: int = 0,
+def rotated(rotary, q: Tensor, k: Tensor, qk: Tensor | None, offset: int = 0,
             positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """q and k rotated by ``layer.rotary`` at the same positions (``positions``, else ``offset`` on): in one
-    rotation where the layer projected them side by side (``qk``, :attr:`AttentionCall.qk`; a decoding step's
-    rotations are four small ops and host time each), else one each. The same numbers either way (the
-    rotation is elementwise)."""
-    rotary = layer.rotary
+    """q and k rotated by a layer's ``rotary`` embedding at the same positions (``positions``, else ``offset``
+    on): in one rotation where the layer projected them side by side (``qk``, :attr:`AttentionCall.qk`; a
+    decoding step's rotations are four small ops and host time each), else one each. The same numbers either
+    way (the rotation is elementwise)."""
     rotate = rotary.forward if hookless(rotary) else rotary
     if qk is not None:
         return rotate(qk, offset=offset, positions=positions).split_with_sizes((q.shape[1], k.shape[1]), 1)
@@ -140,8 +139,9 @@ class _Plain:
 
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
         k, v = keys_values(layer, key, value, call)
-        if layer.rotary is not None:
-            q, k = rotated(layer, q, k, call.qk, 0, call.positions)
+        rotary = layer.rotary
+        if rotary is not None:
+            q, k = rotated(rotary, q, k, call.qk, 0, call.positions)
         mask = call.mask if call.key_mask is None else call.mask_for(k.shape[0], k.shape[2])
         return attention_trusted(q, k, v, mask, call.is_causal, call.causal_align or "top-left", call.window, call.bias,
                                  layer.scale, layer.dropout if layer.training else 0.0, layer.backend, call.need_weights)

@@ -100,8 +100,9 @@ class KVCache:
             output = self._attend_static(layer, q, key, value, call)
         else:
             k, v = keys_values(layer, key, value, call)  # (B, Hkv, S, E)
-            if layer.rotary is not None:
-                q, k = rotated(layer, q, k, call.qk, self.position, call.positions)
+            rotary = layer.rotary
+            if rotary is not None:
+                q, k = rotated(rotary, q, k, call.qk, self.position, call.positions)
             k, v = self._append(k, v)  # the layer built them: update()'s checks would only repeat its own
             options = layer.attention_options()  # by position: a keyword costs a quarter of a microsecond
             output = attention_trusted(q, k, v, call.mask_for(k.shape[0], k.shape[2]), call.is_causal,
@@ -372,7 +373,7 @@ class FixedKVCache:
         positions = columns if call.positions is None else call.positions
         k, v = keys_values(layer, key, value, call)
         if layer.rotary is not None:
-            q, k = rotated(layer, q, k, call.qk, 0, positions)
+            q, k = rotated(layer.rotary, q, k, call.qk, 0, positions)
         k, v = self.write(k, v, columns)  # (B, Hkv, capacity, E)
         allowed = self.allowed(columns, call.window)  # (L, capacity)
         mask = call.mask_for(k.shape[0], self.capacity)

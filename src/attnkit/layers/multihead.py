@@ -112,6 +112,20 @@ class MultiHeadAttention(nn.Module):
         """The projections packed (:func:`._linear.pack`) where this layer packs them, else None."""
         return pack(self._qkv()) if self._packs_qkv() else None
 
+    @property
+    def rotary(self) -> RotaryEmbedding | None:
+        """The rotary embedding of queries and keys, or None: a submodule like any other (``layer.rotary = ...``
+        replaces it; ``state_dict``, ``.to()`` and hooks see it), read from the module registry, as
+        ``nn.Module.__getattr__`` took a microsecond a read, three reads a layer call when decoding."""
+        return self._modules.get("rotary")  # type: ignore[return-value]
+
+    @rotary.setter
+    def rotary(self, value: RotaryEmbedding | None) -> None:
+        # nn.Module.__setattr__ registers a module itself (and None where one is registered): here come the rest
+        if value is not None:
+            raise TypeError(f"rotary must be a RotaryEmbedding or None, got {type(value).__name__}")
+        self._modules["rotary"] = None
+
     def _qkv(self) -> tuple[nn.Module | None, ...]:
         modules = self._modules
         return modules["q_proj"], modules["k_proj"], modules["v_proj"]
@@ -134,6 +148,8 @@ class MultiHeadAttention(nn.Module):
         # copy.deepcopy clones each Parameter on its own (Parameter.__deepcopy__): the copy is packed again, before
         # anything can hold its tensors. An unpickled layer keeps its packing (pickle keeps shared storage).
         super().__setstate__(state)
+        if "rotary" in self.__dict__:  # pickled before the property: a None rotary was a plain attribute
+            self._modules["rotary"] = self.__dict__.pop("rotary")
         packed = self._packed_qkv
         if packed is not None and not packed.holds(self._qkv()):
             self._packed_qkv = self._pack_qkv()

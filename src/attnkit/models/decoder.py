@@ -118,11 +118,13 @@ class DecoderBlock(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, L, D), key_mask (B, S) True at real tokens, mask an attention mask (packed documents'
         BlockMask) -> (B, L, D) and, with ``need_weights``, the attention weights (B, H, L, S)."""
-        attended = self.self_attn(self.attn_norm(x), mask=mask, key_mask=key_mask, is_causal=True, window=self.window,
-                                  cache=cache,
-                                  need_weights=need_weights, positions=positions, context_parallel=context_parallel)
-        x = x + self.dropout(attended.output)
-        x = x + self.dropout(self.mlp(self.mlp_norm(x)))
+        parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # from the registry: __getattr__ is 1 us a read
+        dropout = parts["dropout"]
+        attended = parts["self_attn"](parts["attn_norm"](x), mask=mask, key_mask=key_mask, is_causal=True,
+                                      window=self.window, cache=cache, need_weights=need_weights, positions=positions,
+                                      context_parallel=context_parallel)
+        x = x + dropout(attended.output)
+        x = x + dropout(parts["mlp"](parts["mlp_norm"](x)))
         return x, attended.weights
 
 
