@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -219,3 +221,37 @@ def test_a_key_mask_changed_in_place_is_read_again(rng):
     second = mha(x, key_mask=real).output
     torch.testing.assert_close(second, mha(x, mask=real[:, None, None, :].clone()).output, rtol=0, atol=0)
     assert not torch.allclose(first, second)
+
+
+def test_rotary_is_a_submodule_that_can_be_replaced_removed_and_pickled():
+    """``rotary`` reads the module registry (a property; nn.Module.__getattr__ costs a microsecond a read): set,
+    replaced, set to None, deleted, deep-copied and pickled like any submodule, and a wrong value refused."""
+    import pickle
+
+    layer = MultiHeadAttention(32, 4)
+    assert layer.rotary is None and "rotary" not in dict(layer.named_modules())
+    rotary = RotaryEmbedding(8)
+    layer.rotary = rotary
+    assert layer.rotary is rotary and dict(layer.named_modules())["rotary"] is rotary
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        rotated = layer(x, is_causal=True).output
+        layer.rotary = None
+        assert layer.rotary is None
+        assert not torch.allclose(layer(x, is_causal=True).output, rotated)  # the rotation is gone from the call
+        del layer.rotary
+        assert layer.rotary is None
+        layer.rotary = rotary
+        torch.testing.assert_close(layer(x, is_causal=True).output, rotated, rtol=0, atol=0)
+        for copied in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+            assert isinstance(copied.rotary, RotaryEmbedding) and copied.rotary is not rotary
+            torch.testing.assert_close(copied(x, is_causal=True).output, rotated, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="rotary"):
+        layer.rotary = 5
+    old = MultiHeadAttention(32, 4)  # as pickled before the property: a None rotary in the instance dict
+    state = {**old.__dict__, "_modules": dict(old._modules)}
+    del state["_modules"]["rotary"]
+    state["rotary"] = None
+    fresh = MultiHeadAttention.__new__(MultiHeadAttention)
+    fresh.__setstate__(state)
+    assert fresh.rotary is None and "rotary" in fresh._modules and "rotary" not in fresh.__dict__
