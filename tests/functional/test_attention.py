@@ -365,6 +365,27 @@ def test_auto_writes_a_small_score_mod_call_out_and_tiles_a_larger_one():
         assert choose_backend(problem(128, 128)) == "tiled"
 
 
+def test_a_small_score_mod_call_returns_its_lse_only_when_asked(rng):
+    """auto's written-out score_mod call leaves the log-sum-exp out unless return_lse=True (a quarter of its ops):
+    the same output and weights as the reference backend, and with return_lse the same lse."""
+    def cap(score, b, h, q_idx, kv_idx):
+        return 30 * torch.tanh(score / 30)
+
+    q, k, v = (randn(2, 4, 9, 8, dtype=torch.float64, generator=rng) for _ in range(3))
+    want = attnkit.attention(q, k, v, score_mod=cap, is_causal=True, backend="reference", need_weights=True)
+    got = attnkit.attention(q, k, v, score_mod=cap, is_causal=True, need_weights=True)
+    assert got.lse is None and want.lse is not None
+    torch.testing.assert_close(got.output, want.output, rtol=0, atol=0)
+    torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=0)
+    with_lse = attnkit.attention(q, k, v, score_mod=cap, is_causal=True, return_lse=True)
+    torch.testing.assert_close(with_lse.lse, want.lse, rtol=0, atol=0)
+    torch.testing.assert_close(with_lse.output, want.output, rtol=0, atol=0)
+    sinks = randn(4, dtype=torch.float64, generator=rng)  # the sinks are folded in through the lse: still exact
+    torch.testing.assert_close(attnkit.attention(q, k, v, score_mod=cap, sinks=sinks).output,
+                               attnkit.attention(q, k, v, score_mod=cap, sinks=sinks, backend="reference").output,
+                               rtol=0, atol=0)
+
+
 # Bad input --------------------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import masks as _masks
 from . import nan as _nan
-from .backends import BACKENDS, sdpa
+from .backends import BACKENDS, reference, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, whole_structure
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, make_dims
@@ -46,7 +46,9 @@ class AttentionOutput(NamedTuple):
         weights: (B, H, L, S) attention weights if asked for, else None. With
             ``need_weights=[h0, h1, ...]`` only those heads: (B, len(heads), L, S).
         lse: (B, H, L) log-sum-exp of the scaled, masked scores, where the backend has it
-            (reference, tiled), else None; -inf for a fully masked row.
+            (reference, tiled), else None; -inf for a fully masked row. ``auto`` returns it where
+            ``return_lse=True`` asks or its backend computed it anyway; a small score_mod call it
+            writes out (the reference backend) leaves it out unless asked.
     """
 
     output: Tensor
@@ -288,7 +290,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
                              "backend='auto', 'tiled', 'reference' or 'flex'")
     if dims.S == 0 or dims.L == 0 or dims.Ev == 0:
         name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
-    result = BACKENDS[name](q, k, v, problem)
+    if name == "reference" and backend == "auto" and not return_lse and sinks is None:
+        result = reference.forward(q, k, v, problem, lse=False)  # auto's lse is "where asked or free": not here
+    else:
+        result = BACKENDS[name](q, k, v, problem)
     if return_lse and result.lse is None:
         raise ValueError(f"return_lse=True: backend={name!r} returned no log-sum-exp for this call (flex's compiled "
                          "CPU forward has none); use backend='auto', 'tiled' or 'reference'")

@@ -16,7 +16,9 @@ from ._common import BackendResult, Problem, compute_dtype, group_heads
 __all__ = ["forward"]
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
+def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True) -> BackendResult:
+    """The backend's call. ``lse=False`` leaves the log-sum-exp out (``auto``'s small score_mod calls, which
+    return none unless asked: a quarter of such a call's ops, benchmarks/overhead.py)."""
     dims = problem.dims
     acc = compute_dtype(q.dtype)
     q_g = group_heads(q, dims).to(acc)  # (B, Hkv, G, L, E)
@@ -29,11 +31,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         scores = problem.modify_scores(scores.flatten(1, 2), 0, 0).unflatten(1, (dims.Hkv, dims.groups))
     mask = group_heads(problem.dense_mask(q.device), dims)
     weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
-    lse = _masked_logsumexp(scores, mask)  # (B, Hkv, G, L)
     attended = F.dropout(weights, p=problem.dropout_p) if problem.dropout_p > 0 else weights
     output = attended @ v_g  # (B, Hkv, G, L, Ev)
     return BackendResult(
         output=output.flatten(1, 2).to(q.dtype),
-        lse=lse.flatten(1, 2),
+        lse=_masked_logsumexp(scores, mask).flatten(1, 2) if lse else None,  # (B, H, L)
         weights=weights.flatten(1, 2).to(q.dtype),
     )
