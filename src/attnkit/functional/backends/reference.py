@@ -21,20 +21,24 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True)
     return none unless asked: a quarter of such a call's ops, benchmarks/overhead.py)."""
     dims = problem.dims
     acc = compute_dtype(q.dtype)
-    q_g = group_heads(q, dims).to(acc)  # (B, Hkv, G, L, E)
-    k_g = k[:, :, None].to(acc)  # (B, Hkv, 1, S, E)
-    v_g = v[:, :, None].to(acc)  # (B, Hkv, 1, S, Ev)
+    cast = acc is not q.dtype  # (Tensor.to costs a microsecond even where it returns its input)
+    q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
+    k_g = k[:, :, None]  # (B, Hkv, 1, S, E)
+    v_g = v[:, :, None]  # (B, Hkv, 1, S, Ev)
+    if cast:
+        q_g, k_g, v_g = q_g.to(acc), k_g.to(acc), v_g.to(acc)
     scores = (q_g @ k_g.transpose(-1, -2)) * problem.scale  # (B, Hkv, G, L, S)
     if problem.bias is not None:
         scores = scores + group_heads(problem.bias, dims).to(acc)
     if problem.score_mod is not None:
-        scores = problem.modify_scores(scores.flatten(1, 2), 0, 0).unflatten(1, (dims.Hkv, dims.groups))
+        scores = problem.modify_scores(scores.flatten(1, 2), 0, 0).view(scores.shape)
     mask = group_heads(problem.dense_mask(q.device), dims)
     weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
     attended = F.dropout(weights, p=problem.dropout_p) if problem.dropout_p > 0 else weights
     output = attended @ v_g  # (B, Hkv, G, L, Ev)
+    output, weights = output.flatten(1, 2), weights.flatten(1, 2)
     return BackendResult(
-        output=output.flatten(1, 2).to(q.dtype),
+        output=output.to(q.dtype) if cast else output,
         lse=_masked_logsumexp(scores, mask).flatten(1, 2) if lse else None,  # (B, H, L)
-        weights=weights.flatten(1, 2).to(q.dtype),
+        weights=weights.to(q.dtype) if cast else weights,
     )
