@@ -128,3 +128,31 @@ def missing_dependencies(*names: str) -> list[str]:
         if not present():
             missing.append(f"{name} ({how})")
     return missing
+
+
+def matmuls(fn) -> int:
+    """How many projections (F.linear calls) one call of ``fn`` makes: a MultiHeadAttention call makes 2 with its
+    packed q/k/v projection (q, k and v; out_proj), 4 without."""
+    import torch.nn.functional as F
+
+    calls = []
+    linear = F.linear
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return linear(*args, **kwargs)
+
+    F.linear = counted
+    try:
+        fn()
+    finally:
+        F.linear = linear
+    return len(calls)
+
+
+def separately(layer, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    """A MultiHeadAttention's output with q, k and v projected one by one (autograd on: the packed call is not
+    taken)."""
+    with torch.enable_grad():
+        return layer(x, **kwargs).output.detach()
+

@@ -9,36 +9,14 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from attnkit import MultiHeadAttention
 from attnkit.layers import FixedKVCache, KVCache, RotaryEmbedding
 
+from helpers import matmuls, separately
+
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 DTYPES = list(TOLERANCE)
-
-
-def matmuls(fn) -> int:
-    """How many F.linear calls one call of ``fn`` makes: 2 packed (q, k and v; out_proj), 4 not."""
-    calls = []
-    linear = F.linear
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return linear(*args, **kwargs)
-
-    F.linear = counted
-    try:
-        fn()
-    finally:
-        F.linear = linear
-    return len(calls)
-
-
-def separately(layer: MultiHeadAttention, x: torch.Tensor, **kwargs) -> torch.Tensor:
-    """The layer's output with q, k and v projected one by one (autograd on: the packed call is not taken)."""
-    with torch.enable_grad():
-        return layer(x, **kwargs).output.detach()
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str):

@@ -8,37 +8,13 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnkit import MultiHeadAttention
 from attnkit.layers import DifferentialAttention, FixedKVCache, GatedAttention, KVCache, RotaryEmbedding, SinkCache
 from attnkit.layers._linear import pack, packed_projection
 
-from helpers import assert_close, randn
-
-
-def matmuls(fn) -> int:
-    """How many projections (F.linear calls) one call of ``fn`` makes: 2 packed (q, k and v; out_proj), 4 not."""
-    calls = []
-    linear = F.linear
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return linear(*args, **kwargs)
-
-    F.linear = counted
-    try:
-        fn()
-    finally:
-        F.linear = linear
-    return len(calls)
-
-
-def separately(layer: MultiHeadAttention, x: torch.Tensor, **kwargs) -> torch.Tensor:
-    """The layer's output with the three projections called one by one (autograd on: the packed call is not taken)."""
-    with torch.enable_grad():
-        return layer(x, **kwargs).output.detach()
+from helpers import assert_close, matmuls, randn, separately
 
 
 def written_out(layer: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
