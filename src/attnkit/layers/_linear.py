@@ -40,16 +40,19 @@ def project_by_name(owner: nn.Module, name: str, x: Tensor) -> Tensor:
 def hookless(module: nn.Module) -> bool:
     """Whether calling ``module.forward`` is what calling ``module`` does: no hooks on it and no global module
     hooks (``nn.Module.__call__`` then adds only its own checks, about a microsecond a call)."""
-    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or _module._global_forward_hooks or _module._global_forward_pre_hooks
+    return not (_hooked(module) or _global_hooks())
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has hooks of its own."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _global_hooks() -> bool:
+    """Whether any module hook is registered globally (``nn.modules.module.register_module_*_hook``)."""
+    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks
                 or _module._global_backward_hooks or _module._global_backward_pre_hooks)
-
-
-def _plain_linear(layer: nn.Module | None) -> bool:
-    """Whether ``layer`` is an ``nn.Linear`` without hooks of its own (:func:`packed_projection` checks the global
-    ones once for all its layers)."""
-    return (type(layer) is nn.Linear and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
-                                              or layer._backward_pre_hooks))
 
 
 class Packed(NamedTuple):
@@ -110,13 +113,11 @@ def packed_projection(packed: Packed | None, layers: Sequence[nn.Module | None],
     exactly its slice: storage, offset, sizes and strides); a weight gradient to compute (autograd would give it
     to the packed tensor, not the Parameters); compiling (the check reads storage pointers). Writes into the
     weights, in place or through ``.data`` or numpy, are the packed tensor's own: nothing is copied or kept."""
-    if (packed is None or torch.compiler.is_compiling()
-            or _module._global_forward_hooks or _module._global_forward_pre_hooks
-            or _module._global_backward_hooks or _module._global_backward_pre_hooks):
+    if packed is None or torch.compiler.is_compiling() or _global_hooks():
         return None
     grad = torch.is_grad_enabled()
     for layer, (w_part, b_part) in zip(layers, packed.parts):
-        if not _plain_linear(layer):
+        if type(layer) is not nn.Linear or _hooked(layer):
             return None
         weight, bias = _weight_bias(layer)
         if weight is None or not weight.is_set_to(w_part) or (grad and weight.requires_grad):

@@ -372,8 +372,9 @@ class FixedKVCache:
         columns = self.columns(q.shape[2], q.device)  # (L,)
         positions = columns if call.positions is None else call.positions
         k, v = keys_values(layer, key, value, call)
-        if layer.rotary is not None:
-            q, k = rotated(layer.rotary, q, k, call.qk, 0, positions)
+        rotary = layer.rotary
+        if rotary is not None:
+            q, k = rotated(rotary, q, k, call.qk, 0, positions)
         k, v = self.write(k, v, columns)  # (B, Hkv, capacity, E)
         allowed = self.allowed(columns, call.window)  # (L, capacity)
         mask = call.mask_for(k.shape[0], self.capacity)
