@@ -317,3 +317,19 @@ def test_a_hook_on_the_rotary_embedding_still_runs_on_the_joint_rotation(rng):
     assert seen == [(1, 6, 4, 8)]
     assert not torch.allclose(got, before)
     torch.testing.assert_close(got, separately(layer, x, is_causal=True))  # one by one, each doubled by the hook
+
+
+def test_empty_inputs_and_autocast_through_the_packed_call_and_the_joint_rotation(rng):
+    layer = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8)).eval()
+    with torch.no_grad():
+        assert matmuls(lambda: layer(torch.randn(0, 5, 32), is_causal=True)) == 2
+        assert layer(torch.randn(0, 5, 32), is_causal=True).output.shape == (0, 5, 32)
+        assert layer(torch.randn(2, 0, 32), is_causal=True).output.shape == (2, 0, 32)
+    x = randn(2, 5, 32, generator=rng)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert matmuls(lambda: layer(x, is_causal=True)) == 2
+        got = layer(x, is_causal=True).output
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = separately(layer, x, is_causal=True)  # projected one by one, rotated one by one
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
