@@ -237,9 +237,10 @@ ORACLE_MODS = {  # the same functions on one row of NumPy scores (row i, key ind
 @pytest.mark.parametrize("backend", ["reference", "tiled", "auto"])
 @pytest.mark.parametrize("mod", list(ORACLE_MODS))
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_score_mod_matches_the_oracle_with_gradients(mod, backend, dtype, with_mask, rng, small_tiles):
+@pytest.mark.parametrize("Hkv", [2, 4], ids=["grouped", "one-per-head"])
+def test_score_mod_matches_the_oracle_with_gradients(mod, backend, dtype, with_mask, Hkv, rng, small_tiles):
     torch_mod, numpy_mod = ORACLE_MODS[mod]
-    q, k, v, bm = _call("longformer", dtype, rng)
+    q, k, v, bm = _call("longformer", dtype, rng, Hkv=Hkv)
     mask = bm if with_mask else None
     dense = numpy(bm.to_dense()) if with_mask else None
     result = attnkit.attention(q, k, v, mask=mask, is_causal=True, score_mod=torch_mod, backend=backend, need_weights=True)
@@ -253,6 +254,73 @@ def test_score_mod_matches_the_oracle_with_gradients(mod, backend, dtype, with_m
     want = _grads(expected, q64, k64, v64, torch.Generator().manual_seed(3))
     for what, a, b in zip("qkv", got, want):
         assert_close(a, numpy(b), dtype, f"d{what}")
+
+
+@pytest.mark.parametrize("backend", ["reference", "tiled"])
+def test_a_mod_that_writes_into_its_index_tensors_changes_only_its_own_call(backend, rng, small_tiles):
+    """The index tensors are built once per tile and kept, but every call gets its own copies."""
+    q, k, v = (randn(1, 2, 16, 8, generator=rng) for _ in range(3))
+    seen = []
+
+    def vandal(score, b, h, q_idx, kv_idx):
+        seen.append((b.clone(), h.clone(), q_idx.clone(), kv_idx.clone()))
+        kv_idx += 100  # in place: this call's own tensors
+        q_idx.zero_()
+        return score - kv_idx.to(score.dtype) * 0.0 + q_idx.to(score.dtype)
+
+    first = attnkit.attention(q, k, v, score_mod=vandal, backend=backend).output
+    count = len(seen)
+    again = attnkit.attention(q, k, v, score_mod=vandal, backend=backend).output
+    assert torch.equal(first, again)
+    assert len(seen) == 2 * count  # each call saw the same index tensors as the other, untouched by the other's writes
+    for before, after in zip(seen[:count], seen[count:]):
+        assert all(torch.equal(x, y) for x, y in zip(before, after))
+    b, h, q_idx, kv_idx = seen[-1]  # the last tile's (the probes of the tiled backend come first)
+    assert b.dtype == h.dtype == q_idx.dtype == kv_idx.dtype == torch.int32
+    assert torch.equal(h.view(-1), torch.arange(2, dtype=torch.int32)) and b.shape == (1, 1, 1, 1) and b.item() == 0
+    assert torch.all(q_idx.view(-1).diff() == 1) and torch.all(kv_idx.view(-1).diff() == 1)
+    assert q_idx.view(-1)[-1] == 15 and kv_idx.view(-1)[-1] == 15
+
+    def mask_vandal(b, h, q_idx, kv_idx):
+        allowed = kv_idx <= q_idx
+        q_idx += 1000
+        return allowed
+
+    blocks = masks.block_mask(mask_vandal, None, None, 16, 16, block=(8, 8))
+    assert torch.equal(blocks.to_dense(), masks.causal(16, 16)[None, None])
+    assert torch.equal(masks.block_mask(mask_vandal, None, None, 16, 16, block=(8, 8)).to_dense(), blocks.to_dense())
+
+
+def test_index_tensors_are_fresh_under_inference_mode_and_built_afresh_under_a_dispatch_mode(rng):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnkit.functional import block_mask as block_mask_module
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.inference_mode():
+        grids = block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu"))
+        assert all(x.is_inference() for x in grids)
+    for x in grids:  # kept ones are built outside inference mode: writing into a copy is allowed inside it only
+        assert x.is_inference()
+    plain = block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu"))
+    assert not any(x.is_inference() for x in plain)
+    plain[2].add_(1)  # an ordinary tensor of the caller's
+    want = (torch.arange(2).view(2, 1, 1, 1), torch.arange(3).view(1, 3, 1, 1), torch.arange(4, 9).view(1, 1, 5, 1),
+            torch.arange(7).view(1, 1, 1, 7))
+    for got, expected in zip(block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu")), want):
+        assert got.dtype == torch.int32 and torch.equal(got, expected.int())
+    with Seen() as mode:
+        block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu"))
+    assert mode.ops.count("aten.arange.start_step") + mode.ops.count("aten.arange.default") + \
+        mode.ops.count("aten.arange.start") == 4 and not any("clone" in op for op in mode.ops)
 
 
 def test_a_learned_score_mod_goes_to_reference_and_the_tiled_backend_refuses_it(rng):

@@ -17,6 +17,7 @@ BlockMask converts to and from this one in :mod:`.torch_block_mask`, above both 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -24,7 +25,8 @@ from torch import Tensor
 
 from .checks import check_int
 
-__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "length_bucket", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK"]
+__all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "index_grids", "length_bucket", "EMPTY", "PARTIAL", "FULL",
+           "DEFAULT_BLOCK"]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 """``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` broadcastable to the index tiles' shape."""
@@ -41,6 +43,41 @@ CACHE_ELEMENTS = 1 << 24
 evaluates a partial run's mask once and reuses it in every later forward and backward pass."""
 INDEX_DTYPE = torch.int32
 """Index tensors given to mask_mod and score_mod are int32, as FlexAttention's."""
+
+
+def index_grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int,
+                device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """FlexAttention's broadcast index tensors of the tile of rows [q0, q1) and keys [k0, k1), as a mask_mod or a
+    score_mod receives them: b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, q1 - q0, 1), kv_idx (1, 1, 1, k1 - k0),
+    int32. Fresh tensors every call (a mod may keep them, or write into them), copied from ones built once per
+    tile and kept (:func:`_kept_grids`): four copies cost half of four ``arange`` and four ``view`` calls (6
+    against 14 us; a small score_mod call's step, benchmarks/overhead.py). Built afresh while compiling or under
+    a dispatch mode (a fake or traced tensor is never kept)."""
+    if torch.compiler.is_compiling() or _dispatch_modes():
+        return _grids(B, H, q0, q1, k0, k1, device)
+    b, h, q_idx, kv_idx = _kept_grids(B, H, q0, q1, k0, k1, device)
+    return b.clone(), h.clone(), q_idx.clone(), kv_idx.clone()
+
+
+def _grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    b = torch.arange(B, device=device, dtype=INDEX_DTYPE).view(B, 1, 1, 1)
+    h = torch.arange(H, device=device, dtype=INDEX_DTYPE).view(1, H, 1, 1)
+    q_idx = torch.arange(q0, q1, device=device, dtype=INDEX_DTYPE).view(1, 1, q1 - q0, 1)
+    kv_idx = torch.arange(k0, k1, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, k1 - k0)
+    return b, h, q_idx, kv_idx
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The index tensors of a tile, built once (a bounded LRU: 256 tiles, a few KiB each on the tiled backend's
+    tiles) outside inference mode, so that their copies are ordinary tensors wherever a call runs. Never handed
+    out: :func:`index_grids` gives copies."""
+    with torch.inference_mode(False):
+        return _grids(B, H, q0, q1, k0, k1, device)
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+"""How many ``TorchDispatchMode``s are active (FakeTensorMode, a tracer, an op counter): nonzero, nothing kept."""
 
 
 def length_bucket(n: int) -> int:
@@ -157,11 +194,7 @@ class BlockMask:
         B, H = self.shape[0], self.shape[1]
         if self._dense is not None:
             return self._dense[..., q0:q1, k0:k1]
-        device = self.device
-        b = torch.arange(B, device=device, dtype=INDEX_DTYPE).view(B, 1, 1, 1)
-        h = torch.arange(H, device=device, dtype=INDEX_DTYPE).view(1, H, 1, 1)
-        q_idx = torch.arange(q0, q1, device=device, dtype=INDEX_DTYPE).view(1, 1, -1, 1)
-        kv_idx = torch.arange(k0, k1, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, -1)
+        b, h, q_idx, kv_idx = index_grids(B, H, q0, q1, k0, k1, self.device)
         assert self.mask_mod is not None  # a dense BlockMask has no partial tiles to evaluate
         out = self.mask_mod(b, h, q_idx, kv_idx)
         if not isinstance(out, Tensor) or out.dtype != torch.bool:

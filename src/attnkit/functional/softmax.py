@@ -58,8 +58,12 @@ def _masked_softmax(scores: Tensor, mask: Tensor | None, *, dim: int = -1, tempe
     if temperature != 1.0:
         scores = scores / temperature
     finite_below = scores != float("-inf")  # NaN != -inf: NaN stays in and propagates
-    mask = finite_below if mask is None else mask & finite_below
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    if mask is None:  # -inf, the only score below the lowest finite one, raised to it (clamp keeps NaN): one op fewer
+        filled = scores.clamp_min(torch.finfo(scores.dtype).min)
+        mask = finite_below
+    else:
+        mask = mask & finite_below
+        filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     # A fully masked row is uniform after softmax; zeroing the masked entries makes it all 0. Zeroed by
     # a product, not a fill, so that a row a NaN made NaN stays NaN at its masked keys too.
     return torch.softmax(filled, dim=dim) * mask

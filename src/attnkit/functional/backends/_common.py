@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .. import masks as _masks
-from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod
+from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod, index_grids
 from ..checks import Dims
 
 __all__ = [
@@ -102,11 +102,9 @@ class Problem:
         """Apply ``score_mod`` to scores (B, H', bq, bk) of rows q0.. and keys k0.. (H' = all heads,
         or those in ``heads``), with FlexAttention's broadcast indices; returns the new scores."""
         B, H, bq, bk = scores.shape
-        device = scores.device
-        b = torch.arange(B, device=device, dtype=INDEX_DTYPE).view(B, 1, 1, 1)
-        h = (torch.arange(H, device=device, dtype=INDEX_DTYPE) if heads is None else heads.to(INDEX_DTYPE)).view(1, H, 1, 1)
-        q_idx = torch.arange(q0, q0 + bq, device=device, dtype=INDEX_DTYPE).view(1, 1, bq, 1)
-        kv_idx = torch.arange(k0, k0 + bk, device=device, dtype=INDEX_DTYPE).view(1, 1, 1, bk)
+        b, h, q_idx, kv_idx = index_grids(B, H, q0, q0 + bq, k0, k0 + bk, scores.device)
+        if heads is not None:
+            h = heads.to(INDEX_DTYPE).view(1, H, 1, 1)
         assert self.score_mod is not None  # called only for a call with a score_mod
         out = self.score_mod(scores, b, h, q_idx, kv_idx)
         if not isinstance(out, Tensor) or out.shape != scores.shape:

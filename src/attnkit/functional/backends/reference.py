@@ -18,27 +18,34 @@ __all__ = ["forward"]
 
 def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True) -> BackendResult:
     """The backend's call. ``lse=False`` leaves the log-sum-exp out (``auto``'s small score_mod calls, which
-    return none unless asked: a quarter of such a call's ops, benchmarks/overhead.py)."""
+    return none unless asked: a quarter of such a call's ops, benchmarks/overhead.py). With as many key as query
+    heads the scores are (B, H, L, S) as they come; grouped heads are lined up as (B, Hkv, G, L, S), by views."""
     dims = problem.dims
     acc = compute_dtype(q.dtype)
     cast = acc is not q.dtype  # (Tensor.to costs a microsecond even where it returns its input)
-    q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
-    k_g = k[:, :, None]  # (B, Hkv, 1, S, E)
-    v_g = v[:, :, None]  # (B, Hkv, 1, S, Ev)
+    grouped = dims.H != dims.Hkv  # (seven views a call fewer where not: a small score_mod call's microseconds)
+    q_g, k_g, v_g = (group_heads(q, dims), k.unsqueeze(2), v.unsqueeze(2)) if grouped else (q, k, v)
     if cast:
         q_g, k_g, v_g = q_g.to(acc), k_g.to(acc), v_g.to(acc)
-    scores = (q_g @ k_g.transpose(-1, -2)) * problem.scale  # (B, Hkv, G, L, S)
+    scores = (q_g @ k_g.transpose(-1, -2)) * problem.scale  # (B, Hkv, G, L, S), or (B, H, L, S)
     if problem.bias is not None:
-        scores = scores + group_heads(problem.bias, dims).to(acc)
+        bias = group_heads(problem.bias, dims) if grouped else problem.bias
+        scores = scores + (bias.to(acc) if bias.dtype is not acc else bias)
     if problem.score_mod is not None:
-        scores = problem.modify_scores(scores.flatten(1, 2), 0, 0).view(scores.shape)
-    mask = group_heads(problem.dense_mask(q.device), dims)
+        scores = (problem.modify_scores(scores.flatten(1, 2), 0, 0).view(scores.shape) if grouped
+                  else problem.modify_scores(scores, 0, 0))
+    mask = problem.dense_mask(q.device)
+    if grouped:
+        mask = group_heads(mask, dims)
     weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
     attended = F.dropout(weights, p=problem.dropout_p) if problem.dropout_p > 0 else weights
-    output = attended @ v_g  # (B, Hkv, G, L, Ev)
-    output, weights = output.flatten(1, 2), weights.flatten(1, 2)
+    output = attended @ v_g  # (B, Hkv, G, L, Ev), or (B, H, L, Ev)
+    log_sum_exp = _masked_logsumexp(scores, mask) if lse else None
+    if grouped:
+        output, weights = output.flatten(1, 2), weights.flatten(1, 2)
+        log_sum_exp = None if log_sum_exp is None else log_sum_exp.flatten(1, 2)
     return BackendResult(
         output=output.to(q.dtype) if cast else output,
-        lse=_masked_logsumexp(scores, mask).flatten(1, 2) if lse else None,  # (B, H, L)
+        lse=log_sum_exp,  # (B, H, L)
         weights=weights.to(q.dtype) if cast else weights,
     )
