@@ -4,15 +4,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-__all__ = ["Packed", "hookless", "pack", "packed_projection", "project", "project_by_name"]
+__all__ = ["Packed", "called", "hookless", "pack", "packed_projection", "project", "project_by_name"]
 
 
 def project(layer: nn.Module | None, x: Tensor) -> Tensor:
@@ -38,15 +38,23 @@ def project_by_name(owner: nn.Module, name: str, x: Tensor) -> Tensor:
 
 
 def hookless(module: nn.Module) -> bool:
-    """Whether calling ``module.forward`` is what calling ``module`` does: no hooks on it and no global module
-    hooks (``nn.Module.__call__`` then adds only its own checks, about a microsecond a call)."""
+    """Whether calling ``module.forward`` is what calling ``module`` does: no hooks on it, no global module
+    hooks, and no compiled call of its own (``Module.compile``): ``nn.Module.__call__`` then adds only its own
+    checks, about two microseconds a call."""
     return not (_hooked(module) or _global_hooks())
 
 
+def called(module: nn.Module) -> Callable[..., Any]:
+    """What calling ``module`` runs: its ``forward`` where ``nn.Module.__call__`` would add nothing
+    (:func:`hookless`), else the module itself (its hooks, its compiled call). For the modules a model calls on
+    every layer of every decoding step: ``called(block)(x, ...)`` is ``block(x, ...)``."""
+    return module.forward if hookless(module) else module
+
+
 def _hooked(module: nn.Module) -> bool:
-    """Whether ``module`` has hooks of its own."""
+    """Whether ``module`` has hooks of its own, or a compiled call (``Module.compile``) that its call would run."""
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+                or module._backward_pre_hooks or getattr(module, "_compiled_call_impl", None) is not None)
 
 
 def _global_hooks() -> bool:

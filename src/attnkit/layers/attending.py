@@ -29,7 +29,7 @@ from torch import Tensor
 from ..functional import kept
 from ..functional.attention import AttentionOutput, attention_trusted
 from ..functional.block_mask import BlockMask
-from ._linear import hookless
+from ._linear import called
 
 __all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "keys_values", "rotated", "strategy", "make_call"]
 
@@ -96,7 +96,7 @@ def rotated(rotary, q: Tensor, k: Tensor, qk: Tensor | None, offset: int = 0,
     on): in one rotation where the layer projected them side by side (``qk``, :attr:`AttentionCall.qk`; a
     decoding step's rotations are four small ops and host time each), else one each. The same numbers either
     way (the rotation is elementwise)."""
-    rotate = rotary.forward if hookless(rotary) else rotary
+    rotate = called(rotary)
     if qk is not None:
         return rotate(qk, offset=offset, positions=positions).split_with_sizes((q.shape[1], k.shape[1]), 1)
     return rotate(q, offset=offset, positions=positions), rotate(k, offset=offset, positions=positions)

@@ -24,8 +24,9 @@ from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
 from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
+from ..layers._linear import called, project_by_name
 from ..layers.attending import Attending, Cache
-from .blocks import Dropout, FeedForward, GatedFeedForward, make_norm
+from .blocks import Dropout, FeedForward, GatedFeedForward, make_norm, normalised
 from .config import DecoderConfig
 from .outputs import LMOutput
 
@@ -120,11 +121,13 @@ class DecoderBlock(nn.Module):
         BlockMask) -> (B, L, D) and, with ``need_weights``, the attention weights (B, H, L, S)."""
         parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # from the registry: __getattr__ is 1 us a read
         dropout = parts["dropout"]
-        attended = parts["self_attn"](parts["attn_norm"](x), mask=mask, key_mask=key_mask, is_causal=True,
-                                      window=self.window, cache=cache, need_weights=need_weights, positions=positions,
-                                      context_parallel=context_parallel)
+        # submodules called without nn.Module.__call__ where it would add nothing (called, normalised)
+        attended = called(parts["self_attn"])(normalised(parts["attn_norm"], x), mask=mask, key_mask=key_mask,
+                                              is_causal=True, window=self.window, cache=cache,
+                                              need_weights=need_weights, positions=positions,
+                                              context_parallel=context_parallel)
         x = x + dropout(attended.output)
-        x = x + dropout(parts["mlp"](parts["mlp_norm"](x)))
+        x = x + dropout(called(parts["mlp"])(normalised(parts["mlp_norm"], x)))
         return x, attended.weights
 
 
@@ -246,13 +249,13 @@ class DecoderLM(nn.Module):
         x = self.dropout(x)
         attentions: list[Tensor] | None = [] if need_weights else None
         for i, layer in enumerate(self.layers):
-            x, weights = layer(x, mask, key_mask=key_mask, cache=None if cache is None else cache[i],
-                               need_weights=need_weights,
-                               positions=rotary_positions, context_parallel=context_parallel)
+            x, weights = called(layer)(x, mask, key_mask=key_mask, cache=None if cache is None else cache[i],
+                                       need_weights=need_weights,
+                                       positions=rotary_positions, context_parallel=context_parallel)
             if attentions is not None:
                 attentions.append(weights)
-        x = self.norm(x)
-        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, attentions)
+        x = normalised(self._modules["norm"], x)
+        return LMOutput(project_by_name(self, "lm_head", x[:, -1:] if last_only else x), x, attentions)
 
     def _positions(self, input_ids: Tensor, cache, position_ids: Tensor | None, document_ids: Tensor | None,
                    context_parallel) -> tuple[Tensor | None, Tensor | None, int]:
