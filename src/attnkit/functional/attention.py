@@ -257,8 +257,7 @@ def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask 
 def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
                dropout_p, backend, need_weights, score_mod, sinks, return_lse: bool = False) -> AttentionOutput:
     """:func:`attention` once q, k and v are known to fit ``dims``."""
-    given_scale = scale
-    scale = _checked_scale(scale, dims, q.dtype) if scale is not None else _default_scale(dims.E)
+    given_scale = scale = _checked_scale(scale, dims, q.dtype) if scale is not None else None  # (None: SDPA's default)
     if (mask is None and bias is None and score_mod is None and sinks is None and window is None
             and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S
             and not return_lse):
@@ -272,8 +271,12 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
           and causal_align in _masks.ALIGNMENTS):
         direct = _direct_mask(q, dims, mask, is_causal, causal_align, window, backend)
         if direct is not _GENERAL:  # what auto hands SDPA anyway (:func:`.backends.sdpa.masked`), no Problem, no routing
-            output = sdpa.masked(q, k, v, direct, None, {"dropout_p": 0.0, "scale": scale, "enable_gqa": dims.H != dims.Hkv})
+            options = {"dropout_p": 0.0, "scale": _default_scale(dims.E) if scale is None else scale,
+                       "enable_gqa": dims.H != dims.Hkv}
+            output = sdpa.masked(q, k, v, direct, None, options)
             return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
+    if scale is None:
+        scale = _default_scale(dims.E)
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
                               need_weights, score_mod, sinks)
     if backend == "auto":

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -135,9 +136,11 @@ def normalised(norm: nn.Module | None, x: Tensor) -> Tensor:
     if (kind is nn.RMSNorm or kind is nn.LayerNorm) and hookless(norm):
         parameters = norm._parameters  # (a parameter deleted from it, and perhaps set as an attribute: the module's call)
         if kind is nn.RMSNorm and "weight" in parameters:
-            return F.rms_norm(x, norm.normalized_shape, parameters["weight"], norm.eps)
+            rms = cast(nn.RMSNorm, norm)
+            return F.rms_norm(x, rms.normalized_shape, parameters["weight"], rms.eps)
         if kind is nn.LayerNorm and "weight" in parameters and "bias" in parameters:
-            return F.layer_norm(x, norm.normalized_shape, parameters["weight"], parameters["bias"], norm.eps)
+            layer = cast(nn.LayerNorm, norm)
+            return F.layer_norm(x, layer.normalized_shape, parameters["weight"], parameters["bias"], layer.eps)
     return norm(x)
 
 
