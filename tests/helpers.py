@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Tolerances against the float64 oracle, by input dtype: (rtol, atol).
 TOLERANCES = {
@@ -156,3 +157,15 @@ def separately(layer, x: torch.Tensor, **kwargs) -> torch.Tensor:
     with torch.enable_grad():
         return layer(x, **kwargs).output.detach()
 
+
+class OpsSeen(TorchDispatchMode):
+    """A dispatch mode that records the name of every aten op run under it (``with OpsSeen() as ops: ...``, then
+    ``ops.seen``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))

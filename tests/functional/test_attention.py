@@ -15,7 +15,7 @@ from attnkit.functional.attention import choose_backend
 from attnkit.functional.backends._common import Problem
 from attnkit.functional.checks import Dims
 
-from helpers import DTYPES, assert_close, numpy, randn
+from helpers import DTYPES, OpsSeen, assert_close, numpy, randn
 
 BACKENDS = ["reference", "sdpa", "tiled", "auto"]
 
@@ -520,24 +520,13 @@ def test_nan_propagates_the_same_way_in_every_backend(where, rng, small_tiles):
 def test_nan_rule_false_skips_the_check_and_restores_it_on_exit(rng):
     """Without the rule no maxima are taken and a NaN in a masked key changes nothing; the rule
     is back after the block, also when the block raises; a non-bool is refused by name."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     q, k, v = randn(1, 2, 3, 4, generator=rng), randn(1, 2, 5, 4, generator=rng), randn(1, 2, 5, 4, generator=rng)
     k[0, 0, 4, 1] = float("nan")
     mask = torch.tensor([True, True, True, True, False]).expand(3, 5)
-    with attnkit.nan_rule(False), Ops() as ops:
+    with attnkit.nan_rule(False), OpsSeen() as ops:
         free = attnkit.attention(q, k, v, mask=mask, backend="reference").output
     assert not any("_foreach_max" in op or "isnan" in op for op in ops.seen)  # the rule's look (the backend's lse takes its own amax)
-    with Ops() as ruled:
+    with OpsSeen() as ruled:
         attnkit.attention(q, k, v, mask=mask, backend="reference")
     assert any("_foreach_max" in op for op in ruled.seen)  # what the rule does when on
     assert not free.isnan().any()
