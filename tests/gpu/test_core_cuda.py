@@ -215,3 +215,24 @@ def test_latent_decoding_folds_query_heads_instead_of_repeating_the_latent(maske
     repeated_mb = 2 * 16 * S * (576 + 512) * 2 / 2**20
     peak = peak_extra_mb(lambda: attnkit.attention(*args, **moved), CUDA)
     assert peak < repeated_mb / 8, (peak, repeated_mb)
+
+
+def test_index_tensors_built_during_graph_capture_are_not_kept():
+    """Kernels captured into a CUDA graph do not run until it is replayed: index tensors built then are the
+    call's own (built afresh), never kept for later calls; outside capture, the kept ones hold their values."""
+    from attnkit.functional.block_mask import _kept_grids, index_grids
+
+    device = torch.device("cuda")
+    _kept_grids.cache_clear()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        index_grids(1, 2, 3, 8, 0, 5, device)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert _kept_grids.cache_info().currsize == 0
+    b, h, q_idx, kv_idx = index_grids(1, 2, 3, 8, 0, 5, device)
+    assert _kept_grids.cache_info().currsize == 1
+    assert torch.equal(q_idx.view(-1).cpu(), torch.arange(3, 8, dtype=torch.int32))
+    assert torch.equal(kv_idx.view(-1).cpu(), torch.arange(5, dtype=torch.int32))
+    assert torch.equal(h.view(-1).cpu(), torch.arange(2, dtype=torch.int32)) and b.item() == 0
