@@ -113,9 +113,9 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
     if ((not causal or dims.L >= dims.S) and dims.Ev
             and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)
             and looks_first(q, k, v)):
-        # Tensor.max() (no dim) propagates NaN like amax and measured 0.2 us less a look (1.7 against 1.9 us,
-        # benchmarks/results/overhead_ab_2026-11-27_fifth/look_cost.txt)
-        return with_nan_rows(q, k, v, dims, output) if math.isnan(output.max().item()) else output
+        # amax, not Tensor.max(): max() is 0.2 us faster on a contiguous output but 1.3 us slower on the transposed
+        # one a layer's SDPA returns (benchmarks/results/overhead_ab_2026-11-27_fifth/look_layout.txt)
+        return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
     return with_nan_rows(q, k, v, dims, output)
 
 
