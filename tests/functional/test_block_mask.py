@@ -292,22 +292,28 @@ def test_a_mod_that_writes_into_its_index_tensors_changes_only_its_own_call(back
 
 
 def test_index_tensors_are_fresh_under_inference_mode_and_built_afresh_under_a_dispatch_mode(rng):
+    """Tensors first asked for under inference_mode are kept as ordinary ones: a later call under autograd gets
+    copies it can save for backward (a learned table indexed by h), as it would get fresh aranges."""
     from attnkit.functional import block_mask as block_mask_module
 
+    block_mask_module._kept_grids.cache_clear()
+    cpu = torch.device("cpu")
     with torch.inference_mode():
-        grids = block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu"))
-        assert all(x.is_inference() for x in grids)
-    for x in grids:  # kept ones are built outside inference mode: writing into a copy is allowed inside it only
-        assert x.is_inference()
-    plain = block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu"))
-    assert not any(x.is_inference() for x in plain)
-    plain[2].add_(1)  # an ordinary tensor of the caller's
+        inside = block_mask_module.index_grids(2, 3, 4, 9, 0, 7, cpu)
+        assert all(x.is_inference() for x in inside)  # as fresh aranges made there would be
+    assert not any(x.is_inference() for x in block_mask_module._kept_grids(2, 3, 4, 9, 0, 7, cpu))
+    b, h, q_idx, kv_idx = block_mask_module.index_grids(2, 3, 4, 9, 0, 7, cpu)
+    assert not any(x.is_inference() for x in (b, h, q_idx, kv_idx))
+    table = torch.randn(3, requires_grad=True)
+    (table[h] * (q_idx - kv_idx)).sum().backward()  # h saved for the backward of the indexing
+    assert table.grad is not None
+    q_idx.add_(1)  # the caller's own tensor
     want = (torch.arange(2).view(2, 1, 1, 1), torch.arange(3).view(1, 3, 1, 1), torch.arange(4, 9).view(1, 1, 5, 1),
             torch.arange(7).view(1, 1, 1, 7))
-    for got, expected in zip(block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu")), want):
+    for got, expected in zip(block_mask_module.index_grids(2, 3, 4, 9, 0, 7, cpu), want):
         assert got.dtype == torch.int32 and torch.equal(got, expected.int())
     with OpsSeen() as mode:
-        block_mask_module.index_grids(2, 3, 4, 9, 0, 7, torch.device("cpu"))
+        block_mask_module.index_grids(2, 3, 4, 9, 0, 7, cpu)
     assert sum(op.startswith("aten.arange") for op in mode.seen) == 4 and not any("clone" in op for op in mode.seen)
 
 
