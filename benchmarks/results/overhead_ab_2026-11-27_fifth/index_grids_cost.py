@@ -1,9 +1,8 @@
 """Four index tensors of a 16 x 16 tile (B 1, H 4) as a score_mod receives them: built by four ``arange`` and four
 ``view`` calls (before), or copied from kept ones by four ``clone`` calls (``index_grids``, after). One thread,
 no_grad, best of 15 rounds of 4,000 calls, two passes. Output: index_grids_cost.txt."""
-import time
-
 import torch
+from _timing import t  # (this folder's timer)
 
 from attnkit.functional.block_mask import _grids, index_grids
 
@@ -11,14 +10,6 @@ torch.set_num_threads(1)
 cpu = torch.device("cpu")
 
 
-def t(name, f, n=4000, r=15):
-    best = 1e9
-    for _ in range(r):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-        best = min(best, (time.perf_counter() - t0) / n)
-    print(f"{name:40s} {best * 1e6:7.2f} us", flush=True)
 
 
 with torch.no_grad():

@@ -2,11 +2,11 @@
 in its output (the NaN rule's look: a reduction and a host read). Best of 15 rounds of 4,000 calls, two passes.
 Output: look_cost.txt."""
 import math
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _timing import t  # (this folder's timer)
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
@@ -15,14 +15,6 @@ out = F.scaled_dot_product_attention(q, k, v)
 flat = out.view(-1)
 
 
-def t(name, f, n=4000, r=15):
-    best = 1e9
-    for _ in range(r):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-        best = min(best, (time.perf_counter() - t0) / n)
-    print(f"{name:40s} {best * 1e6:7.2f} us", flush=True)
 
 
 def numpy_dot():

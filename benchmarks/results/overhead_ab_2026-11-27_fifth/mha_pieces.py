@@ -1,10 +1,10 @@
 """MultiHeadAttention (D 128, H 4, L 16) against nn.MultiheadAttention and against its own ops written out, in one
 process, one thread: best of 20 rounds of 1,000 calls, two passes. Output: mha_pieces.txt."""
 import math
-import time
 
 import torch
 import torch.nn.functional as F
+from _timing import t  # (this folder's timer)
 from torch import nn
 
 import attnkit
@@ -13,14 +13,8 @@ from attnkit.layers._linear import packed_projection
 torch.set_num_threads(1)
 
 
-def t(name, f, n=1000, r=20):
-    best = 1e9
-    for _ in range(r):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-        best = min(best, (time.perf_counter() - t0) / n)
-    print(f"{name:40s} {best * 1e6:7.2f} us", flush=True)
+def timed(name, f):
+    t(name, f, n=1000, r=20)
 
 
 torch.manual_seed(0)
@@ -39,14 +33,14 @@ def written_out():  # the layer's ops, the NaN rule's look included
 
 
 for _ in range(2):
-    t("attnkit, autograd on", lambda: layer(x))
-    t("nn.MultiheadAttention, autograd on", lambda: theirs(x, x, x, need_weights=False))
+    timed("attnkit, autograd on", lambda: layer(x))
+    timed("nn.MultiheadAttention, autograd on", lambda: theirs(x, x, x, need_weights=False))
     with torch.no_grad():
-        t("attnkit, no_grad", lambda: layer(x))
-        t("nn.MultiheadAttention, no_grad", lambda: theirs(x, x, x, need_weights=False))
-        t("the same ops written out, no_grad", written_out)
-        t("packed_projection, no_grad", lambda: packed_projection(packed, qkv_modules, x))
-        t("F.linear through the packed weight", lambda: F.linear(x, W, b))
+        timed("attnkit, no_grad", lambda: layer(x))
+        timed("nn.MultiheadAttention, no_grad", lambda: theirs(x, x, x, need_weights=False))
+        timed("the same ops written out, no_grad", written_out)
+        timed("packed_projection, no_grad", lambda: packed_projection(packed, qkv_modules, x))
+        timed("F.linear through the packed weight", lambda: F.linear(x, W, b))
     with torch.inference_mode():
-        t("attnkit, inference_mode", lambda: layer(x))
-        t("nn.MultiheadAttention, inference_mode", lambda: theirs(x, x, x, need_weights=False))
+        timed("attnkit, inference_mode", lambda: layer(x))
+        timed("nn.MultiheadAttention, inference_mode", lambda: theirs(x, x, x, need_weights=False))
