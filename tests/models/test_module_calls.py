@@ -54,8 +54,10 @@ def test_a_hook_on_any_submodule_still_runs_and_its_result_is_used(rng, where):
 
     def shifted(module, args, out):  # (a shift, not a scale: a norm after it would undo a scale)
         seen.append(where)
-        if isinstance(out, tuple):  # a block's (x, weights), the attention's AttentionOutput
-            return type(out)(*((out[0] + 1,) + tuple(out[1:]))) if hasattr(out, "_fields") else (out[0] + 1, *out[1:])
+        if hasattr(out, "_fields"):  # the attention's AttentionOutput
+            return out._replace(output=out.output + 1)
+        if isinstance(out, tuple):  # a block's (x, weights)
+            return (out[0] + 1, *out[1:])
         return out + 1
 
     handle = module.register_forward_hook(shifted)

@@ -257,14 +257,14 @@ def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask 
 def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
                dropout_p, backend, need_weights, score_mod, sinks, return_lse: bool = False) -> AttentionOutput:
     """:func:`attention` once q, k and v are known to fit ``dims``."""
-    given_scale = scale = _checked_scale(scale, dims, q.dtype) if scale is not None else None  # (None: SDPA's default)
+    scale = _checked_scale(scale, dims, q.dtype) if scale is not None else None  # None: SDPA's default, 1/sqrt(E)
     if (mask is None and bias is None and score_mod is None and sinks is None and window is None
             and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S
             and not return_lse):
         causal = (False if not is_causal and causal_align == "top-left"  # the commonest call, decided inline
                   else _plain_causal(bool(is_causal), causal_align, dims.L, dims.S))
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
-            output = _plain(q, k, v, dims, given_scale, causal)
+            output = _plain(q, k, v, dims, scale, causal)
             return make_output((output, None, None))
     elif (q.is_cpu and bias is None and score_mod is None and sinks is None and need_weights is False and dropout_p == 0
           and backend in _PLAIN_BACKENDS and dims.L and dims.S and dims.Ev and not return_lse
