@@ -152,18 +152,30 @@ def attention_cases(generator, device: str = "cpu") -> list[dict]:
     ]
 
 
-def mha_case(generator, device: str = "cpu") -> dict:
+def mha_case(generator, device: str = "cpu", padded: bool = False) -> dict:
+    """MultiHeadAttention's self attention against the same four projections and SDPA written out, with
+    nn.MultiheadAttention beside them; ``padded``: with a key mask (the second row's last three keys padding),
+    SDPA's mask (B, 1, 1, S) and nn.MultiheadAttention's key_padding_mask."""
     D = 128
     torch.manual_seed(0)
     layer = attnkit.MultiHeadAttention(D, H).eval().to(device)
     theirs = nn.MultiheadAttention(D, H, batch_first=True).eval().to(device)
     x = torch.randn(B, L, D, generator=generator).to(device)
     Wq, Wk, Wv, Wo = layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj
+    key_mask = torch.ones(B, L, dtype=torch.bool, device=device)
+    key_mask[-1, -3:] = False
+    mask = key_mask.view(B, 1, 1, L) if padded else None
+    padding = ~key_mask if padded else None
 
     def plain():  # the same four projections and SDPA, written out
         q, k, v = (F.linear(x, W.weight, W.bias).view(B, L, H, D // H).transpose(1, 2) for W in (Wq, Wk, Wv))
-        return F.linear(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, D), Wo.weight, Wo.bias)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.linear(out.transpose(1, 2).reshape(B, L, D), Wo.weight, Wo.bias)
 
+    if padded:
+        return dict(case="MultiHeadAttention D128 H4 L16, key mask", ours=lambda: layer(x, key_mask=key_mask).output,
+                    torch=plain, baseline="projections + F.sdpa, mask", extra={"torch.nn.MultiheadAttention": lambda:
+                    theirs(x, x, x, key_padding_mask=padding, need_weights=False)[0]})
     return dict(case="MultiHeadAttention D128 H4 L16", ours=lambda: layer(x).output, torch=plain,
                 baseline="projections + F.sdpa", extra={"torch.nn.MultiheadAttention":
                                                           lambda: theirs(x, x, x, need_weights=False)[0]})
@@ -270,7 +282,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # per-call overhead: one thread, no pool hand-offs to time
     generator = torch.Generator().manual_seed(0)
     cases = [*attention_cases(generator, args.device), mha_case(generator, args.device),
-             decode_case(generator, device=args.device)]
+             mha_case(generator, args.device, padded=True), decode_case(generator, device=args.device)]
     if args.cases:
         cases = [case for case in cases if any(word in case["case"] for word in args.cases)]
         if not cases:

@@ -16,7 +16,7 @@ from attnkit.functional import nan
 from attnkit.functional.attention import attention_trusted
 from attnkit.functional.backends import _common, flex
 
-from helpers import randn
+from helpers import OpsSeen, randn
 
 SHAPES = [(1, 4, 4, 16, 16, 32), (2, 8, 2, 33, 97, 64), (1, 4, 1, 1, 128, 32), (1, 2, 2, 300, 300, 64),
           (1, 2, 2, 128, 40, 16), (1, 2, 2, 64, 64, 8),
@@ -227,3 +227,75 @@ def test_the_rule_looks_first_on_the_cpu_and_not_while_compiling_or_on_other_dev
     assert not nan.looks_first(meta, meta, meta)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not nan.looks_first(q, q, q)
+
+
+def _packed(B: int, L: int, H: int, Hkv: int, E: int, base: torch.Tensor | None = None):
+    """q (B, H, L, E), k and v (B, Hkv, L, E) as a layer's packed projection splits them: views of one
+    (B, L, (H + 2 Hkv) E) tensor."""
+    base = torch.randn(B, L, (H + 2 * Hkv) * E, dtype=torch.float64) if base is None else base
+    heads = base.view(B, L, H + 2 * Hkv, E).transpose(1, 2)
+    return base, heads.split_with_sizes((H, Hkv, Hkv), 1)
+
+
+@pytest.mark.parametrize("where", ["none", "q", "k", "v"])
+@pytest.mark.parametrize("H, Hkv", [(4, 4), (4, 2)])
+def test_views_of_one_packed_tensor_are_looked_at_once_with_the_rows_of_their_copies(where, H, Hkv):
+    """nan.poisoned_rows reads q, k and v that are views of one tensor no larger than they are (a packed self
+    attention projection) by one maximum over that tensor, and gives the rows it gives their copies."""
+    B, L, E = 2, 5, 8
+    base, (q, k, v) = _packed(B, L, H, Hkv, E)
+    part = {"q": q, "k": k, "v": v}.get(where)
+    if part is not None:
+        part[-1, -1, 2, 3] = float("nan")  # through the view, into the shared tensor
+    assert nan.shared_base(q, k, v) is base
+    dims = attnkit.functional.checks.check_qkv(q, k, v)
+    with OpsSeen() as ops:
+        got = nan.poisoned_rows(q, k, v, dims)
+    assert "aten.amax.default" in ops.seen and not any("foreach" in op for op in ops.seen)
+    want = nan.poisoned_rows(q.clone(), k.clone(), v.clone(), dims)
+    if where == "none":
+        assert got is None and want is None
+    else:
+        assert torch.equal(got, want) and got.any()
+
+
+def test_a_larger_or_missing_base_is_not_looked_at_and_overlapping_views_stay_exact():
+    """A NaN in the part of a wider tensor that q, k and v do not cover poisons nothing (the three are read
+    themselves); q, k and v that are one view (together more than their base) are read through the base and the
+    rows are the rule's; inference tensors keep no base, and the three maxima answer."""
+    B, L, H, E = 1, 4, 2, 8
+    wide = torch.randn(B, L, 4 * H * E, dtype=torch.float64)
+    wide[..., -1] = float("nan")  # beyond q, k and v
+    _, (q, k, v) = _packed(B, L, H, H, E, base=wide[..., : 3 * H * E].contiguous())
+    sliced = wide.view(B, L, 4 * H, E).transpose(1, 2)[:, : 3 * H].split_with_sizes((H, H, H), 1)
+    assert nan.shared_base(*sliced) is None  # the base holds a quarter more than the three views
+    dims = attnkit.functional.checks.check_qkv(q, k, v)
+    assert nan.poisoned_rows(*sliced, dims) is None
+    _, (q, _, _) = _packed(B, L, H, H, E)
+    q[0, 0, 1, 0] = float("nan")
+    assert nan.shared_base(q, q, q) is q._base
+    rows = nan.poisoned_rows(q, q, q, dims)
+    assert torch.equal(rows, nan.poisoned_rows(q.clone(), q.clone(), q.clone(), dims))
+    assert rows[:, 0].all() and not rows[:, 1].any()  # the NaN's head, as key and value too
+    with torch.inference_mode():
+        _, (qi, ki, vi) = _packed(B, L, H, H, E)
+        assert nan.shared_base(qi, ki, vi) is None
+        assert nan.poisoned_rows(qi, ki, vi, dims) is None
+
+
+@pytest.mark.parametrize("L", [3, 16])
+def test_a_padded_self_attention_call_gives_the_rules_rows_through_its_packed_projection(L):
+    """MultiHeadAttention's packed projection with a key mask (and, at L = 3, below the one look's threshold): a
+    NaN in one input row poisons every row (its key reaches every query), as the layer's unpacked call gives."""
+    torch.manual_seed(0)
+    layer = attnkit.MultiHeadAttention(32, 4).double().eval()
+    x = torch.randn(2, L, 32, dtype=torch.float64)
+    key_mask = torch.ones(2, L, dtype=torch.bool)
+    key_mask[1, -1] = False
+    x[0, L - 1, 5] = float("nan")  # a padded-out key of no row: still every row of batch 0
+    with torch.no_grad():
+        packed = layer(x, key_mask=key_mask).output
+        unpacked = layer(x, x, x, key_mask=key_mask).output  # separate projections: three tensors
+    assert layer._packed_qkv is not None
+    torch.testing.assert_close(packed, unpacked, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert packed[0].isnan().all() and not packed[1].isnan().any()

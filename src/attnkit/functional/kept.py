@@ -9,7 +9,7 @@ version counter (inference tensors have none). Outside a model call nothing is k
 own call.
 
     with kept.one_call():                      # a model's forward
-        keys = kept.get(key_mask, "keys", lambda: key_mask.bool()[:, None, None, :])
+        keys = kept.get(key_mask, "keys", lambda: key_mask.bool().reshape(B, 1, 1, S))
 """
 
 from __future__ import annotations

@@ -148,6 +148,19 @@ _MAXIMA = getattr(torch, "_foreach_max", None) or (lambda tensors: [x.amax() for
 """Whole-tensor maxima of a list of tensors: torch's foreach form where this PyTorch has it."""
 
 
+def shared_base(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """The tensor q, k and v are all views of, where it holds no more elements than they do together (a layer's
+    packed projection (B, L, (H + 2 Hkv) E), split by heads), else None. No NaN in it means none in q, k or v,
+    and one contiguous maximum reads it faster than three over strided views (a padded self-attention call of
+    :class:`~attnkit.layers.MultiHeadAttention`: benchmarks/results/overhead_ab_2026-11-27_sixth/). Inference
+    tensors keep no base (None: three maxima)."""
+    base = q._base
+    if (base is None or k._base is not base or v._base is not base or not base.numel()
+            or base.numel() > q.numel() + k.numel() + v.numel()):
+        return None
+    return base
+
+
 def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     """(B, H, L, 1) True where NaN must propagate, or None when q, k and v hold no NaN.
 
@@ -164,7 +177,9 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
         present = [x for x in (q, k, v) if x.numel()]
         if not present:
             return None
-        maxima = _MAXIMA(present)  # one dispatch; then three floats (item: no grad warning), one copy off a GPU
+        base = shared_base(q, k, v)
+        # one dispatch; then one to three floats (item: no grad warning), one copy off a GPU
+        maxima = [base.amax()] if base is not None else _MAXIMA(present)
         if not any(map(math.isnan, map(Tensor.item, maxima) if q.is_cpu else torch.stack(maxima).tolist())):
             return None
     q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)

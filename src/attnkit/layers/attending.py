@@ -69,7 +69,7 @@ class AttentionCall(NamedTuple):
             got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
             raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, S) = ({B}, {S}), True at real keys, "
                              f"got {got}")
-        keys = _as_keys(key_mask)  # (B, 1, 1, S)
+        keys = _as_keys(key_mask, B, S)  # (B, 1, 1, S)
         if self.mask is None:
             return keys
         if isinstance(self.mask, BlockMask):
@@ -102,11 +102,11 @@ def rotated(rotary, q: Tensor, k: Tensor, qk: Tensor | None, offset: int = 0,
     return rotate(q, offset=offset, positions=positions), rotate(k, offset=offset, positions=positions)
 
 
-def _as_keys(key_mask: Tensor) -> Tensor:
+def _as_keys(key_mask: Tensor, B: int, S: int) -> Tensor:
     """``key_mask`` (B, S) as a boolean (B, 1, 1, S) mask, built once per model call (:mod:`.kept`): every
     layer of a model gets the same key mask, and the same mask back (whose own checks are then kept beside
     it); a mask rewritten between calls, by any means, is read afresh."""
-    return kept.get(key_mask, "keys", lambda: key_mask.bool()[:, None, None, :])
+    return kept.get(key_mask, "keys", lambda: key_mask.bool().reshape(B, 1, 1, S))  # (indexing with None: 1.3 us more)
 
 
 class Attending(Protocol):

@@ -78,14 +78,16 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, options:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, options: dict, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    if q.is_cpu:  # (no folding, no repeats: those are CUDA's)
+        Ev = v.shape[-1]
+        if Ev < q.shape[-1]:
+            v = _widened(v, q.shape[-1])
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)[..., :Ev]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)
     if (options["enable_gqa"] and q.is_cuda and repeats_kv_on_cuda(q.dtype, q.shape[-1], attn_mask is not None)
             and foldable(q, attn_mask, is_causal)):
         return folded(q, k, v, attn_mask, options)
     k, v, options = _grouped(q, k, v, attn_mask, options)
-    Ev = v.shape[-1]
-    if Ev < q.shape[-1] and q.is_cpu:
-        v = _widened(v, q.shape[-1])
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)[..., :Ev]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)
 
 
@@ -154,7 +156,8 @@ def masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | 
     dropout_p, scale and enable_gqa)."""
     empty_rows = None
     compiling = torch.compiler.is_compiling()  # no probe, no look at the data: one graph
-    if mask is not None and (compiling or not _zeroes_masked_rows(q.device.type, q.dtype, bias is not None)):
+    if mask is not None and (compiling or not _zeroes_masked_rows("cpu" if q.is_cpu else q.device.type, q.dtype,
+                                                                   bias is not None)):
         # Let SDPA attend everywhere on rows with no allowed key, then zero those rows. On the CPU,
         # look first (most masks have no empty row; the answer is kept on the mask); on an
         # accelerator, or compiled, always fill rather than wait for the device to answer.
