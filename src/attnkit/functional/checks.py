@@ -172,9 +172,18 @@ def _check_broadcastable(name: str, x: Tensor, dims: Dims) -> None:
 
 
 def check_mask(mask: Tensor | None, dims: Dims, device: torch.device, name: str = "mask") -> None:
-    """Validate a boolean mask (True = may attend) against the sizes of the call."""
+    """Validate a boolean mask (True = may attend) against the sizes of the call. The common case, a boolean
+    (B|1, H|1, L|1, S) mask on the CPU beside CPU inputs, is settled by a few comparisons (every masked call
+    runs it); anything else goes through the checks that name what is wrong."""
     if mask is None:
         return
+    try:
+        Bm, Hm, Lm, Sm = mask.shape
+        if (mask.dtype is torch.bool and Sm == dims.S and Bm in (1, dims.B) and Hm in (1, dims.H) and Lm in (1, dims.L)
+                and mask.is_cpu and device.type == "cpu"):
+            return
+    except (AttributeError, TypeError, ValueError):  # not a tensor, or not of rank 4: named below
+        pass
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:

@@ -171,15 +171,19 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
         return None
     # A maximum propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool
     # copy of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN
-    # at all, is settled on the CPU by three whole-tensor maxima in one foreach call (2.6 us for a tiny
-    # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py) and a look.
+    # at all, is settled on the CPU by one maximum over the tensor q, k and v are views of (a layer's packed
+    # projection: shared_base), else by three whole-tensor maxima in one foreach call (2.6 us for a tiny
+    # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py), and a look.
     if looks_first(q, k, v):
-        present = [x for x in (q, k, v) if x.numel()]
-        if not present:
-            return None
-        base = shared_base(q, k, v)
-        # one dispatch; then one to three floats (item: no grad warning), one copy off a GPU
-        maxima = [base.amax()] if base is not None else _MAXIMA(present)
+        base = shared_base(q, k, v)  # (never empty)
+        if base is not None:
+            maxima = [base.amax()]
+        else:
+            present = [x for x in (q, k, v) if x.numel()]
+            if not present:
+                return None
+            maxima = _MAXIMA(present)  # one dispatch
+        # then one to three floats (item: no grad warning), one copy off a GPU
         if not any(map(math.isnan, map(Tensor.item, maxima) if q.is_cpu else torch.stack(maxima).tolist())):
             return None
     q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)

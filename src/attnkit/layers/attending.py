@@ -65,7 +65,7 @@ class AttentionCall(NamedTuple):
         if self.key_mask is None:
             return self.mask
         key_mask = self.key_mask
-        if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, S) or key_mask.is_floating_point():
+        if not isinstance(key_mask, Tensor) or key_mask.shape != (B, S) or key_mask.is_floating_point():
             got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
             raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, S) = ({B}, {S}), True at real keys, "
                              f"got {got}")
