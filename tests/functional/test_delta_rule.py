@@ -20,6 +20,8 @@ from attnkit.functional.linear import (
     l2norm,
 )
 
+from helpers import OpsSeen
+
 DECAYS = ["none", "per-head", "per-channel"]
 
 
@@ -79,6 +81,39 @@ def test_every_form_equals_the_float64_recurrence(decay, chunk_size, rng):
     if decay == "none":
         torch.testing.assert_close(delta_rule(q, k, v, beta, chunk_size=chunk_size).output,
                                    gated_delta_rule(q, k, v, None, beta, chunk_size=chunk_size).output)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("carried", [False, True], ids=["from-zero", "carried"])
+def test_one_token_equals_the_float64_recurrence(decay, carried, rng):
+    """A call of one token (a decoding step: its own path, _step) against the NumPy recurrence, with and without a
+    carried state, grouped heads, the delta rule and gated linear attention."""
+    q, k, v, g, beta = _inputs(rng, L=1, decay=decay)
+    state = torch.randn(2, 4, 8, 6, generator=rng, dtype=torch.float64) if carried else None
+    got = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm=True)
+    want_out, want_state = _oracle(q, k, v, g, beta, state=state, normalise=True)
+    np.testing.assert_allclose(got.output.numpy(), want_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got.final_state.numpy(), want_state, rtol=1e-12, atol=1e-12)
+    gla = gated_linear_attention(q, k, v, g, initial_state=state, output_final_state=True, scale=0.5)
+    want_out, want_state = _oracle(q, k, v, g, torch.ones_like(beta), scale=0.5, state=state, delta=False)
+    np.testing.assert_allclose(gla.output.numpy(), want_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gla.final_state.numpy(), want_state, rtol=1e-12, atol=1e-12)
+
+
+def test_check_values_false_takes_g_and_beta_as_given_without_a_look(rng):
+    """check_values=False: no look at g's and beta's values (no host wait), so an out-of-range value is taken as it
+    is, and the numbers are those of the checked call where the values are in range."""
+    q, k, v, g, beta = _inputs(rng, L=1)
+    with OpsSeen() as checked:
+        want = gated_delta_rule(q, k, v, g, beta)
+    with OpsSeen() as unchecked:
+        got = gated_delta_rule(q, k, v, g, beta, check_values=False)
+    assert "aten._local_scalar_dense.default" in checked.seen
+    assert "aten._local_scalar_dense.default" not in unchecked.seen
+    assert torch.equal(got.output, want.output)
+    gated_delta_rule(q, k, v, -g + 0.1, beta + 2, check_values=False)  # refused only where it looks
+    with pytest.raises(TypeError, match="check_values must be True or False"):
+        gated_linear_attention(q, k, v, g, check_values=1)
 
 
 def _transformers(module_name):

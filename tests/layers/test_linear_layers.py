@@ -8,6 +8,8 @@ import torch
 
 from attnkit.layers import GatedDeltaNet, KimiDeltaAttention, LightningAttention, LinearStateCache
 
+from helpers import OpsSeen
+
 LAYERS = {"gated_deltanet": lambda: GatedDeltaNet(32, 2, 4, 8, 6), "kimi": lambda: KimiDeltaAttention(32, 2, 8),
           "lightning": lambda: LightningAttention(32, 2, 8, layer_idx=0, num_layers=2)}
 
@@ -26,3 +28,22 @@ def test_a_call_of_no_token_gives_an_empty_output_and_leaves_the_cache_as_it_was
         assert cache.position == 5 and torch.equal(cache.state, straight.state)
         assert (cache.conv is None) == (straight.conv is None) and (cache.conv is None or torch.equal(cache.conv, straight.conv))
         torch.testing.assert_close(layer(step, cache=cache).output, layer(step, cache=straight).output, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "kimi"])
+def test_a_decoding_step_waits_for_nothing_and_equals_the_whole_pass(name):
+    """The delta-rule layers make their g and beta in range (a sigmoid; -exp(.) softplus(.)), so a decoding step
+    through the cache looks at no value (no host wait: no scalar read), and prefill then steps equal one pass of
+    the whole sequence (float64, to 1e-10)."""
+    torch.manual_seed(0)
+    layer = LAYERS[name]().double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    with torch.no_grad():
+        whole = layer(x).output
+        cache = LinearStateCache()
+        pieces = [layer(x[:, :6], cache=cache).output]
+        with OpsSeen() as ops:
+            pieces.append(layer(x[:, 6:7], cache=cache).output)
+        pieces += [layer(x[:, t:t + 1], cache=cache).output for t in (7, 8)]
+    assert "aten._local_scalar_dense.default" not in ops.seen
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)

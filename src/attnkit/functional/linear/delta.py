@@ -63,7 +63,8 @@ def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, scale: float | None = None,
                      initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
-                     use_qk_l2norm: bool = False, key_mask: Tensor | None = None) -> LinearAttentionOutput:
+                     use_qk_l2norm: bool = False, key_mask: Tensor | None = None,
+                     check_values: bool = True) -> LinearAttentionOutput:
     """The gated delta rule (module docstring): Gated DeltaNet with ``g`` (B, H, L), one log-decay per head and
     token; Kimi Delta Attention with ``g`` (B, H, L, K), one per key channel; the plain delta rule with
     ``g=None``.
@@ -80,13 +81,17 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Te
         use_qk_l2norm: normalise q and k to unit length first (Qwen3-Next, Kimi Linear).
         key_mask: (B, L) True at real tokens: a padded token leaves the state untouched (its beta and decay
             are ignored) and gets a zero output.
+        check_values: look at ``g``'s and ``beta``'s values and refuse any out of range by name (a wait for the
+            device on a GPU; on the CPU 17 us of a 4-head decoding step's 20 us of checks, 77 us in all:
+            benchmarks/results/overhead_ab_2026-11-27_sixth/gdr_step_cost.txt). False for a caller whose g and
+            beta are in range by construction, as attnkit's layers make them (a sigmoid; -exp(.) softplus(.)).
 
     Returns:
         :class:`LinearAttentionOutput` (output, final_state or None).
     """
     return _run(q, k, v, g, beta, delta=True, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
-                key_mask=key_mask)
+                key_mask=key_mask, check_values=check_values)
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **options) -> LinearAttentionOutput:
@@ -96,7 +101,8 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **options) -> Line
 
 def gated_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, *, scale: float | None = None,
                            initial_state: Tensor | None = None, output_final_state: bool = False,
-                           chunk_size: int = 64, key_mask: Tensor | None = None) -> LinearAttentionOutput:
+                           chunk_size: int = 64, key_mask: Tensor | None = None,
+                           check_values: bool = True) -> LinearAttentionOutput:
     """Gated linear attention, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t): a decay and
     no delta. ``g`` (B, H, L) one log-decay per head and token (a constant per head is lightning attention),
     (B, H, L, K) per key channel (GLA), or None (the Linear Transformer's running sum, unnormalised). The
@@ -105,7 +111,7 @@ def gated_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, *,
     ones = v.new_ones(B, H, L)
     return _run(q, k, v, g, ones, delta=False, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=False,
-                key_mask=key_mask)
+                key_mask=key_mask, check_values=check_values)
 
 
 def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | None, *, scale: float | None = None,
@@ -129,8 +135,8 @@ def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | No
 
 # ----------------------------------------------------------------------------------- the shared machinery
 def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm,
-         key_mask) -> LinearAttentionOutput:
-    B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask)
+         key_mask, check_values: bool = True) -> LinearAttentionOutput:
+    B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values, delta)
     out_dtype = v.dtype
     acc = accumulation_dtype(q.dtype)
     groups = H // Hk
@@ -151,6 +157,8 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
     state = None if initial_state is None else initial_state.to(acc)
     if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output)
         out, state = v.new_zeros(B, H, 0, V), q.new_zeros(B, H, K, V) if state is None else state
+    elif L == 1:  # a decoding step: the recurrence's one step in five small products (_step)
+        out, state = _step(q, k, v, g, beta, state, delta)
     elif chunk_size == 1:
         out, state = _recurrent(q, k, v, g, beta, state, delta)
     else:
@@ -180,6 +188,21 @@ def _recurrent(q, k, v, g, beta, state, delta: bool):
         S = S + k_t[..., None] * update[..., None, :]
         out.append((S * q[:, :, t, :, None]).sum(dim=-2))  # S^T q_t
     return torch.stack(out, dim=2), S
+
+
+def _step(q, k, v, g, beta, state, delta: bool):
+    """One token (B, H, 1, .): the recurrence of the module docstring as products of (1, K) rows and the (K, V)
+    state, the same numbers as :func:`_recurrent`'s one step to rounding. A decoding step of a hybrid model runs
+    it on every linear layer: 36 us a call at 4 heads of 64, where the chunked form's one chunk took 166 us and
+    the token loop 60 us (benchmarks/results/overhead_ab_2026-11-27_sixth/gdr_step_cost.txt)."""
+    B, H, _, K = k.shape
+    S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state
+    if g is not None:  # (B, H, 1): one decay a head; (B, H, 1, K): one a key channel, down the state's rows
+        decay = g.exp()
+        S = S * (decay[..., None] if g.dim() == 3 else decay.transpose(-1, -2))
+    update = (v - k @ S) * beta[..., None] if delta else v  # beta (v - S^T k), as rows: (B, H, 1, V)
+    S = S + k.transpose(-1, -2) @ update  # the outer product k update^T
+    return q @ S, S  # S^T q, as a row
 
 
 def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
@@ -274,9 +297,9 @@ PAIR_ELEMENTS = 1 << 24
 once (64 MB in float32)."""
 
 
-def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask):
-    """Sizes (B, Hk, L, K, H, V), every argument checked; each error names the argument, what it should be and
-    what it is."""
+def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values: bool = True, delta: bool = True):
+    """Sizes (B, Hk, L, K, H, V), every argument checked (the values of g and beta where ``check_values``); each
+    error names the argument, what it should be and what it is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -308,10 +331,12 @@ def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask):
         raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)}, True at real tokens, got {got}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1 (1: the token-by-token recurrence), got {chunk_size!r}")
-    if not torch.compiler.is_compiling():  # a look at the values (a host sync on a GPU): refused by name
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be True or False, got {type(check_values).__name__} {check_values!r}")
+    if check_values and not torch.compiler.is_compiling():  # a look at the values (a host sync on a GPU): refused by name
         if g is not None and g.numel() and bool((g > 0).any()):
             raise ValueError(f"g must be <= 0 (log-decays: the state is multiplied by exp(g) <= 1), got a maximum "
                              f"of {float(g.max()):.4g}")
-        if beta.numel() and bool(((beta < 0) | (beta > 2)).any()):
+        if delta and beta.numel() and bool(((beta < 0) | (beta > 2)).any()):  # (gated linear attention's are ones)
             raise ValueError(f"beta must lie in [0, 2], got values in [{float(beta.min()):.4g}, {float(beta.max()):.4g}]")
     return B, Hk, L, K, H, V
