@@ -327,8 +327,8 @@ def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values: 
         raise ValueError(f"initial_state must have shape (B, H, K, V) = {(B, H, K, V)}, got {got}")
     if key_mask is not None and (not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, L)
                                  or key_mask.is_floating_point()):
-        got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
-        raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)}, True at real tokens, got {got}")
+        found = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
+        raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)}, True at real tokens, got {found}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1 (1: the token-by-token recurrence), got {chunk_size!r}")
     if not isinstance(check_values, bool):
