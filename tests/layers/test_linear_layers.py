@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnkit.layers import GatedDeltaNet, KimiDeltaAttention, LightningAttention, LinearStateCache
+from attnkit.layers.delta import causal_convolution
 
 from helpers import OpsSeen
 
@@ -47,3 +48,19 @@ def test_a_decoding_step_waits_for_nothing_and_equals_the_whole_pass(name):
         pieces += [layer(x[:, t:t + 1], cache=cache).output for t in (7, 8)]
     assert "aten._local_scalar_dense.default" not in ops.seen
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 1e-2)],
+                         ids=str)
+def test_a_decoding_steps_convolution_is_the_convolutions_last_output(dtype, tol):
+    """causal_convolution on one new token (its taps multiplied and summed, in float32 for a half type) gives what
+    F.conv1d gives at that position of the whole sequence, and keeps the same last inputs in the cache."""
+    torch.manual_seed(0)
+    weight = torch.randn(12, 1, 4, dtype=torch.float64).to(dtype)
+    mixed = torch.randn(2, 12, 7, dtype=torch.float64).to(dtype)
+    whole = causal_convolution(mixed, weight, None)
+    cache = LinearStateCache()
+    steps = [causal_convolution(mixed[..., :5], weight, cache)]
+    steps += [causal_convolution(mixed[..., t:t + 1], weight, cache) for t in (5, 6)]
+    torch.testing.assert_close(torch.cat(steps, dim=-1), whole, rtol=tol, atol=tol)
+    torch.testing.assert_close(cache.conv, mixed[..., -3:], rtol=0, atol=0)

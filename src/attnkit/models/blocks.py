@@ -84,12 +84,25 @@ def routed_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, experts: 
     theirs; each expert runs once, on the tokens that chose it. A product with float32 weights is rounded to
     x's dtype once, when added."""
     out = torch.zeros_like(x)
+    if x.shape[0] == 1:  # one token (a decoding step): its experts in turn, without the token lists
+        chosen = experts[0].tolist()
+        for expert in sorted(set(chosen)):  # the general path's order and additions (bit for bit where, as a
+            # top-k router chooses them, the experts differ)
+            y = _expert(x, gate_up_proj[expert], down_proj[expert])
+            for position in (i for i, e in enumerate(chosen) if e == expert):
+                out.add_((y * weights[:, position, None]).to(out.dtype))
+        return out
     for expert in experts.unique().tolist():
         token, slot = torch.where(experts == expert)
-        gate, up = F.linear(x[token], gate_up_proj[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down_proj[expert])
+        y = _expert(x[token], gate_up_proj[expert], down_proj[expert])
         out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
     return out
+
+
+def _expert(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor) -> Tensor:
+    """One SwiGLU expert on its tokens x (n, D): ``gate_up_proj`` (2F, D), ``down_proj`` (D, F)."""
+    gate, up = F.linear(x, gate_up_proj).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down_proj)
 
 
 class Experts(nn.Module):
