@@ -154,7 +154,7 @@ def attention_cases(generator, device: str = "cpu") -> list[dict]:
 
 def mha_case(generator, device: str = "cpu", padded: bool = False) -> dict:
     """MultiHeadAttention's self attention against the same four projections and SDPA written out, with
-    nn.MultiheadAttention beside them; ``padded``: with a key mask (the second row's last three keys padding),
+    nn.MultiheadAttention beside them; ``padded``: with a key mask (the last three keys padding),
     SDPA's mask (B, 1, 1, S) and nn.MultiheadAttention's key_padding_mask."""
     D = 128
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ import attnkit
 from attnkit.functional import nan
 from attnkit.functional.attention import make_output
 from attnkit.functional.backends import sdpa
-from attnkit.layers import _linear, attending, multihead
+from attnkit.layers import attending, multihead
 
 attention_module = sys.modules["attnkit.functional.attention"]
 padded = "--padded" in sys.argv
