@@ -124,22 +124,17 @@ def packed_projection(packed: Packed | None, layers: Sequence[nn.Module | None],
     if packed is None or torch.compiler.is_compiling() or _global_hooks():
         return None
     grad = torch.is_grad_enabled()
-    try:  # one pass, written out: 3 us a call as function calls (_hooked, _weight_bias), 1.5 us so
-        for layer, (w_part, b_part) in zip(layers, packed.parts):
-            if (type(layer) is not nn.Linear or layer._forward_hooks or layer._forward_pre_hooks
-                    or layer._backward_hooks or layer._backward_pre_hooks or layer._compiled_call_impl is not None):
+    for layer, (w_part, b_part) in zip(layers, packed.parts):
+        if type(layer) is not nn.Linear or _hooked(layer):
+            return None
+        weight, bias = _weight_bias(layer)
+        if weight is None or not weight.is_set_to(w_part) or (grad and weight.requires_grad):
+            return None
+        if b_part is None:
+            if bias is not None:  # a bias given to a layer packed without one
                 return None
-            parameters = layer._parameters
-            weight, bias = parameters["weight"], parameters["bias"]
-            if weight is None or not weight.is_set_to(w_part) or (grad and weight.requires_grad):
-                return None
-            if b_part is None:
-                if bias is not None:  # a bias given to a layer packed without one
-                    return None
-            elif bias is None or not bias.is_set_to(b_part) or (grad and bias.requires_grad):
-                return None
-    except KeyError:  # a weight or bias deleted from the registry: the module's own call names what it lacks
-        return None
+        elif bias is None or not bias.is_set_to(b_part) or (grad and bias.requires_grad):
+            return None
     return F.linear(x, packed.weight, packed.bias)
 
 
