@@ -266,10 +266,9 @@ def test_a_larger_or_missing_base_is_not_looked_at_and_overlapping_views_stay_ex
     B, L, H, E = 1, 4, 2, 8
     wide = torch.randn(B, L, 4 * H * E, dtype=torch.float64)
     wide[..., -1] = float("nan")  # beyond q, k and v
-    _, (q, k, v) = _packed(B, L, H, H, E, base=wide[..., : 3 * H * E].contiguous())
     sliced = wide.view(B, L, 4 * H, E).transpose(1, 2)[:, : 3 * H].split_with_sizes((H, H, H), 1)
     assert nan.shared_base(*sliced) is None  # the base holds a quarter more than the three views
-    dims = attnkit.functional.checks.check_qkv(q, k, v)
+    dims = attnkit.functional.checks.check_qkv(*sliced)
     assert nan.poisoned_rows(*sliced, dims) is None
     _, (q, _, _) = _packed(B, L, H, H, E)
     q[0, 0, 1, 0] = float("nan")
@@ -286,16 +285,17 @@ def test_a_larger_or_missing_base_is_not_looked_at_and_overlapping_views_stay_ex
 @pytest.mark.parametrize("L", [3, 16])
 def test_a_padded_self_attention_call_gives_the_rules_rows_through_its_packed_projection(L):
     """MultiHeadAttention's packed projection with a key mask (and, at L = 3, below the one look's threshold): a
-    NaN in one input row poisons every row (its key reaches every query), as the layer's unpacked call gives."""
+    NaN in a padded token's input poisons every row of its sequence (its key and value are NaN, whatever the mask
+    says; SDPA alone would hide them), as the layer's unpacked call gives, and no row of the other sequence."""
     torch.manual_seed(0)
     layer = attnkit.MultiHeadAttention(32, 4).double().eval()
     x = torch.randn(2, L, 32, dtype=torch.float64)
     key_mask = torch.ones(2, L, dtype=torch.bool)
     key_mask[1, -1] = False
-    x[0, L - 1, 5] = float("nan")  # a padded-out key of no row: still every row of batch 0
+    x[1, L - 1, 5] = float("nan")  # the padded token of the second sequence
     with torch.no_grad():
         packed = layer(x, key_mask=key_mask).output
         unpacked = layer(x, x, x, key_mask=key_mask).output  # separate projections: three tensors
     assert layer._packed_qkv is not None
     torch.testing.assert_close(packed, unpacked, rtol=1e-12, atol=1e-12, equal_nan=True)
-    assert packed[0].isnan().all() and not packed[1].isnan().any()
+    assert packed[1].isnan().all() and not packed[0].isnan().any()
