@@ -286,7 +286,8 @@ def test_a_larger_or_missing_base_is_not_looked_at_and_overlapping_views_stay_ex
 def test_a_padded_self_attention_call_gives_the_rules_rows_through_its_packed_projection(L):
     """MultiHeadAttention's packed projection with a key mask (and, at L = 3, below the one look's threshold): a
     NaN in a padded token's input poisons every row of its sequence (its key and value are NaN, whatever the mask
-    says; SDPA alone would hide them), as the layer's unpacked call gives, and no row of the other sequence."""
+    says), as the layer's unpacked call (three tensors, three maxima) gives, and no row of the other sequence.
+    (The rows of the look itself are held in the two tests above.)"""
     torch.manual_seed(0)
     layer = attnkit.MultiHeadAttention(32, 4).double().eval()
     x = torch.randn(2, L, 32, dtype=torch.float64)
