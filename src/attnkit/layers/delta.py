@@ -23,6 +23,7 @@ from ..functional.attention import AttentionOutput, make_output
 from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int, check_rank
 from ..functional.linear import gated_delta_rule, gated_linear_attention, implicit_attention
+from ._linear import called, project_by_name
 
 __all__ = ["GatedDeltaNet", "KimiDeltaAttention", "LightningAttention", "KimiForgetGate", "GatedRMSNorm",
            "LinearStateCache", "causal_convolution"]
@@ -177,9 +178,9 @@ class GatedDeltaNet(nn.Module):
         B, L, _ = x.shape
         Hk, group = self.num_k_heads, self.num_v_heads // self.num_k_heads
         Kd, Vd = self.head_k_dim, self.head_v_dim
-        qkvz = self.in_proj_qkvz(x).view(B, L, Hk, 2 * Kd + 2 * group * Vd)
+        qkvz = project_by_name(self, "in_proj_qkvz", x).view(B, L, Hk, 2 * Kd + 2 * group * Vd)
         q, k, v, z = qkvz.split([Kd, Kd, group * Vd, group * Vd], dim=-1)
-        ba = self.in_proj_ba(x).view(B, L, Hk, 2 * group)
+        ba = project_by_name(self, "in_proj_ba", x).view(B, L, Hk, 2 * group)
         b, a = ba.split([group, group], dim=-1)
         Hv = self.num_v_heads  # the sizes spelled out: a call of no token has no -1 to infer
         return (q.reshape(B, L, Hk * Kd), k.reshape(B, L, Hk * Kd), v.reshape(B, L, Hv * Vd), z.reshape(B, L, Hv, Vd),
@@ -201,8 +202,8 @@ class GatedDeltaNet(nn.Module):
         acc = accumulation_dtype(x.dtype)
         g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)
         output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
-        heads = self.norm(output.transpose(1, 2), z)  # (B, L, Hv, V)
-        return make_output((self.out_proj(heads.reshape(B, L, self.value_dim)), weights, None))
+        heads = called(self._modules["norm"])(output.transpose(1, 2), z)  # type: ignore[arg-type]  # (B, L, Hv, V)
+        return make_output((project_by_name(self, "out_proj", heads.reshape(B, L, self.value_dim)), weights, None))
 
 
 class KimiForgetGate(nn.Module):
@@ -221,7 +222,8 @@ class KimiForgetGate(nn.Module):
         """(B, L, D) -> g (B, H, L, K), <= 0, in float32 (float64 for a float64 layer)."""
         acc = accumulation_dtype(x.dtype)
         B, L, _ = x.shape
-        raw = (self.f_b_proj(self.f_a_proj(x)).to(acc) + self.dt_bias.to(acc)).view(B, L, self.num_heads, self.head_dim)
+        low = project_by_name(self, "f_a_proj", x)
+        raw = (project_by_name(self, "f_b_proj", low).to(acc) + self.dt_bias.to(acc)).view(B, L, self.num_heads, self.head_dim)
         return (-self.A_log.to(acc).exp() * F.softplus(raw)).transpose(1, 2)
 
 
@@ -259,15 +261,15 @@ class KimiDeltaAttention(nn.Module):
         x = _checked_input(x, self.d_model, key_mask, cache)
         B, L, _ = x.shape
         H, E = self.num_heads, self.head_dim
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).transpose(1, 2)
+        mixed = torch.cat([project_by_name(self, name, x) for name in ("q_proj", "k_proj", "v_proj")], dim=-1).transpose(1, 2)
         q, k, v = causal_convolution(mixed, self.conv1d.weight, cache).transpose(1, 2).split(H * E, dim=-1)
         q, k, v = (t.reshape(B, L, H, E).transpose(1, 2) for t in (q, k, v))
-        g = self.forget_gate(x)
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        g = called(self._modules["forget_gate"])(x)  # type: ignore[arg-type]
+        beta = torch.sigmoid(project_by_name(self, "b_proj", x)).transpose(1, 2)
         output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(B, L, H, E)
-        heads = self.o_norm(output.transpose(1, 2), gate)
-        return make_output((self.o_proj(heads.reshape(B, L, H * E)), weights, None))
+        gate = project_by_name(self, "g_b_proj", project_by_name(self, "g_a_proj", x)).view(B, L, H, E)
+        heads = called(self._modules["o_norm"])(output.transpose(1, 2), gate)  # type: ignore[arg-type]
+        return make_output((project_by_name(self, "o_proj", heads.reshape(B, L, H * E)), weights, None))
 
 
 class LightningAttention(nn.Module):
@@ -314,7 +316,7 @@ class LightningAttention(nn.Module):
         masked = _checked_input(x, self.d_model, key_mask, cache)  # a padded token: zeros, so silu(0 W) = 0
         B, L, _ = x.shape
         H, E = self.num_heads, self.head_dim
-        qkv = F.silu(self.qkv_proj(masked))  # a padded token has no key, value or query
+        qkv = F.silu(project_by_name(self, "qkv_proj", masked))  # a padded token has no key, value or query
         q, k, v = qkv.view(B, L, H, 3 * E).split(E, dim=-1)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         acc = accumulation_dtype(x.dtype)
@@ -326,5 +328,6 @@ class LightningAttention(nn.Module):
             cache.state = result.final_state
             cache.position += L
         weights = implicit_attention(q, k, g, None, scale=1.0, key_mask=key_mask) if need_weights else None
-        heads = self.norm(result.output.transpose(1, 2).reshape(B, L, H * E))
-        return make_output((self.out_proj(torch.sigmoid(self.output_gate(x)) * heads), weights, None))
+        heads = called(self._modules["norm"])(result.output.transpose(1, 2).reshape(B, L, H * E))  # type: ignore[arg-type]
+        gated = torch.sigmoid(project_by_name(self, "output_gate", x)) * heads
+        return make_output((project_by_name(self, "out_proj", gated), weights, None))

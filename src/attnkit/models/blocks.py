@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.backends._common import accumulation_dtype
-from ..layers._linear import hookless, project_by_name
+from ..layers._linear import called, hookless, project_by_name
 
 __all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k", "routed_experts",
            "make_norm", "normalised", "count_parameters"]
@@ -139,10 +139,11 @@ def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:
 
 
 def normalised(norm: nn.Module | None, x: Tensor) -> Tensor:
-    """``norm(x)`` for a norm of :func:`make_norm`. An ``nn.RMSNorm`` or ``nn.LayerNorm`` whose call would add
-    nothing (:func:`attnkit.layers._linear.hookless`) runs its functional form on its own parameters, without
-    ``nn.Module.__call__`` (about two microseconds; nine norms a decoding step of a 4-layer model); anything else
-    (a subclass, a replacement, a norm with hooks) is called as a module. (``None`` only to take an entry of
+    """``norm(x)``. An ``nn.RMSNorm`` or ``nn.LayerNorm`` whose call would add nothing
+    (:func:`attnkit.layers._linear.hookless`) runs its functional form on its own parameters, without
+    ``nn.Module.__call__`` (about two microseconds; nine norms a decoding step of a 4-layer model); another norm
+    (a subclass, a replacement, the hybrids' own) runs as :func:`~attnkit.layers._linear.called` runs it: its
+    ``forward``, or the module where it has hooks or a compiled call. (``None`` only to take an entry of
     ``nn.Module._modules`` as typed.)"""
     assert norm is not None
     kind = type(norm)
@@ -154,7 +155,7 @@ def normalised(norm: nn.Module | None, x: Tensor) -> Tensor:
         if kind is nn.LayerNorm and "weight" in parameters and "bias" in parameters:
             layer = cast(nn.LayerNorm, norm)
             return F.layer_norm(x, layer.normalized_shape, parameters["weight"], parameters["bias"], layer.eps)
-    return norm(x)
+    return called(norm)(x)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -27,6 +27,7 @@ from ..functional import kept
 from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
+from ..layers._linear import called
 from .blocks import GatedFeedForward, routed_experts
 from .config import DeepSeekConfig
 from .outputs import LMOutput
@@ -99,7 +100,8 @@ class DeepSeekMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])  # (N, D)
         experts, weights = self.route(flat)
         out = routed_experts(flat, self.gate_up_proj, self.down_proj, experts, weights).view(shape)
-        return out if self.shared is None else out + self.shared(x)
+        shared = self._modules.get("shared")  # (None where the config has no shared expert)
+        return out if shared is None else out + called(shared)(x)
 
 
 class DeepSeekBlock(nn.Module):

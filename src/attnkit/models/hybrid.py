@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
+from ..layers._linear import called, project_by_name
+from .blocks import normalised
 from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
 
@@ -58,10 +60,11 @@ def mix(mixer: nn.Module, kind: str, h: Tensor, *, key_mask: Tensor | None, posi
     """A layer's token mixer on its normed input h (B, L, D): a linear layer takes the key mask of the call's own
     tokens (the last L of ``key_mask``'s S) and carries its state in ``cache``; a softmax layer attends causally
     over its cache and the new tokens at ``positions``, with ``options`` (a window)."""
+    attend = called(mixer)  # (its forward where nn.Module.__call__ would add nothing)
     if kind == LINEAR:
         own = None if key_mask is None else key_mask[:, -h.shape[1]:]
-        return mixer(h, key_mask=own, cache=cache).output
-    return mixer(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache, **options).output
+        return attend(h, key_mask=own, cache=cache).output
+    return attend(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache, **options).output
 
 
 class HybridLM(nn.Module):
@@ -102,7 +105,8 @@ class HybridLM(nn.Module):
                                  f"got {tuple(attention_mask.shape)}")
             key_mask = attention_mask.bool()
         x = self.embed(input_ids)
+        # the blocks, the norm and the head without nn.Module.__call__ where it would add nothing (called, normalised)
         for i, block in enumerate(self.layers):
-            x = block(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
-        x = self.norm(x)
-        return LMOutput(self.lm_head(x[:, -1:] if last_only else x), x, None)
+            x = called(block)(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
+        x = normalised(self._modules["norm"], x)
+        return LMOutput(project_by_name(self, "lm_head", x[:, -1:] if last_only else x), x, None)

@@ -29,8 +29,9 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..errors import InputError
 from ..layers import KimiDeltaAttention, LatentAttention, LatentCache
+from ..layers._linear import called
 from . import deepseek
-from .blocks import GatedFeedForward
+from .blocks import GatedFeedForward, normalised
 from .config import DeepSeekConfig
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
@@ -100,8 +101,10 @@ class KimiLinearBlock(nn.Module):
         self.mlp: nn.Module = deepseek.DeepSeekMoE(c.moe()) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
-        x = x + mix(self.self_attn, self.kind, self.attn_norm(x), key_mask=key_mask, positions=positions, cache=cache)
-        return x + self.mlp(self.mlp_norm(x))
+        parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (__getattr__: 1 us a read)
+        x = x + mix(parts["self_attn"], self.kind, normalised(parts["attn_norm"], x), key_mask=key_mask,
+                    positions=positions, cache=cache)
+        return x + called(parts["mlp"])(normalised(parts["mlp_norm"], x))
 
 
 class KimiLinearLM(HybridLM):

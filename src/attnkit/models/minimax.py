@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..layers import KVCache, LightningAttention, MultiHeadAttention, RotaryEmbedding
-from .blocks import Experts, softmax_top_k
+from ..layers._linear import called, project_by_name
+from .blocks import Experts, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
@@ -78,8 +79,9 @@ class MiniMaxMoE(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        chosen, weights = softmax_top_k(self.gate(flat), self.top_k, normalise=True)
-        return self.experts(flat, chosen, weights).view(x.shape)
+        chosen, weights = softmax_top_k(project_by_name(self, "gate", flat), self.top_k, normalise=True)
+        experts: nn.Module = self._modules["experts"]  # type: ignore[assignment]  # (__getattr__: 1 us a read)
+        return called(experts)(flat, chosen, weights).view(x.shape)
 
 
 class MiniMaxBlock(nn.Module):
@@ -106,12 +108,13 @@ class MiniMaxBlock(nn.Module):
         self.mlp_alpha, self.mlp_beta = c.mlp_alpha, c.mlp_beta
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
-        h = self.input_layernorm(x)
+        parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (__getattr__: 1 us a read)
+        h = normalised(parts["input_layernorm"], x)
         options = {} if self.kind == LINEAR else {"window": self.window}
-        x = self.alpha * h + self.beta * mix(self.self_attn, self.kind, h, key_mask=key_mask, positions=positions,
+        x = self.alpha * h + self.beta * mix(parts["self_attn"], self.kind, h, key_mask=key_mask, positions=positions,
                                              cache=cache, **options)
-        h = self.post_attention_layernorm(x)
-        return self.mlp_alpha * h + self.mlp_beta * self.mlp(h)
+        h = normalised(parts["post_attention_layernorm"], x)
+        return self.mlp_alpha * h + self.mlp_beta * called(parts["mlp"])(h)
 
 
 class MiniMaxLM(HybridLM):

@@ -25,8 +25,9 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
+from ..layers._linear import called, project_by_name
 from ..layers.gated import ZeroCentredRMSNorm
-from .blocks import Experts, GatedFeedForward, softmax_top_k
+from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .weights import fused_experts, load_placed, read_checkpoint_folder
@@ -79,9 +80,10 @@ class SparseMoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        chosen, top = softmax_top_k(self.gate(flat), self.top_k, self.norm_topk_prob)
-        routed = self.experts(flat, chosen, top.to(x.dtype))
-        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (called, project_by_name)
+        chosen, top = softmax_top_k(project_by_name(self, "gate", flat), self.top_k, self.norm_topk_prob)
+        routed = called(parts["experts"])(flat, chosen, top.to(x.dtype))
+        shared = torch.sigmoid(project_by_name(self, "shared_expert_gate", flat)) * called(parts["shared_expert"])(flat)
         return (routed + shared).reshape(shape)
 
 
@@ -103,9 +105,11 @@ class Qwen3NextBlock(nn.Module):
         self.mlp: nn.Module = SparseMoE(c) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
-        mixer = self.linear_attn if self.kind == LINEAR else self.self_attn
-        x = x + mix(mixer, self.kind, self.input_layernorm(x), key_mask=key_mask, positions=positions, cache=cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (__getattr__: 1 us a read)
+        mixer = parts["linear_attn"] if self.kind == LINEAR else parts["self_attn"]
+        x = x + mix(mixer, self.kind, normalised(parts["input_layernorm"], x), key_mask=key_mask, positions=positions,
+                    cache=cache)
+        return x + called(parts["mlp"])(normalised(parts["post_attention_layernorm"], x))
 
 
 class Qwen3NextLM(HybridLM):
