@@ -1,6 +1,6 @@
 """What the native hybrids' tests (Qwen3-Next, Qwen3.5, Kimi Linear, MiniMax-01) check alike against transformers:
-a tiny random checkpoint saved by transformers, the one loader's model giving its logits on a batch with and
-without left padding, and its greedy tokens."""
+a tiny random checkpoint saved by transformers (the tiny configs: :func:`tiny_config`), the one loader's model giving
+its logits on a batch with and without left padding, and its greedy tokens."""
 
 from __future__ import annotations
 
@@ -11,6 +11,43 @@ import warnings
 import torch
 
 from attnkit.decoding import generate
+
+LAYER_TYPES = {
+    "qwen3_next": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "qwen3_5_text": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "kimi_linear": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    "minimax": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+}
+"""Each tiny model's four layers (layer 1 is a linear one in every family)."""
+
+
+def tiny_config(family: str, **overrides):
+    """transformers' config of the hybrid tests' tiny ``family`` model (a key of :data:`LAYER_TYPES`): 4 layers of
+    width 32, a vocabulary of 60, ``overrides`` taking the place of any of its keys. MiniMax's residual scales differ
+    from 1, so that a model that ignored them would be told apart."""
+    import transformers
+
+    keys: dict = dict(vocab_size=60, hidden_size=32, num_hidden_layers=4, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, layer_types=LAYER_TYPES[family], num_attention_heads=4)
+    linear = dict(num_key_value_heads=2, head_dim=8, intermediate_size=48, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
+    if family == "qwen3_next":
+        keys |= linear | dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16, max_position_embeddings=128)
+        return transformers.Qwen3NextConfig(**(keys | overrides))
+    if family == "qwen3_5_text":
+        return transformers.Qwen3_5TextConfig(**(keys | linear | overrides))
+    if family == "kimi_linear":
+        keys |= dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                     v_head_dim=8, intermediate_size=48, moe_intermediate_size=16, num_experts=8,
+                     num_experts_per_token=2, num_shared_experts=1, num_expert_group=2, topk_group=1,
+                     routed_scaling_factor=2.0, linear_num_heads=2, linear_head_dim=8, linear_conv_kernel_dim=4,
+                     mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+        return transformers.KimiLinearConfig(**(keys | overrides))
+    keys |= dict(num_key_value_heads=2, head_dim=8, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                 block_size=8, full_attn_alpha_factor=0.9, full_attn_beta_factor=1.1, linear_attn_alpha_factor=1.2,
+                 linear_attn_beta_factor=0.8, mlp_alpha_factor=0.95, mlp_beta_factor=1.05)
+    return transformers.MiniMaxConfig(**(keys | overrides))  # (a family not in LAYER_TYPES: a KeyError above)
 
 
 def saved_checkpoint(build, *, scale: float = 0.2, keep=("A_log",)):

@@ -22,6 +22,7 @@ from hybrid_checks import (  # noqa: E402
     cached_decoding_equals_one_pass,
     ids,
     saved_checkpoint,
+    tiny_config,
 )
 from safetensors.torch import save_file  # noqa: E402
 
@@ -31,18 +32,10 @@ from attnkit.models.kimi_linear import KimiLinearLM  # noqa: E402
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 from attnkit.models.weights import read_checkpoint_folder  # noqa: E402
 
-LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
-
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    config = transformers.KimiLinearConfig(
-        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-        kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, intermediate_size=48,
-        moe_intermediate_size=16, num_experts=8, num_experts_per_token=2, num_shared_experts=1, num_expert_group=2,
-        topk_group=1, routed_scaling_factor=2.0, linear_num_heads=2, linear_head_dim=8, linear_conv_kernel_dim=4,
-        layer_types=LAYERS, mlp_layer_types=["dense", "sparse", "sparse", "sparse"], pad_token_id=0, bos_token_id=1,
-        eos_token_id=2)
+    config = tiny_config("kimi_linear")
     theirs, folder = saved_checkpoint(
         lambda: transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
     with torch.no_grad():

@@ -24,6 +24,7 @@ from hybrid_checks import (  # noqa: E402
     cached_decoding_equals_one_pass,
     ids,
     saved_checkpoint,
+    tiny_config,
 )
 
 from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
@@ -31,16 +32,9 @@ from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
 from attnkit.models.minimax import MiniMaxLM  # noqa: E402
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 
-LAYERS = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
-
 
 def _checkpoint(**extra):
-    config = transformers.MiniMaxConfig(
-        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        intermediate_size=24, num_local_experts=4, num_experts_per_tok=2, block_size=8, layer_types=LAYERS,
-        full_attn_alpha_factor=0.9, full_attn_beta_factor=1.1, linear_attn_alpha_factor=1.2,
-        linear_attn_beta_factor=0.8, mlp_alpha_factor=0.95, mlp_beta_factor=1.05, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, **extra)
+    config = tiny_config("minimax", **extra)
     return saved_checkpoint(lambda: transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"),
                             keep=())
 

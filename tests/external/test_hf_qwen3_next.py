@@ -18,6 +18,7 @@ from hybrid_checks import (  # noqa: E402
     assert_same_greedy_tokens,
     assert_same_logits,
     saved_checkpoint,
+    tiny_config,
 )
 
 from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
@@ -28,12 +29,7 @@ from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    config = transformers.Qwen3NextConfig(
-        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        intermediate_size=48, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-        shared_expert_intermediate_size=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-        linear_value_head_dim=8, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+    config = tiny_config("qwen3_next")
     theirs, folder = saved_checkpoint(
         lambda: transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), keep=())
     yield theirs, folder
