@@ -10,7 +10,8 @@ L2-normalised in the kernel, g and beta drawn as the model's gates make them. Ro
 Time: forward (no grad) and forward+backward, round robin within one process (benchmarks' harness), the
 median. Memory: one forward in a fresh process, the peak resident set above what was held (inputs and output
 excluded: "beyond the output"). Decoding: one token's step from a carried state (the linear layer's whole
-cache) against one SDPA decoding step over 1K and 64K cached keys.
+cache), as attnkit's layer and transformers' recurrent rule take it, against SDPA decoding steps over 1K and 64K
+cached keys (the 64K step timed apart: its gigabyte would leave the small calls a cold cache).
 
     python benchmarks/linear_attention.py [--sizes 4096 16384 65536] [--sdpa-max 16384] [--out ...]
 
@@ -74,21 +75,43 @@ def _call(kind: str, n: int, mode: str):
 
 
 def decode_rows(threads: int) -> list[dict]:
-    """One token: the gated delta rule's step from a carried (K x V) state, and SDPA over 1K / 64K cached keys."""
+    """One token: the gated delta rule's step from a carried (K x V) state, as the layer calls it (its g and beta in
+    range by construction: ``check_values=False``) and as transformers' Qwen3-Next decodes without
+    flash-linear-attention (``torch_recurrent_gated_delta_rule``), beside SDPA steps over 1K and 64K cached keys. The
+    64K step is timed in a round robin of its own: its 1 GiB of keys and values, read between the small calls,
+    leaves them a cold cache (timed beside it, a 0.32 ms step measured 0.90 ms and the 1K step 1.07 ms for 0.53:
+    benchmarks/results/linear_attention_2026-11-27/README.md)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
+
     import attnkit
     from attnkit.functional.linear import gated_delta_rule
 
     q, k, v, g, beta = _inputs(1)
     state = torch.randn(1, H, E, E) * 0.01
-    calls = {"gdr step (any position)": lambda: gated_delta_rule(q, k, v, g, beta, initial_state=state,
-                                                                output_final_state=True, use_qk_l2norm=True)}
-    for cached in (1024, 65536):
+
+    def t(x):
+        return x.transpose(1, 2)
+
+    def sdpa_step(cached: int):
         keys, values = torch.randn(1, H, cached, E), torch.randn(1, H, cached, E)
-        calls[f"sdpa step at {cached}"] = (lambda keys=keys, values=values:
-                                           attnkit.attention(q, keys, values, is_causal=True, causal_align="bottom-right"))
+        return lambda: attnkit.attention(q, keys, values, is_causal=True, causal_align="bottom-right")
+
+    groups = [
+        {"gdr step (any position)": lambda: gated_delta_rule(q, k, v, g, beta, initial_state=state,
+                                                             output_final_state=True, use_qk_l2norm=True,
+                                                             check_values=False),
+         "gdr step, transformers' recurrent rule": lambda: torch_recurrent_gated_delta_rule(
+             t(q), t(k), t(v), t(g), t(beta), initial_state=state, output_final_state=True,
+             use_qk_l2norm_in_kernel=True),
+         "sdpa step at 1024": sdpa_step(1024)},
+        {"sdpa step at 65536": sdpa_step(65536)},
+    ]
+    rows = []
     with torch.no_grad():
-        times = time_round_robin(calls, repeats=20, min_seconds=0.5)
-    return [{"row": name, "ms": 1e3 * t["time_s"]} for name, t in times.items()]
+        for calls in groups:
+            times = time_round_robin(calls, repeats=20, min_seconds=0.5)
+            rows += [{"row": name, "ms": 1e3 * t["time_s"]} for name, t in times.items()]
+    return rows
 
 
 def worker(spec: dict) -> dict:

@@ -2,7 +2,7 @@
 DeepseekV3Attention and DeepseekV32Attention with copied weights (float64, 1e-10; bfloat16 to its
 tolerance), naive and absorbed, prefill and token-by-token decoding through the latent cache, padded
 batches; attnkit's DeepSeek decoder loading a transformers checkpoint folder and generating its tokens;
-and the bridge's dense DeepSeek models in float64.
+and the bridge's dense DeepSeek models in float64; the native decoder in float64 to 1e-10 (float64_checks).
 
 transformers computes some of these modules in float32 whatever the model's dtype (RMSNorm upcasts to
 float32, eager takes its softmax in float32): for the float64 comparisons both are kept in float64, so
@@ -11,6 +11,7 @@ that what is compared is the attention itself."""
 from __future__ import annotations
 
 import copy
+import shutil
 import tempfile
 import warnings
 
@@ -19,6 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from float64_checks import assert_float64_logits_equal  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3  # noqa: E402
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32  # noqa: E402
 
@@ -187,6 +189,17 @@ def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens
         want = theirs.generate(ids[:1], max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, 12:]
     got = generate(ours, ids[:1], max_new_tokens=10).tokens[0, :10]
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["deepseek-v3", "deepseek-v3.2"])
+def test_the_native_decoder_in_float64_equals_transformers_to_1e_10(sparse):
+    """The whole model (YaRN, the group-limited router with its correction bias, the sparse indexer), with
+    transformers' float32 steps kept in float64 (float64_checks), a batch as it is and left-padded."""
+    theirs, folder = _checkpoint(sparse)
+    try:
+        assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says():

@@ -3,7 +3,8 @@ the same logits as transformers' KimiLinearForCausalLM (a left-padded batch too)
 mixed cache (latent caches for the MLA layers, constant-size states for the Kimi Delta Attention layers), the
 original release's layout (``linear_attn_config``, ``block_sparse_moe``, per-expert ``w1/w2/w3``, three
 convolutions) read to the same model, and config keys it does not implement refused by name. transformers computes
-the delta rule in float32 whatever the model's dtype, so the comparison is float32's."""
+the delta rule, its norms, gates and router in float32 whatever the model's dtype: with those steps kept in float64
+(``hybrid_checks.float64_inside``) the two agree in float64 to 1e-10."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_a_call_of_no_token_is_empty,
     assert_same_greedy_tokens,
@@ -52,6 +54,11 @@ def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     ours = load_hf_folder(folder)
     assert isinstance(ours, KimiLinearLM)
     assert_same_logits(ours, theirs, tol=2e-4)
+
+
+def test_float64_equals_transformers_to_1e_10_with_its_float32_steps_in_float64(checkpoint):
+    theirs, folder = checkpoint
+    assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
 
 
 def test_float64_and_decoding_through_the_mixed_cache_equal_one_whole_pass(checkpoint):

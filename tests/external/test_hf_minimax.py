@@ -3,20 +3,20 @@ loader: the same logits as transformers' MiniMaxForCausalLM (residual scales oth
 sliding window), the same greedy tokens through its mixed cache (KV caches for the softmax layers, constant-size
 states for the lightning layers), float64 decoding equal to one whole pass, and config keys it does not implement
 refused by name. With transformers' float32 steps kept in float64 (its RMSNorm, eager softmax, router softmax,
-rotary frequencies and lightning decay tables), the two agree in float64 to 1e-10."""
+rotary frequencies and lightning decay tables: ``hybrid_checks.float64_inside``), the two agree in float64 to
+1e-10."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
+from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_a_call_of_no_token_is_empty,
     assert_same_greedy_tokens,
@@ -53,45 +53,9 @@ def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     assert_same_logits(ours, theirs, tol=5e-5)
 
 
-@pytest.fixture
-def float64_inside(monkeypatch):
-    """transformers' MiniMax with the steps it rounds to float32 kept in float64 for a float64 model."""
-    from transformers.models.minimax import modeling_minimax as mm
-
-    def rms(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rotary(self, x, position_ids):
-        dim = self.inv_freq.shape[0] * 2
-        inv = 1.0 / (self.config.rope_parameters["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-        angles = torch.cat([position_ids[..., None].double() * inv] * 2, dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-    def router(self, h):
-        logits = F.linear(h.reshape(-1, self.hidden_dim), self.weight)
-        top, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
-        return logits, top / top.sum(-1, keepdim=True), chosen
-
-    real = F.softmax
-    monkeypatch.setattr(F, "softmax", lambda x, dim=None, dtype=None, **k: real(
-        x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype, **k))
-    monkeypatch.setattr(mm.MiniMaxRMSNorm, "forward", rms)
-    monkeypatch.setattr(mm.MiniMaxRotaryEmbedding, "forward", rotary)
-    monkeypatch.setattr(mm.MiniMaxTopKRouter, "forward", router)
-
-
-def test_float64_equals_transformers_to_1e_10(checkpoint, float64_inside):
+def test_float64_equals_transformers_to_1e_10_with_its_float32_steps_in_float64(checkpoint):
     theirs, folder = checkpoint
-    theirs = copy.deepcopy(theirs).double()
-    for module in theirs.modules():
-        if hasattr(module, "config"):
-            module.config._experts_implementation = "eager"  # its grouped kernel takes no float64
-        if hasattr(module, "decay_factors"):  # the lightning decay tables, computed in float32 at init
-            module.query_decay, module.key_decay, module.diagonal_decay = module.decay_factors(module.slope_rate)
-    ours = load_hf_folder(folder, dtype=torch.float64)
-    tokens = ids(5)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(tokens).logits, theirs(tokens).logits, rtol=1e-10, atol=1e-10)
+    assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
 
 
 def test_float64_decoding_through_the_mixed_cache_equals_one_whole_pass(checkpoint):

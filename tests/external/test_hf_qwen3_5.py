@@ -1,17 +1,24 @@
 """Qwen3.5's text models (``qwen3_5_text``, dense, and ``qwen3_5_moe_text``) loaded by the one loader into attnkit's
 Qwen3-Next decoder: their four Gated DeltaNet projections regrouped into Qwen3-Next's two, the same logits as
 transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM (a left-padded batch too; float32, as transformers computes
-the rule) and the same greedy tokens through the mixed cache."""
+the rule, and float64 to 1e-10 with transformers' float32 steps kept in float64) and the same greedy tokens through
+the mixed cache."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hybrid_checks import assert_same_greedy_tokens, assert_same_logits, saved_checkpoint  # noqa: E402
+from float64_checks import assert_float64_logits_equal  # noqa: E402
+from hybrid_checks import (  # noqa: E402
+    assert_same_greedy_tokens,
+    assert_same_logits,
+    saved_checkpoint,
+)
 
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
@@ -41,6 +48,11 @@ def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     ours = load_hf_folder(folder)
     assert isinstance(ours, Qwen3NextLM)
     assert_same_logits(ours, theirs, tol=2e-4)
+
+
+def test_float64_equals_transformers_to_1e_10_with_its_float32_steps_in_float64(checkpoint):
+    theirs, folder = checkpoint
+    assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
 
 
 def test_greedy_generation_gives_transformers_tokens(checkpoint):

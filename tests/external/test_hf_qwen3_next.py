@@ -1,8 +1,9 @@
 """attnkit's native Qwen3-Next (``attnkit.models.qwen3_next``) loaded from a transformers checkpoint folder by the
 one loader: the same logits as transformers' Qwen3NextForCausalLM (a left-padded batch too), the same greedy
 tokens through its mixed cache (KV caches for the softmax layers, constant-size states for the Gated DeltaNet
-layers), and a config key it does not implement refused by name. transformers computes the delta rule in
-float32 whatever the model's dtype, so the comparison is float32's."""
+layers), and a config key it does not implement refused by name. transformers computes the delta rule, its norms and
+softmaxes in float32 whatever the model's dtype: with those steps kept in float64 (``hybrid_checks.float64_inside``)
+the two agree in float64 to 1e-10."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
+import torch  # noqa: E402
+from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_a_call_of_no_token_is_empty,
     assert_same_greedy_tokens,
@@ -41,6 +44,11 @@ def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
     ours = load_hf_folder(folder)
     assert isinstance(ours, Qwen3NextLM)
     assert_same_logits(ours, theirs, tol=2e-4)
+
+
+def test_float64_equals_transformers_to_1e_10_with_its_float32_steps_in_float64(checkpoint):
+    theirs, folder = checkpoint
+    assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
 
 
 def test_greedy_generation_through_the_mixed_cache_gives_transformers_tokens(checkpoint):
