@@ -1,7 +1,8 @@
 """The registry walk: every family in the installed transformers that has a text model class is
 either verified (in attnkit.hf.VERIFIED_FAMILIES, and then equal to eager: logits, weights,
-gradients, greedy ids with the dynamic and the static cache, left padding; fp32, 1e-4) or refused
-by name when built with attn_implementation="attnkit". No third outcome."""
+gradients, greedy ids with the dynamic and the static cache, left padding; fp32, 1e-4; and in float64, with
+the steps transformers rounds to float32 kept in float64, logits, loss and gradients to 1e-12) or refused by name
+when built with attn_implementation="attnkit". No third outcome."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # 
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES, UnverifiedFamily  # noqa: E402
 
-from hf_families import check, model_class, tiny_config  # noqa: E402
+from hf_families import check, check_float64, model_class, tiny_config  # noqa: E402
 
 
 def _config(family: str):
@@ -76,3 +77,11 @@ def test_each_family_equals_eager_or_is_refused_by_name(family):
         warnings.simplefilter("ignore")
         with pytest.raises(UnverifiedFamily, match="is not a family attnkit has verified"):
             cls._from_config(config, attn_implementation=attnkit.hf.IMPLEMENTATION)
+
+
+@pytest.mark.parametrize("family", [family for family in TEXT_FAMILIES if family in VERIFIED_FAMILIES])
+def test_each_verified_family_equals_eager_in_float64(family):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        problems = check_float64(family)
+    assert not problems, f"{family}: " + "; ".join(problems)
