@@ -1,6 +1,7 @@
 """attnkit models against Hugging Face transformers' (code nobody here wrote): tiny randomly
 initialised BERT, GPT-2, Llama with grouped-query attention and Mistral with a sliding window
-shorter than the sequence; state dicts copied across; fp32 max abs error <= 1e-4."""
+shorter than the sequence; state dicts copied across; fp32 max abs error <= 1e-4, and float64 to 1e-10 with the
+steps transformers rounds to float32 kept in float64 (float64_checks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from attnkit.models.encoder import EncoderModel
 from attnkit.models.pretrained import config_from_hf, load_hf_safetensors, load_hf_state_dict, save_hf_safetensors
 
 transformers = pytest.importorskip("transformers")
+
+from float64_checks import float64_copy, float64_inside  # noqa: E402
 
 ATOL = 1e-4
 
@@ -81,6 +84,45 @@ def test_decoder_logits_equal_transformers(rng, kind):
     keep = mask.bool()
     assert (got.logits - expected.logits)[keep].abs().max() <= ATOL
     assert (got.hidden_states - expected.hidden_states[-1])[keep].abs().max() <= ATOL
+
+
+def test_bert_equals_transformers_in_float64_with_padding(rng):
+    hf = _hf_bert()
+    _randomise(hf)
+    ours = EncoderModel(config_from_hf(hf.config.to_dict())).eval()
+    load_hf_state_dict(ours, hf.state_dict(), "bert")
+    ours = ours.double()
+    ids = torch.randint(0, 99, (3, 13), generator=rng)
+    mask = torch.ones(3, 13, dtype=torch.long)
+    mask[1, 7:] = 0
+    types = (torch.arange(13) >= 6).long().expand(3, 13)
+    with torch.no_grad():
+        got = ours(ids, mask, types)
+        with float64_inside():
+            expected = float64_copy(hf)(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert got.hidden_states.dtype == torch.float64
+    assert (got.hidden_states - expected.last_hidden_state)[mask.bool()].abs().max() <= 1e-10
+    assert (got.pooled - expected.pooler_output).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
+def test_decoder_logits_equal_transformers_in_float64(rng, kind):
+    hf = _hf_decoder(kind)
+    _randomise(hf, seed=1)
+    if kind == "gpt2":
+        hf.lm_head.weight = hf.transformer.wte.weight
+    ours = DecoderLM(config_from_hf(hf.config.to_dict())).eval()
+    load_hf_state_dict(ours, hf.state_dict(), "gpt2" if kind == "gpt2" else "llama")
+    ours = ours.double()
+    ids = torch.randint(0, 101, (2, 17), generator=rng)
+    mask = torch.ones(2, 17, dtype=torch.long)
+    mask[1, 11:] = 0
+    with torch.no_grad():
+        got = ours(ids, mask)
+        with float64_inside():
+            expected = float64_copy(hf)(input_ids=ids, attention_mask=mask)
+    assert got.logits.dtype == torch.float64
+    assert (got.logits - expected.logits)[mask.bool()].abs().max() <= 1e-10
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
