@@ -10,8 +10,9 @@ import contextlib
 import copy
 
 import torch
-from hybrid_checks import ids
 from torch.overrides import TorchFunctionMode
+
+from hybrid_checks import ids
 
 
 class _Float64Inside(TorchFunctionMode):

@@ -1,10 +1,10 @@
 """attnkit.hf.context_parallel: a transformers model with its sequence split over W processes (gloo) gives
 the loss and every gradient of one process running the whole batch (tests/external/hf_parallel_check.py),
 with left and right padding (a left-padded row's first label predicted from a pad position: a row with no
-key), for every family of attnkit.hf.CONTEXT_PARALLEL_FAMILIES, both methods, W = 2, 3, 4: float64 (1e-10;
-1e-8 where the model computes in float32 inside, see FLOAT32_INSIDE) at every W, float32 (1e-5) at W = 2 (the
-split is the same in both dtypes: float64 holds it to 1e-10, float32 adds the dtype's own path once) and at
-every W for the families without float64 (NO_FLOAT64); and what it refuses, by name."""
+key), for every family of attnkit.hf.CONTEXT_PARALLEL_FAMILIES, both methods, W = 2, 3, 4: float64 (1e-10, the
+steps transformers rounds to float32 whatever the model's dtype kept in float64: hf_parallel_check.compare) at
+every W, float32 (1e-5) at W = 2 (the split is the same in both dtypes: float64 holds it to 1e-10, float32 adds
+the dtype's own path once); and what it refuses, by name."""
 
 from __future__ import annotations
 
@@ -24,32 +24,18 @@ from attnkit.hf import CONTEXT_PARALLEL_FAMILIES, UnsupportedFeature  # noqa: E4
 import hf_parallel_check as check  # noqa: E402
 from helpers import spawn_workers, torchrun_and_one_process  # noqa: E402
 
-FLOAT32_INSIDE = {
-    # family: why its float64 model is exact only to float32's rounding in places (checked at 1e-8 there)
-    **dict.fromkeys(("gemma", "gemma2", "gemma3_text", "helium", "cohere"),
-                    "its RMSNorm / LayerNorm computes in float32 (x.float()) inside a float64 model"),
-}
-NO_FLOAT64 = {
-    # family: why it is checked in float32 only
-    **dict.fromkeys(("gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe"), "its grouped expert matmul has no float64 kernel"),
-}
 RING_REFUSES = {"gemma2": "softcap", "gpt_oss": "s_aux"}  # named refusals of method="ring": Ulysses runs them
 
 
 def _cases(world: int, families) -> list[tuple]:
-    """(family, dtype, layout, method): each family with both methods in float64 where it has it (float32 where
-    it has not), and in float32 too at W = 2; its layout turning with its place in the list (each layout on a
+    """(family, dtype, layout, method): each family with both methods in float64, and in float32 too at W = 2; its layout turning with its place in the list (each layout on a
     third of the families); Llama with every layout."""
     cases = []
     for index, family in enumerate(families):
         layouts = LAYOUTS if family == "llama" else (LAYOUTS[(index + world) % len(LAYOUTS)],)
         for layout in layouts:
             for method in METHODS:
-                if family in NO_FLOAT64:
-                    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
-                else:
-                    dtypes = (torch.float32, torch.float64) if world == 2 else (torch.float64,)
-                for dtype in dtypes:
+                for dtype in (torch.float32, torch.float64) if world == 2 else (torch.float64,):
                     cases.append((family, dtype, layout, method))
     return cases
 
@@ -67,8 +53,7 @@ def _worker(rank: int, world: int, port: int, errors, families) -> None:
                 with pytest.raises(UnsupportedFeature, match=f"{RING_REFUSES[family]} is not supported by method='ring'"):
                     check.compare(family, dtype, layout, method)
                 continue
-            tolerance = 1e-8 if dtype == torch.float64 and family in FLOAT32_INSIDE else None
-            problem = check.compare(family, dtype, layout, method, tolerance=tolerance)
+            problem = check.compare(family, dtype, layout, method)
             if problem:
                 failures.append(f"{where}: {problem}")
         assert not failures, "\n".join(failures)

@@ -20,7 +20,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from float64_checks import assert_float64_logits_equal  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3  # noqa: E402
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32  # noqa: E402
 
@@ -29,6 +28,8 @@ from attnkit.decoding import generate  # noqa: E402
 from attnkit.layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding  # noqa: E402
 from attnkit.models.deepseek import DeepSeekMoE  # noqa: E402
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+
+from float64_checks import assert_float64_logits_equal  # noqa: E402
 
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=8,
              qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, num_hidden_layers=1, vocab_size=60)

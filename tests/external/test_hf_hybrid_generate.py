@@ -12,9 +12,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from hybrid_checks import tiny_config  # noqa: E402
-
 from attnkit.cli import main  # noqa: E402
+
+from hybrid_checks import tiny_config  # noqa: E402
 
 VOCAB = 64
 

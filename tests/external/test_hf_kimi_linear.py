@@ -16,6 +16,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from safetensors.torch import save_file  # noqa: E402
+
+from attnkit.layers import LatentCache, LinearStateCache  # noqa: E402
+from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
+from attnkit.models.kimi_linear import KimiLinearLM  # noqa: E402
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+from attnkit.models.weights import read_checkpoint_folder  # noqa: E402
+
 from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_a_call_of_no_token_is_empty,
@@ -26,13 +34,6 @@ from hybrid_checks import (  # noqa: E402
     saved_checkpoint,
     tiny_config,
 )
-from safetensors.torch import save_file  # noqa: E402
-
-from attnkit.layers import LatentCache, LinearStateCache  # noqa: E402
-from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
-from attnkit.models.kimi_linear import KimiLinearLM  # noqa: E402
-from attnkit.models.pretrained import load_hf_folder  # noqa: E402
-from attnkit.models.weights import read_checkpoint_folder  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
+from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
+from attnkit.models.minimax import MiniMaxLM  # noqa: E402
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+
 from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_a_call_of_no_token_is_empty,
@@ -26,11 +31,6 @@ from hybrid_checks import (  # noqa: E402
     saved_checkpoint,
     tiny_config,
 )
-
-from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
-from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
-from attnkit.models.minimax import MiniMaxLM  # noqa: E402
-from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 
 
 def _checkpoint(**extra):

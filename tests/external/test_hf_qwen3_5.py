@@ -13,15 +13,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
+
 from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_same_greedy_tokens,
     assert_same_logits,
     saved_checkpoint,
 )
-
-from attnkit.models.pretrained import load_hf_folder  # noqa: E402
-from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
 
 SIZES = dict(vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,

@@ -15,6 +15,12 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+
+from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
+from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
+from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
+
 from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
     assert_a_call_of_no_token_is_empty,
@@ -23,11 +29,6 @@ from hybrid_checks import (  # noqa: E402
     saved_checkpoint,
     tiny_config,
 )
-
-from attnkit.layers import KVCache, LinearStateCache  # noqa: E402
-from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
-from attnkit.models.pretrained import load_hf_folder  # noqa: E402
-from attnkit.models.qwen3_next import Qwen3NextLM  # noqa: E402
 
 
 @pytest.fixture(scope="module")

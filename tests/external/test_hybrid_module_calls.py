@@ -14,9 +14,9 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from hybrid_checks import LAYER_TYPES, ids, saved_checkpoint, tiny_config  # noqa: E402
-
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
+
+from hybrid_checks import LAYER_TYPES, ids, saved_checkpoint, tiny_config  # noqa: E402
 
 # a submodule of each kind, by its path in attnkit's model (layer 1 is a linear layer in every family)
 HOOKED = {
