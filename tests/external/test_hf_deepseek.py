@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import tempfile
 import warnings
 
 import pytest
@@ -158,7 +157,9 @@ def test_gradients_of_the_two_ways_equal_transformers(float64_inside):
 
 
 # ------------------------------------------------------------------------ the native decoder
-def _checkpoint(sparse: bool, **overrides) -> tuple[object, str]:
+def _checkpoint(sparse: bool, folder, **overrides) -> tuple[object, str]:
+    """(transformers' tiny DeepSeek-V3 or V3.2 model with random weights, the folder it was saved to: ``folder``, a
+    test's ``tmp_path``, which pytest removes)."""
     extra = (dict(index_n_heads=8, index_head_dim=8, index_topk=4) if sparse else {}) | overrides
     Config = transformers.DeepseekV32Config if sparse else transformers.DeepseekV3Config
     config = Config(**(SIZES | dict(num_hidden_layers=3, intermediate_size=40, moe_intermediate_size=12,
@@ -175,14 +176,13 @@ def _checkpoint(sparse: bool, **overrides) -> tuple[object, str]:
         for module in model.modules():
             if hasattr(module, "e_score_correction_bias"):
                 module.e_score_correction_bias.copy_(0.1 * torch.randn_like(module.e_score_correction_bias))
-    folder = tempfile.mkdtemp()
     model.save_pretrained(folder)
-    return model, folder
+    return model, str(folder)
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["deepseek-v3", "deepseek-v3.2"])
-def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens(sparse):
-    theirs, folder = _checkpoint(sparse)
+def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens(sparse, tmp_path):
+    theirs, folder = _checkpoint(sparse, tmp_path)
     ours = load_hf_folder(folder)
     ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -193,20 +193,17 @@ def test_the_native_decoder_loads_a_checkpoint_and_generates_transformers_tokens
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["deepseek-v3", "deepseek-v3.2"])
-def test_the_native_decoder_in_float64_equals_transformers_to_1e_10(sparse):
+def test_the_native_decoder_in_float64_equals_transformers_to_1e_10(sparse, tmp_path):
     """The whole model (YaRN, the group-limited router with its correction bias, the sparse indexer), with
     transformers' float32 steps kept in float64 (float64_checks), a batch as it is and left-padded."""
-    theirs, folder = _checkpoint(sparse)
-    try:
-        assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    theirs, folder = _checkpoint(sparse, tmp_path)
+    assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
 
 
-def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says():
+def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says(tmp_path):
     """transformers (and DeepSeek's reference code) build q_a_layernorm and kv_a_layernorm with eps 1e-6,
     whatever rms_norm_eps is (issue 59, item 10): with rms_norm_eps 1e-2 the logits still agree."""
-    theirs, folder = _checkpoint(False, rms_norm_eps=1e-2)
+    theirs, folder = _checkpoint(False, tmp_path, rms_norm_eps=1e-2)
     ours = load_hf_folder(folder)
     assert ours.layers[0].self_attn.kv_a_norm.eps == 1e-6 and ours.layers[0].attn_norm.eps == 1e-2
     ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -223,7 +220,7 @@ def test_the_one_loader_takes_deepseek_and_refuses_other_families_by_name(tmp_pa
     from attnkit.models import deepseek
     from attnkit.models.hf_config import UnsupportedConfigError
 
-    theirs, folder = _checkpoint(False)
+    theirs, folder = _checkpoint(False, tmp_path / "checkpoint")
     with pytest.warns(FutureWarning, match="load_hf_folder"):
         old = deepseek.load_deepseek_folder(folder)
     ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(2))
@@ -239,12 +236,10 @@ def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path)
 
     from attnkit.models.hf_config import UnsupportedConfigError
 
-    _, folder = _checkpoint(False)
+    _, folder = _checkpoint(False, tmp_path / "checkpoint")
     config = json.loads(open(f"{folder}/config.json").read())
     config["scoring_func"] = "softmax"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    import shutil
-
     shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
     with pytest.raises(UnsupportedConfigError, match="scoring_func='softmax' is not supported"):
         load_hf_folder(tmp_path)
@@ -283,10 +278,10 @@ def test_the_bridges_dense_deepseek_models_equal_eager_in_float64(family, float6
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-8, atol=1e-10)
 
 
-def test_a_bfloat16_model_routes_in_float32_with_the_checkpoints_exact_router_as_transformers_does():
+def test_a_bfloat16_model_routes_in_float32_with_the_checkpoints_exact_router_as_transformers_does(tmp_path):
     # transformers keeps gate.weight and e_score_correction_bias float32 in a bfloat16 model
     # (_keep_in_fp32_modules_strict); rounded to bfloat16, the bias would choose other experts.
-    _, folder = _checkpoint(False)
+    _, folder = _checkpoint(False, tmp_path / "checkpoint")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
