@@ -3,10 +3,13 @@ registry-wide walk is tests/external/test_hf_families.py): a tiny random model r
 attn_implementation="attnkit" against the same weights with "eager": logits (or hidden states)
 with padding in the batch, the attention weights of every kind, greedy generation with the
 dynamic and the static cache, a user's own 4D masks of both shapes (boolean and additive), packed
-position_ids, Gemma 2's softcapping (its default config), gpt-oss's sinks, and the refusals."""
+position_ids, Gemma 2's softcapping (its default config), gpt-oss's sinks, and the refusals. The outputs and
+weights, the 4D masks, the softcapping and the sinks in float64 too, to 1e-12, with the steps transformers rounds to
+float32 whatever the model's dtype kept in float64 (float64_checks)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from pathlib import Path
@@ -19,10 +22,13 @@ transformers = pytest.importorskip("transformers")
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES, UnsupportedFeature, UnverifiedFamily  # noqa: E402
 
+from float64_checks import float64_copy, float64_inside  # noqa: E402
 from helpers import slow  # noqa: E402
 from hf_families import counting_calls  # noqa: E402
 
 ATOL = 1e-4
+TOLERANCE = {torch.float32: ATOL, torch.float64: 1e-12}
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 _DEC = dict(vocab_size=101, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
             intermediate_size=64, max_position_embeddings=128)
 _S2S = dict(vocab_size=101, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -106,6 +112,18 @@ def _inputs(kind: str, generator, *, left: bool = False):
 FAMILIES = sorted(TINY)
 
 
+@contextlib.contextmanager
+def _in(dtype: torch.dtype, models, inputs: dict):
+    """(models, inputs) as they are for float32; for float64, float64 copies of the models and the inputs, and the
+    block run inside float64_inside."""
+    if dtype == torch.float32:
+        yield models, inputs
+        return
+    with float64_inside():
+        yield ([float64_copy(m) for m in models],
+               {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()})
+
+
 def test_the_families_tested_here_are_verified_ones():
     assert set(TINY) <= set(VERIFIED_FAMILIES)
 
@@ -123,18 +141,20 @@ def test_docs_table_lists_exactly_the_verified_families_by_kind():
     assert f"**{len(VERIFIED_FAMILIES)} families**" in page
 
 
+@DTYPES
 @pytest.mark.parametrize("family", FAMILIES)
-def test_outputs_and_weights_equal_eager(family, rng):
-    eager, ours = _pair(family)
+def test_outputs_and_weights_equal_eager(family, dtype, rng):
     kind = TINY[family][3]
-    inputs = _inputs(kind, rng, left=kind == "decoder")
-    with torch.no_grad():
+    tolerance = TOLERANCE[dtype]
+    with torch.no_grad(), _in(dtype, _pair(family), _inputs(kind, rng, left=kind == "decoder")) as ((eager, ours),
+                                                                                                     inputs):
         expected = eager(**inputs, output_attentions=True)
         with counting_calls() as calls:
             got = ours(**inputs, output_attentions=True)
     assert calls[0] > 0  # attnkit ran: a family that never reaches it verifies nothing
     name = "last_hidden_state" if kind == "encoder" else "logits"
-    assert (getattr(got, name) - getattr(expected, name)).abs().max() <= ATOL  # every position, padded ones too
+    assert getattr(got, name).dtype == dtype
+    assert (getattr(got, name) - getattr(expected, name)).abs().max() <= tolerance  # every position, padded ones too
     kinds = ["attentions"] if kind in ("encoder", "decoder") else ["encoder_attentions", "decoder_attentions",
                                                                     "cross_attentions"]
     for what in kinds:
@@ -142,7 +162,7 @@ def test_outputs_and_weights_equal_eager(family, rng):
         assert len(mine) == len(theirs) > 0, what
         for a, b in zip(theirs, mine):
             assert b is not None and b.shape == a.shape
-            assert (a - b).abs().max() <= ATOL, what  # every row, the left-padded ones with no key included
+            assert (a - b).abs().max() <= tolerance, what  # every row, the left-padded ones with no key included
 
 
 @pytest.mark.parametrize("cache", ["dynamic", slow("static")])
@@ -179,21 +199,21 @@ def test_static_cache_prefill_without_padding_equals_eager(family, rng):
 
 @pytest.mark.parametrize("shape", ["B11S", "B1LS"])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
+@DTYPES
 @pytest.mark.parametrize("family", DECODERS)
-def test_a_users_own_4d_mask_is_applied_as_given(family, shape, kind, rng):
+def test_a_users_own_4d_mask_is_applied_as_given(family, shape, kind, dtype, rng):
     """A 4D mask is the user's word: no causality or window is added to a (B, 1, 1, S) one.
     A boolean mask means True = attend (transformers' sdpa, and attnkit); eager would add it to the
     scores as 0 / 1, so eager gets the same mask in its additive form."""
-    eager, ours = _pair(family)
     ids = torch.randint(3, 99, (2, 11), generator=rng)
     allowed = torch.rand(2, 1, 11 if shape == "B1LS" else 1, 11, generator=rng) < 0.7
     allowed[..., 0] = True  # every query keeps a key
-    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     mask = allowed if kind == "bool" else additive
-    with torch.no_grad():
+    with torch.no_grad(), _in(dtype, _pair(family), {}) as ((eager, ours), _):
         expected = eager(input_ids=ids, attention_mask=additive).logits
         got = ours(input_ids=ids, attention_mask=mask).logits
-    assert (got - expected).abs().max() <= ATOL
+    assert (got - expected).abs().max() <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("family", DECODERS)
@@ -208,7 +228,8 @@ def test_packed_position_ids_equal_eager(family, rng):
     assert (got - expected).abs().max() <= ATOL
 
 
-def test_gemma2_default_config_softcapping_equals_eager(rng):
+@DTYPES
+def test_gemma2_default_config_softcapping_equals_eager(dtype, rng):
     """Gemma 2's own defaults (attention softcap 50, final 30, query_pre_attn_scalar 256), shrunk."""
     default = transformers.Gemma2Config()
     assert default.attn_logit_softcapping == 50.0
@@ -223,15 +244,15 @@ def test_gemma2_default_config_softcapping_equals_eager(rng):
         for p in models[0].parameters():
             p.mul_(8.0)  # scores in the tens, where a cap of 50 bends them
     models[1].load_state_dict(models[0].state_dict())
-    inputs = _inputs("decoder", rng)
-    with torch.no_grad():
+    with torch.no_grad(), _in(dtype, models, _inputs("decoder", rng)) as (models, inputs):
         expected, got = (m(**inputs, output_attentions=True) for m in models)
     real = inputs["attention_mask"].bool()
-    assert (got.logits - expected.logits)[real].abs().max() <= ATOL
-    assert max((a[0] - b[0]).abs().max() for a, b in zip(expected.attentions, got.attentions)) <= ATOL
+    assert (got.logits - expected.logits)[real].abs().max() <= TOLERANCE[dtype]
+    assert max((a[0] - b[0]).abs().max() for a, b in zip(expected.attentions, got.attentions)) <= TOLERANCE[dtype]
 
 
-def test_gpt_oss_sinks_on_sliding_and_full_layers_equal_eager(rng):
+@DTYPES
+def test_gpt_oss_sinks_on_sliding_and_full_layers_equal_eager(dtype, rng):
     config = transformers.GptOssConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=8, intermediate_size=32, num_local_experts=4,
                                        num_experts_per_tok=2, sliding_window=5, max_position_embeddings=64,
@@ -245,16 +266,17 @@ def test_gpt_oss_sinks_on_sliding_and_full_layers_equal_eager(rng):
         for layer in models[0].model.layers:
             layer.self_attn.sinks.normal_(0.0, 2.0, generator=rng)  # sinks that matter
     models[1].load_state_dict(models[0].state_dict())
-    inputs = _inputs("decoder", rng)
-    with torch.no_grad():
-        expected, got = (m(**inputs, output_attentions=True) for m in models)
-        ids = [m.generate(**_inputs("decoder", torch.Generator().manual_seed(1), left=True), max_new_tokens=12,
-                          min_new_tokens=12, do_sample=False) for m in models]
+    with torch.no_grad(), _in(dtype, models, _inputs("decoder", rng)) as (copies, inputs):
+        expected, got = (m(**inputs, output_attentions=True) for m in copies)
     real = inputs["attention_mask"].bool()
-    assert (got.logits - expected.logits)[real].abs().max() <= ATOL
+    assert (got.logits - expected.logits)[real].abs().max() <= TOLERANCE[dtype]
     for a, b in zip(expected.attentions, got.attentions):
-        assert (a[0] - b[0]).abs().max() <= ATOL
-    assert torch.equal(*ids)
+        assert (a[0] - b[0]).abs().max() <= TOLERANCE[dtype]
+    if dtype == torch.float32:
+        with torch.no_grad():
+            ids = [m.generate(**_inputs("decoder", torch.Generator().manual_seed(1), left=True), max_new_tokens=12,
+                              min_new_tokens=12, do_sample=False) for m in models]
+        assert torch.equal(*ids)
 
 
 def test_a_window_the_family_does_not_have_is_not_applied(rng):
