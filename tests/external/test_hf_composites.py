@@ -3,7 +3,7 @@
 A composite model (an image-text model: gemma3, llava, qwen2_vl) is one config with sub-configs, one
 per tower. Asked through the dict form, ``{"text_config": "attnkit"}``, the text tower of a verified
 family runs on attnkit and equals eager (logits, loss with left padding, every gradient, every
-attention weight, greedy ids), attnkit's attention called; an unverified tower (siglip, clip, the
+attention weight, greedy ids; and in float64 to 1e-12, float64_checks), attnkit's attention called; an unverified tower (siglip, clip, the
 qwen2_vl vision tower) is refused by name whatever the route (construction, set_attn_implementation
 with a string or a dict, a config set by hand and then called), and a refused
 ``set_attn_implementation`` leaves the model as it was. A family whose attention does not go through
@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES, UnsupportedFeature, UnverifiedFamily  # noqa: E402
 
+from float64_checks import float64_copy, float64_inside  # noqa: E402
 from hf_families import counting_calls  # noqa: E402
 
 ATOL = 1e-4
@@ -81,6 +82,36 @@ def _eager(name: str):
 def _implementations(model) -> dict[str, str]:
     return {key: getattr(model.config, key)._attn_implementation for key in model.config.sub_configs
             if getattr(model.config, key) is not None} | {"": model.config._attn_implementation}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+def test_a_verified_text_tower_on_attnkit_equals_eager_in_float64(name, rng):
+    """Logits, loss, every attention weight and gradient of a left-padded batch, with the steps transformers
+    rounds to float32 whatever the model's dtype kept in float64 (float64_checks)."""
+    eager = _eager(name)
+    ours = copy.deepcopy(eager)
+    ours.set_attn_implementation({"text_config": attnkit.hf.IMPLEMENTATION})
+    ids = torch.randint(3, 290, (2, 13), generator=rng)
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, :4] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    results = []
+    with float64_inside():
+        for model in (float64_copy(eager), float64_copy(ours)):
+            with counting_calls() as calls:
+                out = model(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
+            (out.loss + 0.01 * out.logits.sum()).backward()
+            results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, calls[0]))
+    (theirs, their_grads, _), (mine, my_grads, calls) = results
+    assert calls > 0 and mine.logits.dtype == torch.float64
+    assert (theirs.logits - mine.logits).abs().max() <= 1e-12
+    assert abs(float(theirs.loss) - float(mine.loss)) <= 1e-12
+    for a, b in zip(theirs.attentions, mine.attentions):
+        assert (a - b).abs().max() <= 1e-12
+    assert set(their_grads) == set(my_grads)
+    for key, grad in their_grads.items():
+        assert (grad - my_grads[key]).abs().max() <= 1e-12 * max(1.0, float(grad.abs().max())), key
 
 
 @pytest.mark.slow
