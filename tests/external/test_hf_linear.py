@@ -1,8 +1,9 @@
 """Today's linear-attention layers against transformers' own modules with copied weights: Qwen3-Next's
 ``Qwen3NextGatedDeltaNet`` and attnkit's :class:`~attnkit.layers.GatedDeltaNet` give the same output for a whole
 pass, left-padded batches, token-by-token and chunked decoding through the constant-size cache, and the same
-gradients. transformers computes the rule in float32 whatever the model's dtype, so the comparison is in
-float32 (to its rounding); attnkit's own float64 exactness is tests/functional/test_delta_rule.py's."""
+gradients; so do Kimi Delta Attention and MiniMax's lightning attention. transformers computes the rule in float32
+whatever the model's dtype: in float32 the comparison is to its rounding, and in float64, with those steps kept in
+float64 (float64_checks), to 1e-10; attnkit's own float64 exactness is tests/functional/test_delta_rule.py's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from transformers.models.qwen3_next import modeling_qwen3_next as qn  # noqa: E4
 
 from attnkit.layers import GatedDeltaNet, LinearStateCache  # noqa: E402
 from attnkit.layers.delta import causal_convolution  # noqa: E402
+
+from float64_checks import float64_copy, float64_inside  # noqa: E402
 
 SIZES = dict(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
              linear_value_head_dim=6, linear_conv_kernel_dim=4)
@@ -169,3 +172,36 @@ def test_lightning_attention_equals_minimaxs_whole_padded_decoded_and_in_its_gra
     grads = dict(theirs.named_parameters())
     for name, parameter in ours.named_parameters():
         torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-3, atol=1e-3, msg=name)
+
+
+# ----------------------------------------------------------------------------- all three in float64
+PAIRS = {  # layer: (its pair, transformers' call on (x, mask or None))
+    "gated_deltanet": (_pair, lambda theirs, x, mask: theirs(x, attention_mask=mask)),
+    "kimi_delta": (_kimi_pair, lambda theirs, x, mask: theirs(x, attention_mask=mask)),
+    "lightning": (_lightning_pair, lambda theirs, x, mask: theirs(x, None, mask)[0]),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(PAIRS))
+def test_float64_equals_transformers_to_1e_10_whole_padded_and_in_its_gradients(layer):
+    make, call = PAIRS[layer]
+    theirs, ours = make()
+    ours = ours.double()
+    x = torch.randn(2, 21, 32, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    mask = torch.ones(2, 21, dtype=torch.long)
+    mask[1, :5] = 0
+    real = mask.bool()
+    with torch.no_grad():
+        got, got_padded = ours(x).output, ours(x, key_mask=real).output
+    ours(x).output.square().sum().backward()
+    with float64_inside():
+        theirs = float64_copy(theirs)
+        with torch.no_grad():
+            want, want_padded = call(theirs, x, None), call(theirs, x, mask)
+        call(theirs, x, None).square().sum().backward()
+    assert got.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got_padded[real], want_padded[real], rtol=1e-10, atol=1e-10)
+    grads = dict(theirs.named_parameters())
+    for name, parameter in ours.named_parameters():
+        torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-9, atol=1e-10, msg=name)
