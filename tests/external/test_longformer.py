@@ -1,6 +1,7 @@
 """attnkit's LongformerSelfAttention against transformers' with copied weights: a tiny random
 config, sequences padded to the window multiple, a batch with different global positions and
-padding."""
+padding; in float32 to 1e-5, and in float64 to 1e-10 with transformers' float32 softmax kept in float64
+(float64_checks)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from attnkit.layers import LongformerSelfAttention
 
 longformer = pytest.importorskip("transformers.models.longformer.modeling_longformer")
 transformers = pytest.importorskip("transformers")
+
+from float64_checks import float64_copy, float64_inside  # noqa: E402
 
 D, H = 32, 4
 
@@ -26,11 +29,11 @@ def _pair(window: int, seed: int = 0):
     return theirs, ours
 
 
-def _their_mask(real: torch.Tensor, is_global: torch.Tensor) -> torch.Tensor:
+def _their_mask(real: torch.Tensor, is_global: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The (B, L) mask LongformerModel gives its layers: finfo.min at padding, 0 local, finfo.max global."""
-    mask = torch.zeros(real.shape)
-    mask[~real] = torch.finfo(torch.float32).min
-    mask[is_global] = torch.finfo(torch.float32).max
+    mask = torch.zeros(real.shape, dtype=dtype)
+    mask[~real] = torch.finfo(dtype).min
+    mask[is_global] = torch.finfo(dtype).max
     return mask
 
 
@@ -62,6 +65,30 @@ def test_equals_transformers_longformer_self_attention(window, L, backend):
             j = i - radius + w
             if 0 <= j < L and not bool(is_global[:, j].any()):
                 torch.testing.assert_close(got.weights[:, :, i, j], band[:, i, :, w], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["tiled", "reference", "auto"])
+def test_float64_equals_transformers_to_1e_10_with_globals_padding_and_gradients(backend):
+    theirs, ours = _pair(8)
+    ours = ours.double()
+    ours.backend = backend
+    B, L = 3, 32
+    x = torch.randn(B, L, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64, requires_grad=True)
+    real = torch.ones(B, L, dtype=torch.bool)
+    real[1, L - 7:] = False
+    is_global = torch.zeros(B, L, dtype=torch.bool)
+    is_global[0, [0, 5, L - 1]] = True
+    is_global[2, [3]] = True
+    mask = _their_mask(real, is_global, torch.float64)
+    got = ours(x, is_global, real).output
+    with float64_inside():
+        expected = float64_copy(theirs)(x, attention_mask=mask, is_index_masked=mask < 0,
+                                        is_index_global_attn=mask > 0, is_global_attn=True)[0]
+    assert got.dtype == expected.dtype == torch.float64
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)  # every row, the padded ones too
+    g_got, = torch.autograd.grad(got.sum(), x)
+    g_expected, = torch.autograd.grad(expected.sum(), x)
+    torch.testing.assert_close(g_got, g_expected, rtol=1e-10, atol=1e-10)
 
 
 def test_without_global_tokens_and_with_gradients():
