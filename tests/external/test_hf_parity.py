@@ -65,8 +65,8 @@ def test_bert_hidden_states_and_pooler_equal_transformers_with_padding(rng):
     assert (got.pooled - expected.pooler_output).abs().max() <= ATOL
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
-def test_decoder_logits_equal_transformers(rng, kind):
+def _decoder_pair(kind: str):
+    """(transformers' decoder with random weights, attnkit's DecoderLM loaded from its state dict)."""
     hf = _hf_decoder(kind)
     _randomise(hf, seed=1)
     if kind == "gpt2":
@@ -75,6 +75,12 @@ def test_decoder_logits_equal_transformers(rng, kind):
     if kind == "mistral":
         assert ours.config.window == 5  # shorter than the 17-token sequence below
     load_hf_state_dict(ours, hf.state_dict(), "gpt2" if kind == "gpt2" else "llama")
+    return hf, ours
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
+def test_decoder_logits_equal_transformers(rng, kind):
+    hf, ours = _decoder_pair(kind)
     ids = torch.randint(0, 101, (2, 17), generator=rng)
     mask = torch.ones(2, 17, dtype=torch.long)
     mask[1, 11:] = 0  # right padding
@@ -107,12 +113,7 @@ def test_bert_equals_transformers_in_float64_with_padding(rng):
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
 def test_decoder_logits_equal_transformers_in_float64(rng, kind):
-    hf = _hf_decoder(kind)
-    _randomise(hf, seed=1)
-    if kind == "gpt2":
-        hf.lm_head.weight = hf.transformer.wte.weight
-    ours = DecoderLM(config_from_hf(hf.config.to_dict())).eval()
-    load_hf_state_dict(ours, hf.state_dict(), "gpt2" if kind == "gpt2" else "llama")
+    hf, ours = _decoder_pair(kind)
     ours = ours.double()
     ids = torch.randint(0, 101, (2, 17), generator=rng)
     mask = torch.ones(2, 17, dtype=torch.long)
