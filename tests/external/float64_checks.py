@@ -1,8 +1,9 @@
 """transformers' models compared with attnkit's in float64: transformers casts to float32 inside many modules whatever
-the model's dtype (the hybrids' delta rules, norms, gates, eager and router softmaxes, rotary angles), so that its
-float64 model computes float32's numbers. :func:`float64_inside` keeps those steps in float64, and
-:func:`assert_float64_logits_equal` holds attnkit's float64 model, run as it is, to the same logits (the native
-hybrids, DeepSeek-V3 and V3.2: 1e-10)."""
+the model's dtype (eager's and the routers' softmaxes, norms, rotary angles, the hybrids' delta rules and gates), so
+that its float64 model computes float32's numbers. :func:`float64_inside` keeps those steps in float64 and
+:func:`float64_copy` makes a float64 copy of a model; :func:`assert_float64_logits_equal` holds attnkit's float64
+model, run as it is, to the same logits. Used by the native models' tests (1e-10), the bridge's (eager against
+attnkit, both run inside: 1e-12) and context parallelism's (1e-10): docs/testing.md."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from hybrid_checks import ids
 
 
 class _Float64Inside(TorchFunctionMode):
-    """Every float32 a torch call asks for is float64 (a dtype argument, ``Tensor.float()``): transformers' hybrids
-    cast to float32 inside whatever the model's dtype (their delta rules, norms, eager and router softmaxes, gates,
-    rotary angles), which would make a float64 comparison one of float32's rounding."""
+    """Every float32 a torch call asks for is float64: a dtype argument (positional or keyword) and
+    ``Tensor.float()``. Other dtypes, and float32 tensors that already exist, are left as they are."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.Tensor.float:
@@ -44,7 +44,10 @@ def float64_inside():
 def float64_copy(theirs):
     """A float64 copy of transformers' model whose tables made in float32 at its construction (the rotary
     frequencies, MiniMax's decay tables) are made again in float64, and whose experts run one by one (its grouped
-    kernel takes no float64). Call it, and the copy, inside :func:`float64_inside`."""
+    kernel takes no float64). Call it, and the copy, inside :func:`float64_inside` (outside, the tables made again
+    would be float32's: refused)."""
+    if torch.get_default_dtype() != torch.float64:
+        raise RuntimeError("float64_copy makes its tables again in the default dtype: call it inside float64_inside()")
     theirs = copy.deepcopy(theirs).double()
     for module in theirs.modules():
         if hasattr(module, "config") and hasattr(module.config, "_experts_implementation"):
