@@ -106,7 +106,7 @@ def test_a_verified_text_tower_on_attnkit_equals_eager_in_float64(name, rng):
     (theirs, their_grads, _), (mine, my_grads, calls) = results
     assert calls > 0 and mine.logits.dtype == torch.float64
     assert (theirs.logits - mine.logits).abs().max() <= 1e-12
-    assert abs(float(theirs.loss) - float(mine.loss)) <= 1e-12
+    assert abs(theirs.loss.item() - mine.loss.item()) <= 1e-12
     for a, b in zip(theirs.attentions, mine.attentions):
         assert (a - b).abs().max() <= 1e-12
     assert set(their_grads) == set(my_grads)
@@ -137,7 +137,7 @@ def test_a_verified_text_tower_runs_on_attnkit_through_the_dict_form_and_equals_
     (theirs, their_grads, _), (mine, my_grads, calls) = results
     assert calls > 0
     assert (theirs.logits - mine.logits).abs().max() <= ATOL
-    assert abs(float(theirs.loss) - float(mine.loss)) <= ATOL
+    assert abs(theirs.loss.item() - mine.loss.item()) <= ATOL
     for a, b in zip(theirs.attentions, mine.attentions):
         assert (a - b).abs().max() <= ATOL
     assert set(their_grads) == set(my_grads)
