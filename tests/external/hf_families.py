@@ -299,6 +299,10 @@ def _check_pair(eager, ours, kind: str) -> list[str]:
     return problems
 
 
+_WEIGHTS = {"decoder": ("attentions",), "encoder": ("attentions",),
+            "seq2seq": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
+"""The attention weights a model's output holds, by kind of model (:data:`KINDS`)."""
+
 FLOAT64_ATOL = 1e-12
 """Float64 against eager: logits, loss and gradients (relative to each gradient's largest entry). Measured over the
 verified families: 1.4e-14 at most (the T5 family), most below 2e-15."""
@@ -307,8 +311,9 @@ verified families: 1.4e-14 at most (the T5 family), most below 2e-15."""
 def check_float64(family: str) -> list[str]:
     """Every difference above :data:`FLOAT64_ATOL` between eager and attnkit for a family in float64, with the steps
     transformers rounds to float32 whatever the model's dtype (eager's softmax, norms, rotary angles) kept in float64
-    (:mod:`float64_checks`): logits, loss and gradients of a left-padded batch, its tiny config and each attention
-    layer type's variant that eager can run (attnkit's SDPA path; the float32 check holds the weights)."""
+    (:mod:`float64_checks`): logits, loss and gradients of a left-padded batch (attnkit's fused path), then every
+    attention weight of a forward that asks for them (its weights' path), on its tiny config and each attention
+    layer type's variant that eager can run."""
     from float64_checks import float64_copy, float64_inside
 
     problems = []
@@ -317,7 +322,7 @@ def check_float64(family: str) -> list[str]:
         batch = inputs(kind, torch.Generator().manual_seed(11))
         if kind == "decoder":
             batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        results = []
+        results, weights_of = [], []
         with float64_inside():
             for model in (float64_copy(eager), float64_copy(ours)):
                 with counting_calls() as calls:
@@ -334,10 +339,20 @@ def check_float64(family: str) -> list[str]:
                 loss = (out.logits * weights).sum() + (out.loss if getattr(out, "loss", None) is not None else 0)
                 loss.backward()
                 results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+                with torch.no_grad():  # the weights' own path (attnkit returns exact weights beside its output)
+                    out = model(**{k: v for k, v in batch.items() if k != "labels"}, output_attentions=True)
+                weights_of.append([w for what in _WEIGHTS[kind] for w in (getattr(out, what, None) or ())])
         if len(results) < 2:
             continue
         (theirs, their_grads), (mine, my_grads) = results
         where = f"[{layer_type} layer] " if layer_type else ""
+        if len(weights_of[0]) != len(weights_of[1]):
+            problems.append(f"{where}float64: {len(weights_of[1])} attention weights, eager {len(weights_of[0])}")
+        for index, (a, b) in enumerate(zip(*weights_of)):
+            if a is None or b is None or a.shape != b.shape or (d := float((a - b).abs().max())) > FLOAT64_ATOL:
+                problems.append(f"{where}float64 attention weights [{index}] differ"
+                                + ("" if a is None or b is None or a.shape != b.shape else f" by {d:.3g}"))
+                break
         if (d := float((theirs.logits - mine.logits).abs().max())) > FLOAT64_ATOL:
             problems.append(f"{where}float64 logits differ by {d:.3g}")
         if getattr(theirs, "loss", None) is not None and (d := float((theirs.loss - mine.loss).abs())) > FLOAT64_ATOL:
