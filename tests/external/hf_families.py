@@ -304,8 +304,8 @@ _WEIGHTS = {"decoder": ("attentions",), "encoder": ("attentions",),
 """The attention weights a model's output holds, by kind of model (:data:`KINDS`)."""
 
 FLOAT64_ATOL = 1e-12
-"""Float64 against eager: logits, loss and gradients (relative to each gradient's largest entry). Measured over the
-verified families: 1.4e-14 at most (the T5 family), most below 2e-15."""
+"""Float64 against eager: logits, loss, attention weights and gradients (relative to each gradient's largest entry).
+Measured over the verified families: 1.4e-14 at most (the T5 family's logits), most below 2e-15."""
 
 
 def check_float64(family: str) -> list[str]:
@@ -335,8 +335,8 @@ def check_float64(family: str) -> list[str]:
                         break
                 if model.config._attn_implementation != "eager" and calls[0] == 0:
                     problems.append(f"attnkit's attention was never called ({layer_type or 'tiny config'})")
-                weights = torch.randn(out.logits.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-                loss = (out.logits * weights).sum() + (out.loss if getattr(out, "loss", None) is not None else 0)
+                direction = torch.randn(out.logits.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+                loss = (out.logits * direction).sum() + (out.loss if getattr(out, "loss", None) is not None else 0)
                 loss.backward()
                 results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
                 with torch.no_grad():  # the weights' own path (attnkit returns exact weights beside its output)

@@ -28,8 +28,8 @@ RING_REFUSES = {"gemma2": "softcap", "gpt_oss": "s_aux"}  # named refusals of me
 
 
 def _cases(world: int, families) -> list[tuple]:
-    """(family, dtype, layout, method): each family with both methods in float64, and in float32 too at W = 2; its layout turning with its place in the list (each layout on a
-    third of the families); Llama with every layout."""
+    """(family, dtype, layout, method): each family with both methods in float64, and in float32 too at W = 2; its
+    layout turning with its place in the list (each layout on a third of the families); Llama with every layout."""
     cases = []
     for index, family in enumerate(families):
         layouts = LAYOUTS if family == "llama" else (LAYOUTS[(index + world) % len(LAYOUTS)],)
