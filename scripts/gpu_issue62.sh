@@ -16,16 +16,8 @@ OUT=${OUT:-out/gpu_issue62}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore PYTHONPATH=src
 LOG="$OUT/log.txt"
-step() {  # step CAP NAME COMMAND...: the command under a time cap, its output into the log
-    local cap=$1 name=$2 started=$SECONDS
-    shift 2
-    echo "=== $name (cap $cap s) at $(date +%T)" >>"$LOG"
-    timeout -k 5 "$cap" "$@" >>"$LOG" 2>&1
-    echo "=== $name: exit $? after $((SECONDS - started)) s" | tee -a "$LOG"
-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
-  echo "commit ${ATTNKIT_COMMIT:-unknown}"; } >>"$LOG" 2>&1
+source "$(dirname "$0")/gpu_steps.sh"
+record_machine
 step 170 "1 tests/gpu" python3 -m pytest tests/gpu -q -n 8 --maxfail 10 -p no:cacheprovider
 step 60 "2 overhead" python3 benchmarks/overhead.py --device cuda --calls 200 --rounds 3 --out "$OUT/overhead.json"
 step 75 "3a hybrid step, bf16" python3 benchmarks/hybrid_decode.py --device cuda --dtype bfloat16 --runs 3 \

@@ -18,16 +18,8 @@ print('DEVICE_LOOK_MIN_BYTES', nan.DEVICE_LOOK_MIN_BYTES)
 sys.argv = ['$script', *sys.argv[1:]]
 runpy.run_path('$script', run_name='__main__')" "$@"
 }
-step() {
-    local cap=$1 name=$2
-    shift 2
-    echo "=== $name (cap $cap s) at $(date +%T)" >>"$LOG"
-    timeout -k 5 "$cap" "$@" >>"$LOG" 2>&1
-    echo "=== $name: exit $? " | tee -a "$LOG"
-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  echo "commit ${ATTNKIT_COMMIT:-unknown}"; } >>"$LOG" 2>&1
+source "$(dirname "$0")/gpu_steps.sh"
+record_machine
 export -f with  # timeout runs programs, not shell functions: bash -c runs it
 [ -z "${SKIP_TESTS:-}" ] && step 60 "tests" python3 -m pytest tests/gpu/test_nan_rule_cuda.py -q -n 4 -p no:cacheprovider
 for bytes in ${LOOKS:-inf 0}; do
