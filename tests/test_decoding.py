@@ -99,3 +99,15 @@ def test_a_tiny_top_p_keeps_the_most_likely_token():
     logits = torch.tensor([[0.1, 3.0, 0.2, 2.9]])
     for _ in range(5):
         assert sample_next(logits, temperature=1.0, top_p=1e-300).item() == 1
+
+
+def test_float64_logits_are_sampled_in_float64():
+    """Two logits 1e-9 apart: equal in float32, so a nucleus of half the mass would be either; in float64 the larger
+    alone reaches it."""
+    from attnkit.decoding import sample_next
+
+    logits = torch.tensor([[1.0, 1.0 + 1e-9]], dtype=torch.float64)
+    assert logits.float()[0, 0] == logits.float()[0, 1]
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        assert sample_next(logits, temperature=1.0, top_p=0.5, generator=generator).item() == 1

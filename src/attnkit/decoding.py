@@ -181,7 +181,7 @@ def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # float64 stays float64
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -1,7 +1,7 @@
 """Qwen3-Next's gated attention and DiffLlama's differential attention: attnkit's layers against
 transformers' Qwen3NextAttention and DiffLlamaAttention with copied weights, float64 (1e-10), a full pass
 and token-by-token decoding through a KV cache, gradients; the transformers modules' float32 internals
-(Qwen3-Next's RMSNorm, eager's softmax) kept in float64."""
+(Qwen3-Next's RMSNorm, eager's softmax) kept in float64 by float64_checks.float64_inside."""
 
 from __future__ import annotations
 
@@ -15,17 +15,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next  # 
 
 from attnkit.layers import DifferentialAttention, GatedAttention, KVCache, RotaryEmbedding  # noqa: E402
 
-
-@pytest.fixture
-def float64_inside(monkeypatch):
-    real = torch.nn.functional.softmax
-    monkeypatch.setattr(torch.nn.functional, "softmax", lambda x, dim=None, dtype=None, **k: real(
-        x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype, **k))
-
-    def zero_centred(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
-
-    monkeypatch.setattr(qwen3_next.Qwen3NextRMSNorm, "forward", zero_centred)
+from float64_checks import float64_inside  # noqa: E402
 
 
 def _rope(theta: float, dim: int, L: int):
@@ -61,22 +51,24 @@ def _pair(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["gated", "differential"])
-def test_the_layer_equals_transformers_module_forward_decoding_and_gradients(kind, float64_inside):
+def test_the_layer_equals_transformers_module_forward_decoding_and_gradients(kind):
+    """transformers' module inside float64_checks.float64_inside (its RMSNorm and eager softmax compute in float32
+    otherwise), attnkit's layer outside it."""
     theirs, ours, theta, rotary_dim = _pair(kind)
     B, L = 2, 9
     x = torch.randn(B, L, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
     mask = torch.full((L, L), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
-    want, _ = theirs(x, _rope(theta, rotary_dim, L), mask)
+    direction = torch.randn(B, L, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with float64_inside():
+        want, _ = theirs(x, _rope(theta, rotary_dim, L), mask)
+        (want * direction).sum().backward()
+    expected = {name.replace("o_proj", "out_proj"): p.grad.clone() for name, p in theirs.named_parameters()}
     got = ours(x, is_causal=True).output
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     cache = KVCache()
     steps = torch.cat([ours(x[:, i:i + 1], is_causal=True, cache=cache).output for i in range(L)], dim=1)
     torch.testing.assert_close(steps, want, rtol=1e-10, atol=1e-10)
-    weights = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    (want * weights).sum().backward()
-    expected = {name.replace("o_proj", "out_proj"): p.grad.clone() for name, p in theirs.named_parameters()}
-    x.grad = None
-    (got * weights).sum().backward()
+    (got * direction).sum().backward()
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-9, atol=1e-10)
 

@@ -27,6 +27,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int
 from ..functional.heads import merge_heads, split_heads
 from ._linear import project
@@ -119,10 +120,12 @@ class DifferentialAttention(MultiHeadAttention):
         return k, torch.cat([first.repeat(1, 2, 1, 1), second.repeat(1, 2, 1, 1)], dim=-1)  # (B, Hkv, S, 2E)
 
     def lambda_full(self, dtype: torch.dtype) -> Tensor:
-        """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init: the exponents in float32, the rest in
-        ``dtype`` (as DiffLlama computes it)."""
-        first = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=torch.float32)).to(dtype)
-        second = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=torch.float32)).to(dtype)
+        """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init: the exponents in float32 (float64 for a float64
+        layer, :func:`~attnkit.functional.backends._common.accumulation_dtype`), the rest in ``dtype``, as DiffLlama
+        computes it (which takes float32 even in a float64 model)."""
+        exponent_dtype = accumulation_dtype(self.lambda_q1.dtype)
+        first = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=exponent_dtype)).to(dtype)
+        second = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=exponent_dtype)).to(dtype)
         return first - second + self.lambda_init
 
     def combine(self, heads: Tensor, kept: Tensor | None) -> Tensor:
