@@ -1,16 +1,16 @@
 """DeepSeek's latent attention (MLA) and sparse attention (DSA): attnkit's own layers against transformers'
 DeepseekV3Attention and DeepseekV32Attention with copied weights (float64, 1e-10; bfloat16 to its
 tolerance), naive and absorbed, prefill and token-by-token decoding through the latent cache, padded
-batches; attnkit's DeepSeek decoder loading a transformers checkpoint folder and generating its tokens;
-and the bridge's dense DeepSeek models in float64; the native decoder in float64 to 1e-10 (float64_checks).
+batches; attnkit's DeepSeek decoder loading a transformers checkpoint folder and generating its tokens, and in
+float64 to 1e-10. (The bridge's DeepSeek families in float64 are the registry walk's: test_hf_families.py.)
 
-transformers computes some of these modules in float32 whatever the model's dtype (RMSNorm upcasts to
-float32, eager takes its softmax in float32): for the float64 comparisons both are kept in float64, so
-that what is compared is the attention itself."""
+transformers computes some of these modules in float32 whatever the model's dtype (RMSNorm upcasts to float32, eager
+takes its softmax in float32): for the float64 comparisons transformers' side runs inside
+float64_checks.float64_inside, attnkit's outside it, so that what is compared is the attention itself."""
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import shutil
 import warnings
 
@@ -22,33 +22,18 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3  # noqa: E402
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32  # noqa: E402
 
-import attnkit.hf  # noqa: E402
 from attnkit.decoding import generate  # noqa: E402
 from attnkit.layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding  # noqa: E402
 from attnkit.models.deepseek import DeepSeekMoE  # noqa: E402
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 
-from float64_checks import assert_float64_logits_equal  # noqa: E402
+from float64_checks import assert_float64_logits_equal, float64_inside  # noqa: E402
 
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=8,
              qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, num_hidden_layers=1, vocab_size=60)
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
 NAMES = {"q_a_layernorm": "q_a_norm", "kv_a_proj_with_mqa": "kv_a_proj", "kv_a_layernorm": "kv_a_norm", "o_proj": "out_proj"}
-
-
-@pytest.fixture
-def float64_inside(monkeypatch):
-    """transformers' DeepSeek RMSNorm and eager softmax kept in float64 for a float64 model."""
-    def rms(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    real = torch.nn.functional.softmax
-    monkeypatch.setattr(torch.nn.functional, "softmax",
-                        lambda x, dim=None, dtype=None, **k: real(x, dim=dim, dtype=None if x.dtype == torch.float64
-                                                                  else dtype, **k))
-    for module in (v3, v32):
-        monkeypatch.setattr(getattr(module, [n for n in dir(module) if n.endswith("RMSNorm")][0]), "forward", rms)
 
 
 def _pair(sparse: bool, *, q_lora_rank=12, rope=None, dtype=torch.float64):
@@ -82,7 +67,9 @@ def _pair(sparse: bool, *, q_lora_rank=12, rope=None, dtype=torch.float64):
 
 
 def _theirs(theirs, config, x, padding=None):
-    """transformers' output for x (B, L, D) with cos/sin in float64, causal (and padding) in its eager mask."""
+    """transformers' output for x (B, L, D) with cos/sin in float64, causal (and padding) in its eager mask; for a
+    float64 x inside float64_checks.float64_inside (its RMSNorm and eager softmax compute in float32 otherwise), where
+    attnkit's layer runs outside it."""
     B, L, _ = x.shape
     positions = torch.arange(L)[None]
     rotary = (v32.DeepseekV32RotaryEmbedding if isinstance(theirs, v32.DeepseekV32Attention) else v3.DeepseekV3RotaryEmbedding)(config)
@@ -94,7 +81,8 @@ def _theirs(theirs, config, x, padding=None):
     if padding is not None:
         allowed = allowed & padding[:, None, None, :]
     mask = torch.zeros(B, 1, L, L, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
-    out, _ = theirs(x, (cos.to(x.dtype), sin.to(x.dtype)), mask, position_ids=positions)
+    with float64_inside() if x.dtype == torch.float64 else contextlib.nullcontext():
+        out, _ = theirs(x, (cos.to(x.dtype), sin.to(x.dtype)), mask, position_ids=positions)
     return out
 
 
@@ -103,7 +91,7 @@ CASES = [("mla", False, 12, None), ("mla-yarn", False, 12, YARN), ("mla-no-query
 
 
 @pytest.mark.parametrize(("name", "sparse", "q_lora_rank", "rope"), CASES, ids=[c[0] for c in CASES])
-def test_naive_absorbed_and_cached_decoding_equal_transformers(name, sparse, q_lora_rank, rope, float64_inside):
+def test_naive_absorbed_and_cached_decoding_equal_transformers(name, sparse, q_lora_rank, rope):
     theirs, ours, config = _pair(sparse, q_lora_rank=q_lora_rank, rope=rope)
     x = torch.randn(2, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     want = _theirs(theirs, config, x)
@@ -120,7 +108,7 @@ def test_naive_absorbed_and_cached_decoding_equal_transformers(name, sparse, q_l
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["mla", "dsa"])
-def test_a_left_padded_batch_equals_transformers_on_its_real_rows(sparse, float64_inside):
+def test_a_left_padded_batch_equals_transformers_on_its_real_rows(sparse):
     """Pad rows have no key: attnkit's zeros, eager's uniform average (its documented difference); every real
     row equal."""
     theirs, ours, config = _pair(sparse)
@@ -133,7 +121,7 @@ def test_a_left_padded_batch_equals_transformers_on_its_real_rows(sparse, float6
         torch.testing.assert_close(got[padding], want[padding], rtol=1e-10, atol=1e-10)
 
 
-def test_bfloat16_is_within_its_tolerance_of_transformers_float64(float64_inside):
+def test_bfloat16_is_within_its_tolerance_of_transformers_float64():
     theirs, ours, config = _pair(False)
     x = torch.randn(2, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     want = _theirs(theirs, config, x)
@@ -143,7 +131,7 @@ def test_bfloat16_is_within_its_tolerance_of_transformers_float64(float64_inside
         assert (got - want).abs().max() / want.abs().max() < 3e-2, absorbed
 
 
-def test_gradients_of_the_two_ways_equal_transformers(float64_inside):
+def test_gradients_of_the_two_ways_equal_transformers():
     theirs, ours, config = _pair(True)
     x = torch.randn(2, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4), requires_grad=True)
     (_theirs(theirs, config, x) ** 2).sum().backward()
@@ -243,39 +231,6 @@ def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path)
     shutil.copy(f"{folder}/model.safetensors", tmp_path / "model.safetensors")
     with pytest.raises(UnsupportedConfigError, match="scoring_func='softmax' is not supported"):
         load_hf_folder(tmp_path)
-
-
-# ------------------------------------------------------------------------ the bridge, dense, float64
-@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "deepseek_v32"])
-def test_the_bridges_dense_deepseek_models_equal_eager_in_float64(family, float64_inside):
-    """The walk (tests/external/test_hf_families.py) checks every family in float32 with its experts; here the
-    dense models (every layer's MLP dense: float64 has no grouped matmul for the experts) in float64, a
-    left-padded loss and every gradient, 1e-10."""
-    from hf_families import tiny_config
-
-    attnkit.hf.register()
-    config = tiny_config(family, first_k_dense_replace=2)
-    cls = transformers.AutoModelForCausalLM
-    models = []
-    for implementation in ("eager", "attnkit"):
-        torch.manual_seed(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            models.append(cls.from_config(copy.deepcopy(config), attn_implementation=implementation).double().eval())
-    models[1].load_state_dict(models[0].state_dict())
-    ids = torch.randint(3, 99, (2, 13), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones(2, 13, dtype=torch.long)
-    mask[1, :4] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    results = []
-    for model in models:
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        out.loss.backward()
-        results.append((out.loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_b, loss_a, rtol=1e-10, atol=1e-10)
-    for name, grad in grads_a.items():
-        torch.testing.assert_close(grads_b[name], grad, rtol=1e-8, atol=1e-10)
 
 
 def test_a_bfloat16_model_routes_in_float32_with_the_checkpoints_exact_router_as_transformers_does(tmp_path):
