@@ -411,7 +411,7 @@ def test_padding_travels_as_padding_not_as_an_l_by_s_mask(family, rng, monkeypat
     assert all(causal == (family != "bert") for _, causal in seen)
 
 
-def test_the_deliberate_differences_from_eager_are_what_docs_hf_md_says(rng, monkeypatch):
+def test_the_deliberate_differences_from_eager_are_what_docs_hf_md_says(rng):
     """docs/hf.md, "Where attnkit differs from eager on purpose", each pinned:
     1. a boolean 4D mask means True = attend, as in transformers' sdpa (eager adds it to the scores as
        0 / 1, which is no mask);
@@ -444,14 +444,9 @@ def test_the_deliberate_differences_from_eager_are_what_docs_hf_md_says(rng, mon
     padding[1, :4] = 0
     with torch.no_grad():
         assert torch.isnan(eager64(input_ids=ids, attention_mask=padding).logits).any()
-        got = ours64(input_ids=ids, attention_mask=padding).logits
-        real_softmax = torch.nn.functional.softmax
-
-        def softmax_in_float64(x, dim=None, dtype=None, **kwargs):
-            return real_softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
-
-        monkeypatch.setattr(torch.nn.functional, "softmax", softmax_in_float64)
-        want = eager64(input_ids=ids, attention_mask=padding).logits
+        with float64_inside():  # eager's softmax in float64 (in float32 finfo(float64).min is -inf), and both alike
+            got = ours64(input_ids=ids, attention_mask=padding).logits
+            want = eager64(input_ids=ids, attention_mask=padding).logits
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES  # noqa: E402
 
+from float64_checks import float64_inside  # noqa: E402
 from hf_families import model_class, tiny_config  # noqa: E402
 
 DECODERS = ["llama", "mistral", "gemma2", "qwen3", "gpt2", "phi3", "olmo2", "cohere2"]
@@ -131,17 +132,12 @@ WEIGHT_CASES = [("llama", "left"), ("llama", "right"), ("llama", "hole"), ("mist
 
 
 @pytest.mark.parametrize(("family", "padding"), WEIGHT_CASES, ids=[f"{f}-{p}" for f, p in WEIGHT_CASES])
-def test_a_loss_on_the_weights_of_rows_with_no_key_trains_as_eager(family, padding, rng, monkeypatch):
+def test_a_loss_on_the_weights_of_rows_with_no_key_trains_as_eager(family, padding, rng):
     """Rows with no allowed key get eager's weights (uniform) and now eager's gradient too (softmax's
     Jacobian there): a loss on the returned attentions (attention supervision, distillation) trained
     differently (0.007-0.107 relative on the embeddings in 13 of 16 families). float64, eager's softmax
-    kept in float64 (its float32 softmax turns finfo(float64).min into -inf)."""
-    real_softmax = torch.nn.functional.softmax
-
-    def softmax_in_float64(x, dim=None, dtype=None, **kwargs):
-        return real_softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "softmax", softmax_in_float64)
+    kept in float64 (its float32 softmax turns finfo(float64).min into -inf): both run inside
+    float64_checks.float64_inside."""
     (eager, ours), kind = _pair(family, torch.float64)
     L = 11
     ids = torch.randint(3, 99, (2, L), generator=rng)
@@ -166,12 +162,13 @@ def test_a_loss_on_the_weights_of_rows_with_no_key_trains_as_eager(family, paddi
     grads = []
     for model in (eager, ours):
         model.zero_grad()
-        out = model(**inputs, output_attentions=True)
-        attentions = out.attentions if kind != "seq2seq" else out.decoder_attentions
-        if targets is None:
-            targets = [torch.rand(a.shape, generator=rng, dtype=a.dtype) for a in attentions]
-        loss = sum((a * t).sum() for a, t in zip(attentions, targets))
-        loss.backward()
+        with float64_inside():
+            out = model(**inputs, output_attentions=True)
+            attentions = out.attentions if kind != "seq2seq" else out.decoder_attentions
+            if targets is None:
+                targets = [torch.rand(a.shape, generator=rng, dtype=a.dtype) for a in attentions]
+            loss = sum((a * t).sum() for a, t in zip(attentions, targets))
+            loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     theirs, mine = grads
     assert set(theirs) == set(mine)
