@@ -34,7 +34,7 @@ TINY = dict(
     index_topk=4, index_n_heads=2, index_head_dim=8, index_block_size=2, index_topk_blocks=2,
 )
 # Per family, sizes over TINY: hybrids whose two tiny layers would otherwise all be linear attention (the walk
-# needs a softmax layer to compare), and linear layers of their own small widths.
+# needs a softmax layer to compare), and linear or state-space layers of their own small widths.
 FAMILY_SIZES = {
     family: {"layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
              "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8}
@@ -50,6 +50,9 @@ FAMILY_SIZES = {
               "mamba_chunk_size": 8},
     "granitemoehybrid": {"layer_types": ["linear_attention", "attention"], "mamba_n_heads": 4, "mamba_d_head": 16,
                          "mamba_d_state": 8, "mamba_chunk_size": 8},
+    "falcon_h1": {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8,
+                  "mamba_chunk_size": 8},  # its defaults (a state of 256, chunks of 256) took 11 s a walk in float64
+    "nemotron_h": {"ssm_state_size": 8, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 2, "chunk_size": 8},
 }
 KINDS = ("decoder", "seq2seq", "encoder")
 MAX_PARAMETERS = 3_000_000
