@@ -77,3 +77,15 @@ def assert_float64_logits_equal(ours, theirs, *, tol: float = 1e-10, seed: int =
     assert got.dtype == want.dtype == torch.float64
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     torch.testing.assert_close(got_padded[real], want_padded[real], rtol=tol, atol=tol)
+
+
+@contextlib.contextmanager
+def in_dtype(dtype: torch.dtype, models, inputs: dict):
+    """(models, inputs) as they are for float32; for float64, :func:`float64_copy` of each model and the inputs'
+    floating tensors in float64, the block run inside :func:`float64_inside`: one test body for both dtypes."""
+    if dtype == torch.float32:
+        yield models, inputs
+        return
+    with float64_inside():
+        yield ([float64_copy(m) for m in models],
+               {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()})

@@ -9,7 +9,6 @@ float32 whatever the model's dtype kept in float64 (float64_checks)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES, UnsupportedFeature, UnverifiedFamily  # noqa: E402
 
-from float64_checks import float64_copy, float64_inside  # noqa: E402
+from float64_checks import float64_inside, in_dtype  # noqa: E402
 from helpers import slow  # noqa: E402
 from hf_families import counting_calls  # noqa: E402
 
@@ -112,18 +111,6 @@ def _inputs(kind: str, generator, *, left: bool = False):
 FAMILIES = sorted(TINY)
 
 
-@contextlib.contextmanager
-def _in(dtype: torch.dtype, models, inputs: dict):
-    """(models, inputs) as they are for float32; for float64, float64 copies of the models and the inputs, and the
-    block run inside float64_inside."""
-    if dtype == torch.float32:
-        yield models, inputs
-        return
-    with float64_inside():
-        yield ([float64_copy(m) for m in models],
-               {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()})
-
-
 def test_the_families_tested_here_are_verified_ones():
     assert set(TINY) <= set(VERIFIED_FAMILIES)
 
@@ -146,7 +133,7 @@ def test_docs_table_lists_exactly_the_verified_families_by_kind():
 def test_outputs_and_weights_equal_eager(family, dtype, rng):
     kind = TINY[family][3]
     tolerance = TOLERANCE[dtype]
-    with torch.no_grad(), _in(dtype, _pair(family), _inputs(kind, rng, left=kind == "decoder")) as ((eager, ours),
+    with torch.no_grad(), in_dtype(dtype, _pair(family), _inputs(kind, rng, left=kind == "decoder")) as ((eager, ours),
                                                                                                      inputs):
         expected = eager(**inputs, output_attentions=True)
         with counting_calls() as calls:
@@ -210,7 +197,7 @@ def test_a_users_own_4d_mask_is_applied_as_given(family, shape, kind, dtype, rng
     allowed[..., 0] = True  # every query keeps a key
     additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     mask = allowed if kind == "bool" else additive
-    with torch.no_grad(), _in(dtype, _pair(family), {}) as ((eager, ours), _):
+    with torch.no_grad(), in_dtype(dtype, _pair(family), {}) as ((eager, ours), _):
         expected = eager(input_ids=ids, attention_mask=additive).logits
         got = ours(input_ids=ids, attention_mask=mask).logits
     assert (got - expected).abs().max() <= TOLERANCE[dtype]
@@ -244,7 +231,7 @@ def test_gemma2_default_config_softcapping_equals_eager(dtype, rng):
         for p in models[0].parameters():
             p.mul_(8.0)  # scores in the tens, where a cap of 50 bends them
     models[1].load_state_dict(models[0].state_dict())
-    with torch.no_grad(), _in(dtype, models, _inputs("decoder", rng)) as (models, inputs):
+    with torch.no_grad(), in_dtype(dtype, models, _inputs("decoder", rng)) as (models, inputs):
         expected, got = (m(**inputs, output_attentions=True) for m in models)
     real = inputs["attention_mask"].bool()
     assert (got.logits - expected.logits)[real].abs().max() <= TOLERANCE[dtype]
@@ -266,7 +253,7 @@ def test_gpt_oss_sinks_on_sliding_and_full_layers_equal_eager(dtype, rng):
         for layer in models[0].model.layers:
             layer.self_attn.sinks.normal_(0.0, 2.0, generator=rng)  # sinks that matter
     models[1].load_state_dict(models[0].state_dict())
-    with torch.no_grad(), _in(dtype, models, _inputs("decoder", rng)) as (copies, inputs):
+    with torch.no_grad(), in_dtype(dtype, models, _inputs("decoder", rng)) as (copies, inputs):
         expected, got = (m(**inputs, output_attentions=True) for m in copies)
     real = inputs["attention_mask"].bool()
     assert (got.logits - expected.logits)[real].abs().max() <= TOLERANCE[dtype]
