@@ -55,6 +55,9 @@ FAMILY_SIZES = {
     "nemotron_h": {"ssm_state_size": 8, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 2, "chunk_size": 8},
 }
 KINDS = ("decoder", "seq2seq", "encoder")
+_WEIGHTS = {"decoder": ("attentions",), "encoder": ("attentions",),
+            "seq2seq": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
+"""The attention weights a model's output holds, by kind of model (:data:`KINDS`)."""
 MAX_PARAMETERS = 3_000_000
 
 
@@ -185,7 +188,9 @@ def inputs(kind: str, generator: torch.Generator) -> dict:
 
 
 def _max_difference(a, b, keep=None) -> float:
-    difference = (a.float() - b.float()).abs()
+    """The largest absolute difference, in float32 (float64 for float64 tensors: a float32 copy would round it)."""
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    difference = (a.to(dtype) - b.to(dtype)).abs()
     if keep is not None:
         difference = difference[keep]
     return float(difference.max()) if difference.numel() else 0.0
@@ -230,6 +235,42 @@ UNRUNNABLE: dict[tuple[str, str], str] = {}
 """(family, layer type) -> why eager itself failed on that variant (it is outside the walk)."""
 
 
+def _differences(theirs, mine, their_grads: dict, my_grads: dict, kind: str, atol: float, *, weighted=None,
+                 where: str = "") -> list[str]:
+    """Every difference above ``atol`` between eager's outputs and attnkit's (``theirs``, ``mine``: logits, loss),
+    their attention weights (those of ``weighted``, a pair of outputs that hold them, else of ``theirs`` and
+    ``mine``) and their parameters' gradients (relative to each gradient's largest entry); ``where`` prefixes each."""
+    problems = []
+    if (d := _max_difference(theirs.logits, mine.logits)) > atol:
+        problems.append(f"{where}logits differ by {d:.3g}")
+    if getattr(theirs, "loss", None) is not None and (d := _max_difference(theirs.loss, mine.loss)) > atol:
+        problems.append(f"{where}loss differs by {d:.3g}")
+    their_weights, my_weights = weighted or (theirs, mine)
+    for what in _WEIGHTS[kind]:
+        a_all, b_all = getattr(their_weights, what, None), getattr(my_weights, what, None)
+        if not a_all and not b_all:
+            continue
+        if not a_all or not b_all or len(a_all) != len(b_all):
+            problems.append(f"{where}{what}: {len(b_all or ())} layers, eager {len(a_all or ())}")
+            continue
+        for layer, (a, b) in enumerate(zip(a_all, b_all)):
+            if a is None or b is None or a.shape != b.shape:
+                problems.append(f"{where}{what}[{layer}] shape {None if b is None else tuple(b.shape)} vs "
+                                f"{None if a is None else tuple(a.shape)}")
+                break
+            if (d := _max_difference(a, b)) > atol:
+                problems.append(f"{where}{what}[{layer}] differ by {d:.3g}")
+                break
+    if set(their_grads) != set(my_grads):
+        problems.append(f"{where}different parameters received gradients")
+    for name, g in their_grads.items():
+        scale = max(1.0, float(g.abs().max())) if g.numel() else 1.0
+        if name in my_grads and (d := _max_difference(g, my_grads[name])) > atol * scale:
+            problems.append(f"{where}gradient of {name} differs by {d:.3g}")
+            break
+    return problems
+
+
 def _check_pair(eager, ours, kind: str) -> list[str]:
     """Every difference between the eager and the attnkit model of one config."""
     generator = torch.Generator().manual_seed(11)
@@ -252,32 +293,7 @@ def _check_pair(eager, ours, kind: str) -> list[str]:
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         outputs.append((out, grads))
     (theirs, their_grads), (mine, my_grads) = outputs
-    if (d := _max_difference(theirs.logits, mine.logits)) > ATOL:
-        problems.append(f"logits differ by {d:.3g}")
-    if getattr(theirs, "loss", None) is not None and (d := _max_difference(theirs.loss, mine.loss)) > ATOL:
-        problems.append(f"loss differs by {d:.3g}")
-    kinds = ["attentions"] if kind != "seq2seq" else ["encoder_attentions", "decoder_attentions", "cross_attentions"]
-    for what in kinds:
-        a_all, b_all = getattr(theirs, what, None), getattr(mine, what, None)
-        if not a_all:
-            continue
-        if b_all is None or len(a_all) != len(b_all):
-            problems.append(f"{what}: {0 if b_all is None else len(b_all)} layers, eager {len(a_all)}")
-            continue
-        for layer, (a, b) in enumerate(zip(a_all, b_all)):
-            if a is None or b is None or a.shape != b.shape:
-                problems.append(f"{what}[{layer}] shape {None if b is None else tuple(b.shape)} vs "
-                                f"{None if a is None else tuple(a.shape)}")
-                break
-            if (d := _max_difference(a, b)) > ATOL:
-                problems.append(f"{what}[{layer}] differ by {d:.3g}")
-                break
-    if set(their_grads) != set(my_grads):
-        problems.append("different parameters received gradients")
-    for name, g in their_grads.items():
-        if name in my_grads and _max_difference(g, my_grads[name]) > ATOL * max(1.0, float(g.abs().max())):
-            problems.append(f"gradient of {name} differs by {_max_difference(g, my_grads[name]):.3g}")
-            break
+    problems += _differences(theirs, mine, their_grads, my_grads, kind, ATOL)
     if kind in ("decoder", "seq2seq"):
         generate = {k: v for k, v in batch.items() if k not in ("decoder_input_ids", "labels")}
         for cache in (None, "static"):
@@ -302,10 +318,6 @@ def _check_pair(eager, ours, kind: str) -> list[str]:
     return problems
 
 
-_WEIGHTS = {"decoder": ("attentions",), "encoder": ("attentions",),
-            "seq2seq": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
-"""The attention weights a model's output holds, by kind of model (:data:`KINDS`)."""
-
 FLOAT64_ATOL = 1e-12
 """Float64 against eager: logits, loss, attention weights and gradients (relative to each gradient's largest entry).
 Measured over the verified families: 1.4e-14 at most (the T5 family's logits), most below 2e-15."""
@@ -325,7 +337,7 @@ def check_float64(family: str) -> list[str]:
         batch = inputs(kind, torch.Generator().manual_seed(11))
         if kind == "decoder":
             batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        results, weights_of = [], []
+        results, weighted = [], []
         with float64_inside():
             for model in (float64_copy(eager), float64_copy(ours)):
                 with counting_calls() as calls:
@@ -343,31 +355,13 @@ def check_float64(family: str) -> list[str]:
                 loss.backward()
                 results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
                 with torch.no_grad():  # the weights' own path (attnkit returns exact weights beside its output)
-                    out = model(**{k: v for k, v in batch.items() if k != "labels"}, output_attentions=True)
-                weights_of.append([w for what in _WEIGHTS[kind] for w in (getattr(out, what, None) or ())])
+                    weighted.append(model(**{k: v for k, v in batch.items() if k != "labels"}, output_attentions=True))
         if len(results) < 2:
             continue
         (theirs, their_grads), (mine, my_grads) = results
-        where = f"[{layer_type} layer] " if layer_type else ""
-        if len(weights_of[0]) != len(weights_of[1]):
-            problems.append(f"{where}float64: {len(weights_of[1])} attention weights, eager {len(weights_of[0])}")
-        for index, (a, b) in enumerate(zip(*weights_of)):
-            if a is None or b is None or a.shape != b.shape or (d := float((a - b).abs().max())) > FLOAT64_ATOL:
-                problems.append(f"{where}float64 attention weights [{index}] differ"
-                                + ("" if a is None or b is None or a.shape != b.shape else f" by {d:.3g}"))
-                break
-        if (d := float((theirs.logits - mine.logits).abs().max())) > FLOAT64_ATOL:
-            problems.append(f"{where}float64 logits differ by {d:.3g}")
-        if getattr(theirs, "loss", None) is not None and (d := float((theirs.loss - mine.loss).abs())) > FLOAT64_ATOL:
-            problems.append(f"{where}float64 loss differs by {d:.3g}")
-        if set(their_grads) != set(my_grads):
-            problems.append(f"{where}different parameters received gradients")
-        for name, g in their_grads.items():
-            if name in my_grads:
-                d = float((g - my_grads[name]).abs().max()) / max(1.0, float(g.abs().max())) if g.numel() else 0.0
-                if d > FLOAT64_ATOL:
-                    problems.append(f"{where}float64 gradient of {name} differs by {d:.3g} (relative)")
-                    break
+        where = f"float64, [{layer_type} layer] " if layer_type else "float64, "
+        problems += _differences(theirs, mine, their_grads, my_grads, kind, FLOAT64_ATOL, weighted=weighted,
+                                 where=where)
     return problems
 
 
