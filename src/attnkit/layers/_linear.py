@@ -44,10 +44,12 @@ def hookless(module: nn.Module) -> bool:
     return not (_hooked(module) or _global_hooks())
 
 
-def called(module: nn.Module) -> Callable[..., Any]:
+def called(module: nn.Module | None) -> Callable[..., Any]:
     """What calling ``module`` runs: its ``forward`` where ``nn.Module.__call__`` would add nothing
     (:func:`hookless`), else the module itself (its hooks, its compiled call). For the modules a model calls on
-    every layer of every decoding step: ``called(block)(x, ...)`` is ``block(x, ...)``."""
+    every layer of every decoding step: ``called(block)(x, ...)`` is ``block(x, ...)``. (``None`` only to take an
+    entry of ``nn.Module._modules`` as typed, as :func:`project` does.)"""
+    assert module is not None
     return module.forward if hookless(module) else module
 
 

@@ -202,7 +202,7 @@ class GatedDeltaNet(nn.Module):
         acc = accumulation_dtype(x.dtype)
         g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)
         output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
-        heads = called(self._modules["norm"])(output.transpose(1, 2), z)  # type: ignore[arg-type]  # (B, L, Hv, V)
+        heads = called(self._modules["norm"])(output.transpose(1, 2), z)  # (B, L, Hv, V)
         return make_output((project_by_name(self, "out_proj", heads.reshape(B, L, self.value_dim)), weights, None))
 
 
@@ -264,11 +264,11 @@ class KimiDeltaAttention(nn.Module):
         mixed = torch.cat([project_by_name(self, name, x) for name in ("q_proj", "k_proj", "v_proj")], dim=-1).transpose(1, 2)
         q, k, v = causal_convolution(mixed, self.conv1d.weight, cache).transpose(1, 2).split(H * E, dim=-1)
         q, k, v = (t.reshape(B, L, H, E).transpose(1, 2) for t in (q, k, v))
-        g = called(self._modules["forget_gate"])(x)  # type: ignore[arg-type]
+        g = called(self._modules["forget_gate"])(x)
         beta = torch.sigmoid(project_by_name(self, "b_proj", x)).transpose(1, 2)
         output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
         gate = project_by_name(self, "g_b_proj", project_by_name(self, "g_a_proj", x)).view(B, L, H, E)
-        heads = called(self._modules["o_norm"])(output.transpose(1, 2), gate)  # type: ignore[arg-type]
+        heads = called(self._modules["o_norm"])(output.transpose(1, 2), gate)
         return make_output((project_by_name(self, "o_proj", heads.reshape(B, L, H * E)), weights, None))
 
 
@@ -328,6 +328,6 @@ class LightningAttention(nn.Module):
             cache.state = result.final_state
             cache.position += L
         weights = implicit_attention(q, k, g, None, scale=1.0, key_mask=key_mask) if need_weights else None
-        heads = called(self._modules["norm"])(result.output.transpose(1, 2).reshape(B, L, H * E))  # type: ignore[arg-type]
+        heads = called(self._modules["norm"])(result.output.transpose(1, 2).reshape(B, L, H * E))
         gated = torch.sigmoid(project_by_name(self, "output_gate", x)) * heads
         return make_output((project_by_name(self, "out_proj", gated), weights, None))
