@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 import attnkit.hf  # noqa: E402
 from attnkit.hf import VERIFIED_FAMILIES, UnsupportedFeature, UnverifiedFamily  # noqa: E402
 
-from float64_checks import float64_copy, float64_inside  # noqa: E402
+from float64_checks import in_dtype  # noqa: E402
 from hf_families import counting_calls  # noqa: E402
 
 ATOL = 1e-4
@@ -85,38 +85,11 @@ def _implementations(model) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("name", sorted(COMPOSITES))
-def test_a_verified_text_tower_on_attnkit_equals_eager_in_float64(name, rng):
-    """Logits, loss, every attention weight and gradient of a left-padded batch, with the steps transformers
-    rounds to float32 whatever the model's dtype kept in float64 (float64_checks)."""
-    eager = _eager(name)
-    ours = copy.deepcopy(eager)
-    ours.set_attn_implementation({"text_config": attnkit.hf.IMPLEMENTATION})
-    ids = torch.randint(3, 290, (2, 13), generator=rng)
-    mask = torch.ones(2, 13, dtype=torch.long)
-    mask[1, :4] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    results = []
-    with float64_inside():
-        for model in (float64_copy(eager), float64_copy(ours)):
-            with counting_calls() as calls:
-                out = model(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
-            (out.loss + 0.01 * out.logits.sum()).backward()
-            results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, calls[0]))
-    (theirs, their_grads, _), (mine, my_grads, calls) = results
-    assert calls > 0 and mine.logits.dtype == torch.float64
-    assert (theirs.logits - mine.logits).abs().max() <= 1e-12
-    assert abs(theirs.loss.item() - mine.loss.item()) <= 1e-12
-    for a, b in zip(theirs.attentions, mine.attentions):
-        assert (a - b).abs().max() <= 1e-12
-    assert set(their_grads) == set(my_grads)
-    for key, grad in their_grads.items():
-        assert (grad - my_grads[key]).abs().max() <= 1e-12 * max(1.0, float(grad.abs().max())), key
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(COMPOSITES))
-def test_a_verified_text_tower_runs_on_attnkit_through_the_dict_form_and_equals_eager(name, rng):
+def test_a_verified_text_tower_runs_on_attnkit_through_the_dict_form_and_equals_eager(name, dtype, rng):
+    """Logits, loss, every attention weight and gradient of a left-padded batch (and, in float32, greedy ids); in
+    float64 with transformers' float32 steps kept in float64 (float64_checks.in_dtype), to 1e-12."""
     _, _, text, _ = COMPOSITES[name]
     assert text in VERIFIED_FAMILIES
     eager = _eager(name)
@@ -127,22 +100,26 @@ def test_a_verified_text_tower_runs_on_attnkit_through_the_dict_form_and_equals_
     mask = torch.ones(2, 13, dtype=torch.long)
     mask[1, :4] = 0  # left padding, the first real label kept: its row has no key
     labels = ids.masked_fill(mask == 0, -100)
+    tolerance = {torch.float32: ATOL, torch.float64: 1e-12}[dtype]
     results = []
-    for model in (eager, ours):
-        model.zero_grad()
-        with counting_calls() as calls:
-            out = model(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
-        (out.loss + 0.01 * out.logits.sum()).backward()
-        results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, calls[0]))
+    with in_dtype(dtype, [eager, ours], {}) as (models, _):
+        for model in models:
+            model.zero_grad()
+            with counting_calls() as calls:
+                out = model(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
+            (out.loss + 0.01 * out.logits.sum()).backward()
+            results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, calls[0]))
     (theirs, their_grads, _), (mine, my_grads, calls) = results
-    assert calls > 0
-    assert (theirs.logits - mine.logits).abs().max() <= ATOL
-    assert abs(theirs.loss.item() - mine.loss.item()) <= ATOL
+    assert calls > 0 and mine.logits.dtype == dtype
+    assert (theirs.logits - mine.logits).abs().max() <= tolerance
+    assert abs(theirs.loss.item() - mine.loss.item()) <= tolerance
     for a, b in zip(theirs.attentions, mine.attentions):
-        assert (a - b).abs().max() <= ATOL
+        assert (a - b).abs().max() <= tolerance
     assert set(their_grads) == set(my_grads)
     for key, grad in their_grads.items():
-        assert (grad - my_grads[key]).abs().max() <= ATOL * max(1.0, float(grad.abs().max())), key
+        assert (grad - my_grads[key]).abs().max() <= tolerance * max(1.0, float(grad.abs().max())), key
+    if dtype == torch.float64:
+        return
     with torch.no_grad(), counting_calls() as calls:
         want = eager.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
         got = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
