@@ -14,9 +14,11 @@ from attnkit.models.pretrained import config_from_hf, load_hf_safetensors, load_
 
 transformers = pytest.importorskip("transformers")
 
-from float64_checks import float64_copy, float64_inside  # noqa: E402
+from float64_checks import in_dtype  # noqa: E402
 
 ATOL = 1e-4
+TOLERANCE = {torch.float32: ATOL, torch.float64: 1e-10}  # float64: transformers' float32 steps kept in float64
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 
 
 def _hf_bert():
@@ -47,22 +49,26 @@ def _randomise(model, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=generator) * 0.2 + (1.0 if p.dim() == 1 and "norm" in str(p) else 0.0))
 
 
-def test_bert_hidden_states_and_pooler_equal_transformers_with_padding(rng):
+@DTYPES
+def test_bert_hidden_states_and_pooler_equal_transformers_with_padding(dtype, rng):
     hf = _hf_bert()
     _randomise(hf)
     ours = EncoderModel(config_from_hf(hf.config.to_dict())).eval()
     load_hf_state_dict(ours, hf.state_dict(), "bert")
+    ours = ours.to(dtype)
     ids = torch.randint(0, 99, (3, 13), generator=rng)
     mask = torch.ones(3, 13, dtype=torch.long)
     mask[1, 7:] = 0
     mask[2, 2:] = 0
     types = (torch.arange(13) >= 6).long().expand(3, 13)
     with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
         got = ours(ids, mask, types)
+        with in_dtype(dtype, [hf], {}) as ([theirs], _):
+            expected = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types)
     keep = mask.bool()
-    assert (got.hidden_states - expected.last_hidden_state)[keep].abs().max() <= ATOL
-    assert (got.pooled - expected.pooler_output).abs().max() <= ATOL
+    assert got.hidden_states.dtype == dtype
+    assert (got.hidden_states - expected.last_hidden_state)[keep].abs().max() <= TOLERANCE[dtype]
+    assert (got.pooled - expected.pooler_output).abs().max() <= TOLERANCE[dtype]
 
 
 def _decoder_pair(kind: str):
@@ -78,52 +84,22 @@ def _decoder_pair(kind: str):
     return hf, ours
 
 
+@DTYPES
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
-def test_decoder_logits_equal_transformers(rng, kind):
+def test_decoder_logits_equal_transformers(rng, kind, dtype):
     hf, ours = _decoder_pair(kind)
+    ours = ours.to(dtype)
     ids = torch.randint(0, 101, (2, 17), generator=rng)
     mask = torch.ones(2, 17, dtype=torch.long)
     mask[1, 11:] = 0  # right padding
     with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         got = ours(ids, mask)
+        with in_dtype(dtype, [hf], {}) as ([theirs], _):
+            expected = theirs(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     keep = mask.bool()
-    assert (got.logits - expected.logits)[keep].abs().max() <= ATOL
-    assert (got.hidden_states - expected.hidden_states[-1])[keep].abs().max() <= ATOL
-
-
-def test_bert_equals_transformers_in_float64_with_padding(rng):
-    hf = _hf_bert()
-    _randomise(hf)
-    ours = EncoderModel(config_from_hf(hf.config.to_dict())).eval()
-    load_hf_state_dict(ours, hf.state_dict(), "bert")
-    ours = ours.double()
-    ids = torch.randint(0, 99, (3, 13), generator=rng)
-    mask = torch.ones(3, 13, dtype=torch.long)
-    mask[1, 7:] = 0
-    types = (torch.arange(13) >= 6).long().expand(3, 13)
-    with torch.no_grad():
-        got = ours(ids, mask, types)
-        with float64_inside():
-            expected = float64_copy(hf)(input_ids=ids, attention_mask=mask, token_type_ids=types)
-    assert got.hidden_states.dtype == torch.float64
-    assert (got.hidden_states - expected.last_hidden_state)[mask.bool()].abs().max() <= 1e-10
-    assert (got.pooled - expected.pooler_output).abs().max() <= 1e-10
-
-
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
-def test_decoder_logits_equal_transformers_in_float64(rng, kind):
-    hf, ours = _decoder_pair(kind)
-    ours = ours.double()
-    ids = torch.randint(0, 101, (2, 17), generator=rng)
-    mask = torch.ones(2, 17, dtype=torch.long)
-    mask[1, 11:] = 0
-    with torch.no_grad():
-        got = ours(ids, mask)
-        with float64_inside():
-            expected = float64_copy(hf)(input_ids=ids, attention_mask=mask)
-    assert got.logits.dtype == torch.float64
-    assert (got.logits - expected.logits)[mask.bool()].abs().max() <= 1e-10
+    assert got.logits.dtype == dtype
+    assert (got.logits - expected.logits)[keep].abs().max() <= TOLERANCE[dtype]
+    assert (got.hidden_states - expected.hidden_states[-1])[keep].abs().max() <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
