@@ -162,8 +162,48 @@ def test_coreference_through_transformers_equals_the_native_minilm(tmp_path, cap
     assert (tmp_path / "bridged" / "coref.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
-@pytest.mark.requires("smollm2")
-def test_coreference_on_a_decoder_is_refused_with_the_reason(capsys):
-    assert main(["inspect", "--model", "smollm2", "--coref", "--quiet"]) == 2
+def test_coreference_on_a_gguf_decoder_is_refused_before_its_load(tmp_path, monkeypatch, capsys):
+    from attnkit.inspect import hf_models
+
+    def load(path):
+        raise AssertionError(f"loaded {path} only to refuse it")
+
+    monkeypatch.setattr(hf_models, "load_gguf_for_inspection", load)
+    model = tmp_path / "decoder.gguf"
+    model.write_bytes(b"GGUF")
+    assert main(["inspect", "--model", str(model), "--coref", "--quiet"]) == 2
     assert "the word that decides the referent comes after the pronoun" in capsys.readouterr().err
+
+
+def test_coreference_on_a_decoder_folder_is_refused_with_the_reason(tmp_path, capsys):
+    folder = tmp_path / "llama"
+    config = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=37)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    _tokenizer_json(folder, bert=False)
+    assert main(["inspect", "--model", str(folder), "--coref", "--quiet"]) == 2
+    assert "the word that decides the referent comes after the pronoun" in capsys.readouterr().err
+
+
+def test_a_gguf_file_is_parsed_once_within_a_load_and_gguf_is_itself_again_after(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from attnkit.inspect.hf_models import _gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", torch.arange(6, dtype=torch.float32).reshape(2, 3).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="inside"), _gguf_parsed_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(path) is first and gguf.GGUFReader(str(path), "r") is first
+        assert first.tensors[0].name == "token_embd.weight" and first.tensors[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        raise RuntimeError("inside")  # an error in the block leaves gguf as it was too
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(str(path)) is not first

@@ -117,6 +117,8 @@ def _inspect_gguf(args: argparse.Namespace, texts, references) -> int:
     """A decoder from a GGUF file (SmolLM2's package or a path), through transformers' GGUF reader."""
     if references or args.aer:
         raise UsageError("--reference and --aer need a translation checkpoint, not a language model")
+    if args.coref:  # a GGUF file here is a decoder: refused before its load (10-30 s)
+        raise UsageError(_COREF_NEEDS_AN_ENCODER)
     from ..inspect.hf_models import load_gguf_for_inspection
     from ..models.pretrained import smollm2_gguf
 
@@ -194,14 +196,17 @@ def _inspect_checkpoint(args: argparse.Namespace, folder: Path, texts, reference
     return 0
 
 
+_COREF_NEEDS_AN_ENCODER = (
+    "--coref needs bidirectional attention: in every bundled pair the word that decides the referent comes after the "
+    "pronoun, so a decoder's causal attention from the pronoun is the same in both sentences of a pair and every head "
+    "scores exactly 50% (measured on SmolLM2); give an encoder (minilm or a Hugging Face encoder folder)")
+
+
 def _coref(model, tokenizer, args: argparse.Namespace, progress: bool, kind: str = "encoder") -> int:
     from ..inspect import report
 
     if kind == "decoder":
-        raise UsageError("--coref needs bidirectional attention: in every bundled pair the word that decides the "
-                         "referent comes after the pronoun, so a decoder's causal attention from the pronoun is the "
-                         "same in both sentences of a pair and every head scores exactly 50% (measured on SmolLM2); "
-                         "give an encoder (minilm or a Hugging Face encoder folder)")
+        raise UsageError(_COREF_NEEDS_AN_ENCODER)
 
     result = report.evaluate_coreference(model, tokenizer, args.out, progress=progress)
     best = result["best_in_sample"]

@@ -100,19 +100,53 @@ def load_gguf_for_inspection(path) -> tuple[InspectedModel, object, str]:
 
     path = Path(path)
     register()
-    meta = load_gguf_checkpoint(str(path))
-    config = transformers.LlamaConfig(**meta["config"])
-    model = transformers.LlamaModel._from_config(config, attn_implementation=IMPLEMENTATION).eval()
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"},
-                          strict=True)
-    reader = gguf.GGUFReader(str(path))
+    with _gguf_parsed_once():
+        meta = load_gguf_checkpoint(str(path))
+        config = transformers.LlamaConfig(**meta["config"])
+        model = transformers.LlamaModel._from_config(config, attn_implementation=IMPLEMENTATION).eval()
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+        model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"},
+                              strict=True)
+        reader = gguf.GGUFReader(str(path))
 
     def field(name: str, default=None):
         value = reader.fields.get(name)
         return default if value is None else value.contents()
 
     return InspectedModel(model), gguf_tokenizer(field), "decoder"
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within the block, ``gguf.GGUFReader(path)`` parses each file once and ``gguf.get_tensor_name_map(arch,
+    layers)`` is built once per arguments. transformers' GGUF loading (``load_gguf_checkpoint``, called once for the
+    config and again for the tensors, as ``from_pretrained(gguf_file=...)`` calls it) parses the whole file each
+    time and builds the name map once per submodule, 395 times for SmolLM2: with the tokenizer's own read, SmolLM2's
+    load took 24-26 s on a 2-core machine, 10 s now (benchmarks/results/gguf_load_2026-11-27/). The reader
+    and the map are read-only (a memory map, a lookup table), so a shared one gives the same tensors; transformers
+    imports both names from ``gguf`` inside its functions, where the block's stand-ins are found."""
+    import functools
+
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple, Any] = {}
+
+    def one_reader(path, mode="r"):
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    originals = {"GGUFReader": reader, "get_tensor_name_map": name_map}
+    stand_ins = {"GGUFReader": one_reader, "get_tensor_name_map": functools.lru_cache(maxsize=None)(name_map)}
+    for name, stand_in in stand_ins.items():
+        setattr(gguf, name, stand_in)
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(gguf, name, original)
 
 
 @contextlib.contextmanager
