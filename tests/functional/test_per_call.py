@@ -14,7 +14,7 @@ import attnkit
 from attnkit import masks
 from attnkit.functional import nan
 from attnkit.functional.attention import attention_trusted
-from attnkit.functional.backends import _common, flex
+from attnkit.functional.backends import _common, flex, sdpa
 
 from helpers import OpsSeen, randn
 
@@ -103,6 +103,107 @@ def test_the_one_looks_premise_holds_from_its_threshold_at_every_position(capabi
                     f"{nan.PLAIN_LOOK_MIN_KEYS} keys there, the premise the test above checks")
     env = os.environ | ({"ATEN_CPU_CAPABILITY": capability} if capability else {})
     done = subprocess.run([sys.executable, "-c", _SWEEP], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    if capability:
+        assert done.stdout.startswith("AVX2 ")
+
+
+def _masks(B: int, L: int, S: int, generator: torch.Generator) -> dict[str, object]:
+    """The masks attention()'s direct path hands SDPA: padding (one sequence's keys mostly padding), a random
+    one with a row no key is allowed to and a key no query may attend, a causal window, a block mask."""
+    random = torch.rand(B, 1, L, S, generator=generator) < 0.6
+    random[:, :, L // 2] = False
+    random[:, :, :, S // 2] = False
+    square = {"blocks": masks.causal_block_mask(L, block=8)} if L == S else {}
+    return {"padding": masks.padding(torch.tensor([S - 3, 1][:B]), S), "random": random,
+            "window": masks.sliding_window(L, S, 3, causal_align="bottom-right"), **square}
+
+
+MASKED_SHAPES = [(2, 4, 2, 9, 11, 8), (1, 4, 1, 1, 40, 16), (2, 4, 4, 16, 16, 32), (1, 2, 2, 3, 5, 16)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", MASKED_SHAPES, ids=str)
+def test_a_masked_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtype, shape):
+    """The premise of the one look at a masked call's output (nan.masked_output): SDPA's CPU kernels carry a NaN
+    of q, k or v into the output at any length, under every kind of mask, a NaN in a key no query may attend and a
+    NaN query whose row has no allowed key included; attention() then poisons exactly the rule's rows. A call
+    with no NaN is settled by the look alone where the kernels are known (AVX2, AVX-512)."""
+    B, H, Hkv, L, S, E = shape
+    generator = torch.Generator().manual_seed(2)
+    options = {"dropout_p": 0.0, "scale": E**-0.5, "enable_gqa": H != Hkv}
+    for name, mask in _masks(B, L, S, generator).items():
+        q, k, v = (randn(B, n, m, E, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S)))
+        with OpsSeen() as ops:
+            clean = attnkit.attention(q, k, v, mask=mask).output
+        assert not clean.isnan().any()
+        if nan.plain_look_min_keys(dtype) < nan.PLAIN_LOOK_MIN_KEYS:  # a known vector unit: the look alone
+            assert "aten.amax.default" in ops.seen and not any("foreach" in op for op in ops.seen), name
+        for where in ("q", "k", "v"):
+            for position in ("first", "middle", "last"):
+                q, k, v = (randn(B, n, m, E, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S)))
+                target = {"q": q, "k": k, "v": v}[where]
+                index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
+                target[-1, -1, index, 3] = float("nan")
+                raw = sdpa.masked(q, k, v, mask if isinstance(mask, torch.Tensor) else mask.to_dense(), None, options)
+                assert torch.isnan(raw).any(), (name, where, position)
+                out = attnkit.attention(q, k, v, mask=mask).output
+                expected = _expected_nan_rows(where, index, B, H, Hkv, L)
+                assert torch.equal(out.isnan().any(-1), expected), (name, where, position)
+
+
+_MASKED_SWEEP = """
+import sys, torch
+from attnkit import masks
+from attnkit.functional.backends import sdpa
+failures, calls = [], 0
+dtypes = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if sys.argv[1] == "all" else [])
+for dtype in dtypes:
+    for B, H, Hkv, L, S, E in [(2, 4, 2, 9, 11, 8), (2, 8, 2, 33, 97, 64), (1, 4, 1, 1, 128, 32), (1, 2, 2, 3, 5, 16),
+                               (1, 2, 1, 1, 1, 8), (2, 4, 4, 16, 16, 32), (1, 2, 2, 130, 130, 16)]:
+        generator = torch.Generator().manual_seed(S * 7 + L)
+        random = torch.rand(B, 1, L, S, generator=generator) < 0.5
+        random[:, :, L // 2] = False
+        random[:, :, :, S // 2] = False
+        for mask in (masks.padding(torch.tensor([S - 3, 1][:B]).clamp(min=1), S), random,
+                     masks.sliding_window(L, S, 3, causal_align="bottom-right")):
+            for where in "qkv":
+                n = L if where == "q" else S
+                for b in range(B):
+                    for position in sorted({*range(0, n, max(1, n // 40)), n - 1}):  # every one up to 40
+                        for channel in (0, E // 2, E - 1):
+                            q = torch.randn(B, H, L, E, generator=generator).to(dtype)
+                            k, v = (torch.randn(B, Hkv, S, E, generator=generator).to(dtype) for _ in "kv")
+                            {"q": q, "k": k, "v": v}[where][b, -1, position, channel] = float("nan")
+                            out = sdpa.masked(q, k, v, mask, None, {"dropout_p": 0.0, "scale": E**-0.5,
+                                                                    "enable_gqa": H != Hkv})
+                            calls += 1
+                            if not out.isnan().any():
+                                failures.append((str(dtype), B, H, Hkv, L, S, E, where, b, position, channel))
+print(torch.backends.cpu.get_cpu_capability(), calls, len(failures), failures[:5])
+sys.exit(1 if failures or not calls else 0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", [None, "avx2"], ids=["this-cpu", "avx2"])
+def test_the_masked_looks_premise_holds_at_every_position(capability):
+    """The masked look's premise at every position of q (each row), k and v (each key) up to 40 of them, of each
+    sequence, first, middle and last channels, under a padding mask, a random one (an empty row, a key nobody
+    attends) and a causal window, at lengths from 1 key on: on the CPU that runs the tests (every dtype) and with
+    PyTorch's kernels held to AVX2 (float32 and float64: its half-precision masked kernels need AVX-512 there,
+    "pack_vnni2 is only supported when avx512 is supported")."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip(f"this CPU's PyTorch kernels are {torch.backends.cpu.get_cpu_capability()}: the rule reads the "
+                    "inputs of a masked call there")
+    env = os.environ | ({"ATEN_CPU_CAPABILITY": capability} if capability else {})
+    dtypes = "all" if capability is None and torch.backends.cpu.get_cpu_capability() == "AVX512" else "float"
+    done = subprocess.run([sys.executable, "-c", _MASKED_SWEEP, dtypes], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     if capability:
         assert done.stdout.startswith("AVX2 ")

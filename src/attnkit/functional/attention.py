@@ -274,7 +274,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
             options = {"dropout_p": 0.0, "scale": _default_scale(dims.E) if scale is None else scale,
                        "enable_gqa": dims.H != dims.Hkv}
             output = sdpa.masked(q, k, v, direct, None, options)
-            return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
+            return make_output((_nan.masked_output(q, k, v, dims, output, sdpa.returns_masked_rows_as_zeros(q)),
+                                None, None))
     if scale is None:
         scale = _default_scale(dims.E)
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,

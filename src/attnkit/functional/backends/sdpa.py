@@ -173,6 +173,12 @@ def masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | 
     return output
 
 
+def returns_masked_rows_as_zeros(q: Tensor) -> bool:
+    """Whether this PyTorch's SDPA itself gives zeros for a row with no allowed key under a boolean mask, for q's
+    device and dtype: :func:`masked` then returns SDPA's output as it is, filling nothing over it."""
+    return _zeroes_masked_rows("cpu" if q.is_cpu else q.device.type, q.dtype, False)
+
+
 def _has_empty_rows(mask: Tensor) -> bool:
     """Whether a boolean CPU mask has a row with no allowed key: looked at once per mask and model call
     (:mod:`..kept`), so that the layers of a model, which share one padding mask, pay for one look; a mask
