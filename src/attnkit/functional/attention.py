@@ -271,11 +271,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
           and causal_align in _masks.ALIGNMENTS):
         direct = _direct_mask(q, dims, mask, is_causal, causal_align, window, backend)
         if direct is not _GENERAL:  # what auto hands SDPA anyway (:func:`.backends.sdpa.masked`), no Problem, no routing
+            if dims.Ev >= dims.E and sdpa.returns_masked_rows_as_zeros(q):  # what sdpa.masked would call, as it is
+                output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale,
+                                                        enable_gqa=dims.H != dims.Hkv)
+                return make_output((_nan.masked_output(q, k, v, dims, output), None, None))
             options = {"dropout_p": 0.0, "scale": _default_scale(dims.E) if scale is None else scale,
                        "enable_gqa": dims.H != dims.Hkv}
             output = sdpa.masked(q, k, v, direct, None, options)
-            return make_output((_nan.masked_output(q, k, v, dims, output, sdpa.returns_masked_rows_as_zeros(q)),
-                                None, None))
+            return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
     if scale is None:
         scale = _default_scale(dims.E)
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
