@@ -73,13 +73,18 @@ def smollm2():
 def test_smollm2_logits_equal_transformers_llama_on_a_real_prompt(smollm2):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    from attnkit.inspect.hf_models import _gguf_parsed_once
+
     model, tokenizer, _ = smollm2
     path = str(smollm2_gguf())
-    # transformers reads and dequantises the same GGUF file itself (its own code path).
-    meta = load_gguf_checkpoint(path)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**meta["config"], attn_implementation="eager")).eval()
-    hf.load_state_dict(load_gguf_checkpoint(path, return_tensors=True, model_to_load=hf)["tensors"], strict=False)
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf().parent), gguf_file=smollm2_gguf().name)
+    # transformers reads and dequantises the same GGUF file itself (its own code path; the file parsed once for
+    # its three reads, as attnkit inspect's loader does)
+    with _gguf_parsed_once():
+        meta = load_gguf_checkpoint(path)
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**meta["config"], attn_implementation="eager")).eval()
+        hf.load_state_dict(load_gguf_checkpoint(path, return_tensors=True, model_to_load=hf)["tensors"], strict=False)
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf().parent),
+                                                                  gguf_file=smollm2_gguf().name)
     prompt = "<|im_start|>user\nWhat is the capital of France? Answer in 12 words.<|im_end|>\n<|im_start|>assistant\n"
     ids = tokenizer.encode(prompt).ids
     assert ids == hf_tokenizer(prompt).input_ids
