@@ -35,6 +35,19 @@ def _expected_nan_rows(where: str, index: int, B: int, H: int, Hkv: int, L: int)
     return rows
 
 
+def _one_nan_each(shape: tuple, dtype: torch.dtype, generator: torch.Generator):
+    """Fresh q (B, H, L, E), k and v (B, Hkv, S, E) of ``shape`` (B, H, Hkv, L, S, E) with one NaN, in q, k or v, at
+    the first, middle and last position of the last head of the last sequence: yields (where, position, q, k, v)."""
+    B, H, Hkv, L, S, E = shape
+    for where in ("q", "k", "v"):
+        for position in ("first", "middle", "last"):
+            q, k, v = (randn(B, n, m, E, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S)))
+            target = {"q": q, "k": k, "v": v}[where]
+            index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
+            target[-1, -1, index, 3] = float("nan")
+            yield where, index, q, k, v
+
+
 # Causal calls with L < S have keys no query sees: the rule reads the inputs there (the test below).
 PLAIN_CALLS = [(shape, causal) for shape in SHAPES for causal in (False, True) if not (causal and shape[3] < shape[4])]
 
@@ -48,18 +61,12 @@ def test_a_plain_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtyp
     included, where SDPA returns a finite row for a NaN query). If a PyTorch release stops carrying it,
     this fails before a NaN goes unseen."""
     B, H, Hkv, L, S, E = shape
-    generator = torch.Generator().manual_seed(1)
-    for where in ("q", "k", "v"):
-        for position in ("first", "middle", "last"):
-            q, k, v = (randn(B, n, m, E, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S)))
-            target = {"q": q, "k": k, "v": v}[where]
-            index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
-            target[-1, -1, index, 3] = float("nan")
-            if S >= nan.plain_look_min_keys(dtype):  # the one look's premise, where the rule takes it
-                raw = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != Hkv)
-                assert torch.isnan(raw).any(), (where, position)
-            out = attnkit.attention(q, k, v, is_causal=is_causal).output
-            assert torch.equal(out.isnan().any(-1), _expected_nan_rows(where, index, B, H, Hkv, L)), (where, position)
+    for where, index, q, k, v in _one_nan_each(shape, dtype, torch.Generator().manual_seed(1)):
+        if S >= nan.plain_look_min_keys(dtype):  # the one look's premise, where the rule takes it
+            raw = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != Hkv)
+            assert torch.isnan(raw).any(), (where, index)
+        out = attnkit.attention(q, k, v, is_causal=is_causal).output
+        assert torch.equal(out.isnan().any(-1), _expected_nan_rows(where, index, B, H, Hkv, L)), (where, index)
 
 
 _SWEEP = """
@@ -139,17 +146,12 @@ def test_a_masked_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dty
         assert not clean.isnan().any()
         if nan.plain_look_min_keys(dtype) < nan.PLAIN_LOOK_MIN_KEYS:  # a known vector unit: the look alone
             assert "aten.amax.default" in ops.seen and not any("foreach" in op for op in ops.seen), name
-        for where in ("q", "k", "v"):
-            for position in ("first", "middle", "last"):
-                q, k, v = (randn(B, n, m, E, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S)))
-                target = {"q": q, "k": k, "v": v}[where]
-                index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
-                target[-1, -1, index, 3] = float("nan")
-                raw = sdpa.masked(q, k, v, mask if isinstance(mask, torch.Tensor) else mask.to_dense(), None, options)
-                assert torch.isnan(raw).any(), (name, where, position)
-                out = attnkit.attention(q, k, v, mask=mask).output
-                expected = _expected_nan_rows(where, index, B, H, Hkv, L)
-                assert torch.equal(out.isnan().any(-1), expected), (name, where, position)
+        for where, index, q, k, v in _one_nan_each(shape, dtype, generator):
+            raw = sdpa.masked(q, k, v, mask if isinstance(mask, torch.Tensor) else mask.to_dense(), None, options)
+            assert torch.isnan(raw).any(), (name, where, index)
+            out = attnkit.attention(q, k, v, mask=mask).output
+            expected = _expected_nan_rows(where, index, B, H, Hkv, L)
+            assert torch.equal(out.isnan().any(-1), expected), (name, where, index)
 
 
 _MASKED_SWEEP = """
