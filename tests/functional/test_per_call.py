@@ -161,8 +161,8 @@ from attnkit.functional.backends import sdpa
 failures, calls = [], 0
 dtypes = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if sys.argv[1] == "all" else [])
 for dtype in dtypes:
-    for B, H, Hkv, L, S, E in [(2, 4, 2, 9, 11, 8), (2, 8, 2, 33, 97, 64), (1, 4, 1, 1, 128, 32), (1, 2, 2, 3, 5, 16),
-                               (1, 2, 1, 1, 1, 8), (2, 4, 4, 16, 16, 32), (1, 2, 2, 130, 130, 16)]:
+    for B, H, Hkv, L, S, E in [(2, 4, 2, 9, 11, 8), (2, 4, 2, 33, 97, 16), (1, 4, 1, 1, 128, 32), (1, 2, 2, 3, 5, 16),
+                               (1, 2, 1, 1, 1, 8), (2, 2, 2, 16, 16, 32)]:
         generator = torch.Generator().manual_seed(S * 7 + L)
         random = torch.rand(B, 1, L, S, generator=generator) < 0.5
         random[:, :, L // 2] = False
