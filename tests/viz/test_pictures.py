@@ -32,6 +32,27 @@ def test_alignment_head_grid_and_overview_write_png_and_svg(tmp_path):
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
 
 
+def test_the_overview_is_one_image_each_thumbnail_on_its_own_scale():
+    """Layers down, heads across, each head's map scaled to its own least and greatest value (a flat one all dark),
+    blank gaps between the thumbnails, the heads named above and the layers (or their given names) beside."""
+    rng = np.random.default_rng(2)
+    w = rng.random((3, 2, 4, 5)) * np.array([1.0, 100.0])[:, None, None]  # (layers, H, L, S); head 1's scale 100x
+    w[2, 0] = 0.25  # a flat map
+    figure = viz.plot_overview(w, layer_names=["a", "b", "c"]).figure
+    (ax,) = figure.axes
+    mosaic = ax.images[0].get_array()
+    gap = 1
+    for layer in range(3):
+        for head in range(2):
+            cell = mosaic[layer * (4 + gap):layer * (4 + gap) + 4, head * (5 + gap):head * (5 + gap) + 5]
+            expected = w[layer, head] - w[layer, head].min()
+            expected = expected / expected.max() if expected.max() > 0 else expected
+            np.testing.assert_allclose(cell, expected, rtol=1e-12, atol=1e-12)
+    assert mosaic.mask[4].all() and mosaic.mask[:, 5].all()  # the gaps: drawn blank
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["head 0", "head 1"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+
+
 @pytest.mark.slow  # three grids drawn: about a second
 def test_a_head_grid_labels_keys_under_each_column_and_queries_beside_the_first():
     """Every panel shows the same tokens: keys under the lowest panel of each column, queries left of the first

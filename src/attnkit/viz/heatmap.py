@@ -159,26 +159,39 @@ def plot_overview(
     """A layer x head overview: one small heatmap per head, layers down, heads across.
 
     ``attentions`` is (layers, H, L, S), or a list of per-layer (H, L, S) tensors; each thumbnail
-    has its own colour scale so that the pattern (diagonal, stripes, broad) shows.
+    has its own colour scale (its least value darkest, its greatest brightest) so that the pattern
+    (diagonal, stripes, broad) shows. The thumbnails are drawn as one image, a pixel's gap between
+    them (a 30-layer, 9-head overview took 6.8-7.0 s as 270 axes, 1.7-1.8 s as one image:
+    benchmarks/results/overview_2026-11-27/).
     """
     layers = [_as_array(a) for a in attentions]
     if not layers or any(a.ndim != 3 for a in layers) or len({a.shape for a in layers}) != 1:
         raise ValueError(f"attentions must be per-layer (H, L, S) arrays of one shape, got shapes {[a.shape for a in layers]}")
     if layer_names is not None and len(layer_names) != len(layers):
         raise ValueError(f"layer_names: expected {len(layers)}, got {len(layer_names)}")
-    H = layers[0].shape[0]
-    size = 1.1 if H > 8 else 1.5
-    fig, axes = subplots(len(layers), H, figsize=(0.6 + size * H, 0.4 + size * len(layers)), squeeze=False)
-    for l, layer in enumerate(layers):
+    H, L, S = layers[0].shape
+    stack = np.stack(layers).astype(np.float64)  # (layers, H, L, S)
+    low = stack.min(axis=(2, 3), keepdims=True)
+    span = stack.max(axis=(2, 3), keepdims=True) - low
+    scaled = (stack - low) / np.where(span > 0, span, 1.0)  # each thumbnail on [0, 1]; a flat one all 0
+    gap = max(1, round(0.06 * max(L, S)))  # the gap between thumbnails, in cells
+    mosaic = np.full((len(layers) * (L + gap) - gap, H * (S + gap) - gap), np.nan)  # NaN: the gaps, left blank
+    for l in range(len(layers)):
         for h in range(H):
-            ax = axes[l, h]
-            ax.imshow(layer[h], cmap="viridis", aspect="auto", interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if l == 0:
-                ax.set_title(f"head {h}", fontsize=8)
-            if h == 0:
-                ax.set_ylabel(layer_names[l] if layer_names else f"layer {l}", fontsize=8)
+            mosaic[l * (L + gap):l * (L + gap) + L, h * (S + gap):h * (S + gap) + S] = scaled[l, h]
+    size = 1.1 if H > 8 else 1.5
+    fig, ax = subplots(1, 1, figsize=(0.6 + size * H, 0.4 + size * len(layers)))
+    from matplotlib import colormaps
+
+    colours = colormaps["viridis"].with_extremes(bad="white")
+    ax.imshow(mosaic, cmap=colours, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    ax.set_xticks([h * (S + gap) + (S - 1) / 2 for h in range(H)], [f"head {h}" for h in range(H)], fontsize=8)
+    ax.set_yticks([l * (L + gap) + (L - 1) / 2 for l in range(len(layers))],
+                  list(layer_names) if layer_names else [f"layer {l}" for l in range(len(layers))], fontsize=8)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
     fig.suptitle(title)
     fig.tight_layout()
     return finish(fig, path)
