@@ -271,8 +271,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
           and causal_align in _masks.ALIGNMENTS):
         direct = _direct_mask(q, dims, mask, is_causal, causal_align, window, backend)
         if direct is not _GENERAL:  # what auto hands SDPA anyway (:func:`.backends.sdpa.masked`), no Problem, no routing
-            if dims.Ev >= dims.E and not torch.compiler.is_compiling() and sdpa.returns_masked_rows_as_zeros(q):
-                # what sdpa.masked would call, as it is (compiled, it fills empty rows: the probe is no graph's)
+            # what sdpa.masked would call, as it is (compiled, it fills empty rows: the probe is no graph's)
+            if (dims.Ev >= dims.E and not torch.compiler.is_compiling()
+                    and sdpa.cpu_returns_masked_rows_as_zeros(q.dtype)):
                 output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale,
                                                         enable_gqa=dims.H != dims.Hkv)
                 return make_output((_nan.masked_output(q, k, v, dims, output), None, None))

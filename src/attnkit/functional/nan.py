@@ -120,18 +120,20 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
 
 
 def masked_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
-    """SDPA's ``output``, as it returned it, of a CPU call under a boolean mask and nothing else (``attention()``'s
-    direct path: a mask, a window or a block mask as its dense mask, where SDPA zeroes a row with no allowed key
-    itself and nothing is filled over it) with the rule. Where PyTorch's CPU kernels are known (AVX2 and AVX-512:
+    """SDPA's ``output``, as it returned it, of an uncompiled CPU call under a boolean mask and nothing else
+    (``attention()``'s direct path: a mask, a window or a block mask as its dense mask, where SDPA zeroes a row with
+    no allowed key itself and nothing is filled over it) with the rule. The caller settled that the rule may look
+    (:func:`looks_first`: the CPU, not compiling). Where PyTorch's CPU kernels are known (AVX2 and AVX-512:
     :func:`plain_look_min_keys`), one look at the output settles the common case: there
     SDPA carries every NaN of q, k or v into a masked call's output at any length, a NaN in a key or value no
     query may attend, and a NaN query in a row with no allowed key, included (its masked scores are NaN + -inf;
     checked at every position, dtype and mask kind in tests/functional/test_per_call.py). The look is one
     reduction and a host read, where the inputs' maxima are three and three (2.4 us against 6.9 of a tiny
-    call's 26.5: benchmarks/results/overhead_ab_2026-11-27_eighth/masked_pieces.txt). Elsewhere the rule reads q, k and v (:func:`applied`)."""
+    call's 26.5: benchmarks/results/overhead_ab_2026-11-27_eighth/masked_pieces.txt). Elsewhere the rule reads q,
+    k and v (:func:`applied`)."""
     if not _on:
         return output
-    if _MIN_KEYS and output.is_cpu and looks_first(q, k, v):
+    if _MIN_KEYS:
         return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
     return applied(q, k, v, dims, output, None, None, None)[0]
 

@@ -173,11 +173,13 @@ def masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | 
     return output
 
 
-def returns_masked_rows_as_zeros(q: Tensor) -> bool:
-    """Whether this PyTorch's SDPA itself gives zeros for a row with no allowed key under a boolean mask, for q's
-    device and dtype: :func:`masked` then returns SDPA's output as it is, filling nothing over it (uncompiled: while
-    compiling it fills, and this probe, which reads a result on the host, must not be traced)."""
-    return _zeroes_masked_rows("cpu" if q.is_cpu else q.device.type, q.dtype, False)
+@functools.cache
+def cpu_returns_masked_rows_as_zeros(dtype: torch.dtype) -> bool:
+    """Whether this PyTorch's CPU SDPA itself gives zeros for a row with no allowed key under a boolean mask, for
+    ``dtype``: :func:`masked` then returns SDPA's output as it is, filling nothing over it (uncompiled: while
+    compiling it fills, and this probe, which reads a result on the host, must not be traced). Kept per dtype:
+    one lookup a call."""
+    return _zeroes_masked_rows("cpu", dtype, False)
 
 
 def _has_empty_rows(mask: Tensor) -> bool:
