@@ -198,7 +198,7 @@ def test_a_gguf_file_is_parsed_once_within_a_load_and_gguf_is_itself_again_after
     writer.write_tensors_to_file()
     writer.close()
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    with pytest.raises(RuntimeError, match="inside"), _gguf_parsed_once():
+    with pytest.raises(RuntimeError, match="inside"), _gguf_parsed_once(), _gguf_parsed_once():  # nested: the same
         first = gguf.GGUFReader(str(path))
         assert gguf.GGUFReader(path) is first and gguf.GGUFReader(str(path), "r") is first
         assert first.tensors[0].name == "token_embd.weight" and first.tensors[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,22 @@ def test_the_overview_is_one_image_each_thumbnail_on_its_own_scale():
     assert mosaic.mask[4].all() and mosaic.mask[:, 5].all()  # the gaps: drawn blank
     assert [t.get_text() for t in ax.get_xticklabels()] == ["head 0", "head 1"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+
+
+def test_the_overviews_nan_cells_are_blank_and_the_rest_keeps_its_scale():
+    w = np.arange(2 * 2 * 3 * 3, dtype=np.float64).reshape(1, 4, 3, 3)[:, :2]  # (1 layer, 2 heads, 3, 3)
+    w = np.concatenate([w, w], axis=1)  # four heads
+    w[0, 1, 0, 0] = np.nan  # one NaN cell
+    w[0, 2] = np.nan  # a head of NaN only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about
+        mosaic = viz.plot_overview(w).figure.axes[0].images[0].get_array()
+    gap = 1
+    head = lambda h: mosaic[:3, h * (3 + gap):h * (3 + gap) + 3]  # noqa: E731
+    assert head(1).mask[0, 0] and not head(1).mask.ravel()[1:].any()
+    np.testing.assert_allclose(head(1).ravel()[1:], (w[0, 1].ravel()[1:] - 10.0) / 7.0)  # its least 10, greatest 17
+    assert head(2).mask.all()
+    np.testing.assert_allclose(head(3), (w[0, 3] - w[0, 3].min()) / np.ptp(w[0, 3]))
 
 
 @pytest.mark.slow  # three grids drawn: about a second

@@ -6,6 +6,7 @@ GGUF file with ``attn_implementation="attnkit"`` (the bridge in :mod:`attnkit.hf
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,29 +125,36 @@ def _gguf_parsed_once() -> Iterator[None]:
     time and builds the name map once per submodule, 395 times for SmolLM2: with the tokenizer's own read, SmolLM2's
     load took 24-26 s on a 2-core machine, 10 s now (benchmarks/results/gguf_load_2026-11-27/). The reader
     and the map are read-only (a memory map, a lookup table), so a shared one gives the same tensors; transformers
-    imports both names from ``gguf`` inside its functions, where the block's stand-ins are found."""
+    imports both names from ``gguf`` inside its functions, where the block's stand-ins are found. One thread at a
+    time runs the block (another waits), so that the module is itself again after the last one."""
     import functools
 
     import gguf
 
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple, Any] = {}
+    with _GGUF_PATCHED:
+        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple, Any] = {}
 
-    def one_reader(path, mode="r"):
-        key = (str(path), mode)
-        if key not in readers:
-            readers[key] = reader(path, mode)
-        return readers[key]
+        def one_reader(path, mode="r"):
+            key = (str(path), mode)
+            if key not in readers:
+                readers[key] = reader(path, mode)
+            return readers[key]
 
-    originals = {"GGUFReader": reader, "get_tensor_name_map": name_map}
-    stand_ins = {"GGUFReader": one_reader, "get_tensor_name_map": functools.lru_cache(maxsize=None)(name_map)}
-    for name, stand_in in stand_ins.items():
-        setattr(gguf, name, stand_in)
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(gguf, name, original)
+        originals = {"GGUFReader": reader, "get_tensor_name_map": name_map}
+        stand_ins = {"GGUFReader": one_reader, "get_tensor_name_map": functools.lru_cache(maxsize=None)(name_map)}
+        for name, stand_in in stand_ins.items():
+            setattr(gguf, name, stand_in)
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(gguf, name, original)
+
+
+_GGUF_PATCHED = threading.RLock()
+"""Held while :func:`_gguf_parsed_once` has the ``gguf`` module's stand-ins in place (re-entrant: a nested block
+keeps the outer one's)."""
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -160,10 +161,12 @@ def plot_overview(
 
     ``attentions`` is (layers, H, L, S), or a list of per-layer (H, L, S) tensors; each thumbnail
     has its own colour scale (its least value darkest, its greatest brightest) so that the pattern
-    (diagonal, stripes, broad) shows. The thumbnails are drawn as one image, a pixel's gap between
-    them (a 30-layer, 9-head overview took 6.8-7.0 s as 270 axes, 1.7-1.8 s as one image:
-    benchmarks/results/overview_2026-11-27/).
+    (diagonal, stripes, broad) shows; NaN cells are left blank. The thumbnails are drawn as one image
+    with blank gaps between them (a 30-layer, 9-head overview took 6.8-7.0 s as 270 axes, 1.7-1.8 s as
+    one image: benchmarks/results/overview_2026-11-27/).
     """
+    from matplotlib import colormaps
+
     layers = [_as_array(a) for a in attentions]
     if not layers or any(a.ndim != 3 for a in layers) or len({a.shape for a in layers}) != 1:
         raise ValueError(f"attentions must be per-layer (H, L, S) arrays of one shape, got shapes {[a.shape for a in layers]}")
@@ -171,8 +174,10 @@ def plot_overview(
         raise ValueError(f"layer_names: expected {len(layers)}, got {len(layer_names)}")
     H, L, S = layers[0].shape
     stack = np.stack(layers).astype(np.float64)  # (layers, H, L, S)
-    low = stack.min(axis=(2, 3), keepdims=True)
-    span = stack.max(axis=(2, 3), keepdims=True) - low
+    with warnings.catch_warnings():  # a thumbnail of NaN only: its least and greatest are NaN, and it stays blank
+        warnings.simplefilter("ignore", RuntimeWarning)
+        low = np.nanmin(stack, axis=(2, 3), keepdims=True)
+        span = np.nanmax(stack, axis=(2, 3), keepdims=True) - low
     scaled = (stack - low) / np.where(span > 0, span, 1.0)  # each thumbnail on [0, 1]; a flat one all 0
     gap = max(1, round(0.06 * max(L, S)))  # the gap between thumbnails, in cells
     mosaic = np.full((len(layers) * (L + gap) - gap, H * (S + gap) - gap), np.nan)  # NaN: the gaps, left blank
@@ -181,8 +186,6 @@ def plot_overview(
             mosaic[l * (L + gap):l * (L + gap) + L, h * (S + gap):h * (S + gap) + S] = scaled[l, h]
     size = 1.1 if H > 8 else 1.5
     fig, ax = subplots(1, 1, figsize=(0.6 + size * H, 0.4 + size * len(layers)))
-    from matplotlib import colormaps
-
     colours = colormaps["viridis"].with_extremes(bad="white")
     ax.imshow(mosaic, cmap=colours, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     ax.set_xticks([h * (S + gap) + (S - 1) / 2 for h in range(H)], [f"head {h}" for h in range(H)], fontsize=8)
