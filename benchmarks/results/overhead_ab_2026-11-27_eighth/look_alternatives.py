@@ -8,28 +8,16 @@ per-tensor check, ``is_set_to``, against a ``data_ptr`` comparison.
 """
 
 import math
-import random
-import time
 
 import torch
 import torch.nn.functional as F
+from _shuffled import best_us
 
 torch.set_num_threads(1)
 generator = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, 4, 16, 32, generator=generator) for _ in range(3))
 output = F.scaled_dot_product_attention(q, k, v)
 DOT_DTYPES = (torch.float32, torch.float64)
-
-
-def best_us(functions: dict, calls: int = 5000, rounds: int = 40) -> dict:
-    best = dict.fromkeys(functions, math.inf)
-    for _ in range(rounds):
-        for name, function in random.sample(list(functions.items()), len(functions)):
-            start = time.perf_counter()
-            for _ in range(calls):
-                function()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
-    return best
 
 
 def numpy_dot() -> bool:
@@ -57,5 +45,5 @@ looks = {
     "packed check: weight.is_set_to(part)": lambda: projection.is_set_to(part),
     "weight.data_ptr() == part.data_ptr()": lambda: projection.data_ptr() == part.data_ptr(),
 }
-for name, us in best_us(looks).items():
+for name, us in best_us(looks, calls=5000).items():
     print(f"{name:42s} {us:6.2f} us")

@@ -5,11 +5,10 @@ the pieces attention() runs, each timed alone, in random order, best of 40 round
 """
 
 import math
-import random
-import time
 
 import torch
 import torch.nn.functional as F
+from _shuffled import best_us
 
 import attnkit
 from attnkit import masks
@@ -25,17 +24,6 @@ dims = check_qkv(q, k, v)
 output = F.scaled_dot_product_attention(q, k, v, attn_mask=padding)
 
 
-def best_us(functions: dict, calls: int = 4000, rounds: int = 40) -> dict:
-    best = dict.fromkeys(functions, math.inf)
-    for _ in range(rounds):
-        for name, function in random.sample(list(functions.items()), len(functions)):
-            start = time.perf_counter()
-            for _ in range(calls):
-                function()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
-    return best
-
-
 pieces = {
     "F.sdpa with the mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=padding),
     "attnkit.attention": lambda: attnkit.attention(q, k, v, mask=padding),
@@ -45,5 +33,5 @@ pieces = {
     "q, k and v read: nan.poisoned_rows": lambda: nan.poisoned_rows(q, k, v, dims),
     "torch._foreach_max([q, k, v])": lambda: torch._foreach_max([q, k, v]),
 }
-for name, us in best_us(pieces).items():
+for name, us in best_us(pieces, calls=4000).items():
     print(f"{name:40s} {us:6.2f} us")
