@@ -122,6 +122,9 @@ def test_bad_inputs_name_what_is_wrong(tmp_path):
         viz.plot_heatmap(np.ones((40, 40)), tmp_path / "x.png", annotate=True)
     with pytest.raises(ValueError, match="per-layer"):
         viz.plot_overview([np.ones((2, 3, 3)), np.ones((2, 4, 4))], tmp_path / "x.png")
+    for empty in ((1, 2, 0, 3), (1, 0, 3, 3), (1, 2, 3, 0)):
+        with pytest.raises(ValueError, match=r"at least one head, query and key.*\(H, L, S\)"):
+            viz.plot_overview(np.zeros(empty))
     with pytest.raises(ValueError, match="layers, heads"):
         viz.plot_head_values({"a": np.ones((2, 3)), "b": np.ones((3, 3))}, tmp_path / "x.png")
     assert not list(tmp_path.iterdir())  # nothing half-written

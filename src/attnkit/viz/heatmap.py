@@ -173,6 +173,8 @@ def plot_overview(
     if layer_names is not None and len(layer_names) != len(layers):
         raise ValueError(f"layer_names: expected {len(layers)}, got {len(layer_names)}")
     H, L, S = layers[0].shape
+    if not (H and L and S):
+        raise ValueError(f"attentions must have at least one head, query and key to draw, got (H, L, S) = {(H, L, S)}")
     stack = np.stack(layers).astype(np.float64)  # (layers, H, L, S)
     with warnings.catch_warnings():  # a thumbnail of NaN only: its least and greatest are NaN, and it stays blank
         warnings.simplefilter("ignore", RuntimeWarning)
