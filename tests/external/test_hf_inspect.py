@@ -175,6 +175,16 @@ def test_coreference_on_a_gguf_decoder_is_refused_before_its_load(tmp_path, monk
     assert "the word that decides the referent comes after the pronoun" in capsys.readouterr().err
 
 
+def test_an_unreadable_gguf_file_is_named_and_gguf_is_itself_again(tmp_path, capsys):
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader
+    model = tmp_path / "broken.gguf"
+    model.write_bytes(b"GGUF" + bytes(20))
+    assert main(["inspect", "--model", str(model), "a text"]) == 2
+    assert f"{model}: not a readable GGUF file" in capsys.readouterr().err
+    assert gguf.GGUFReader is reader
+
+
 def test_coreference_on_a_decoder_folder_is_refused_with_the_reason(tmp_path, capsys):
     folder = tmp_path / "llama"
     config = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=1,

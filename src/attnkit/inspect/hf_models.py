@@ -93,22 +93,21 @@ def load_gguf_for_inspection(path) -> tuple[InspectedModel, object, str]:
     ``attn_implementation="attnkit"``; the tokenizer is attnkit's, rebuilt from the GGUF vocabulary."""
     from pathlib import Path
 
-    import gguf
     import transformers
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from ..models.gguf import gguf_tokenizer
+    from ..models.gguf import gguf_tokenizer, read_gguf
 
     path = Path(path)
     register()
     with _gguf_parsed_once():
+        reader = read_gguf(path)  # first: a missing or unreadable file named; transformers' reads then reuse it
         meta = load_gguf_checkpoint(str(path))
         config = transformers.LlamaConfig(**meta["config"])
         model = transformers.LlamaModel._from_config(config, attn_implementation=IMPLEMENTATION).eval()
         tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
         model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"},
                               strict=True)
-        reader = gguf.GGUFReader(str(path))
 
     def field(name: str, default=None):
         value = reader.fields.get(name)

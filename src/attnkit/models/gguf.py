@@ -32,22 +32,28 @@ _GGUF_NAMES: dict[str, str] = {
 }
 
 
-def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, progress: bool = False):
-    """(DecoderLM, tokenizers.Tokenizer, Hugging Face-named state dict) from a Llama-architecture
-    GGUF file; quantised tensors are dequantised with the ``gguf`` package."""
+def read_gguf(path: str | os.PathLike):
+    """The ``gguf`` package's reader of the GGUF file at ``path``: FileNotFoundError where there is no such file,
+    InputError naming the file where the package cannot read it."""
     try:
         import gguf
     except ImportError as error:
         raise ImportError("reading GGUF files needs the gguf package: pip install 'attnkit[models]'") from error
-    import numpy as np
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     try:
-        reader = gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except Exception as error:  # the gguf package raises ValueError, struct.error, IndexError... on a bad file
         raise InputError(f"{path}: not a readable GGUF file ({type(error).__name__}: {error})") from error
+
+
+def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, progress: bool = False):
+    """(DecoderLM, tokenizers.Tokenizer, Hugging Face-named state dict) from a Llama-architecture
+    GGUF file; quantised tensors are dequantised with the ``gguf`` package."""
+    reader = read_gguf(path)
+    import gguf
+    import numpy as np
 
     def field(name: str, default=None):
         value = reader.fields.get(name)
