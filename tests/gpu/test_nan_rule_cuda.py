@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
 from attnkit import masks
-from attnkit.functional import nan
+from attnkit.functional import nan, nan_kernel
 
 CUDA = "cuda"
 KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
@@ -83,11 +83,15 @@ CALLS = {  # name: (B, H, Hkv, L, S, keyword arguments given S)
 }
 
 
-@pytest.mark.parametrize("looks", [True, False], ids=["looks-first", "kernels"])
+@pytest.mark.parametrize("way", ["looks-first", "one kernel", "seven kernels"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", list(CALLS))
-def test_attention_on_cuda_poisons_exactly_the_rules_rows(name, dtype, looks, monkeypatch):
-    monkeypatch.setattr(nan, "DEVICE_LOOK_MIN_BYTES", 0 if looks else math.inf)
+def test_attention_on_cuda_poisons_exactly_the_rules_rows(name, dtype, way, monkeypatch):
+    monkeypatch.setattr(nan, "DEVICE_LOOK_MIN_BYTES", 0 if way == "looks-first" else math.inf)
+    if way == "seven kernels":
+        monkeypatch.setattr(nan_kernel, "applies", lambda *args: False)
+    elif way == "one kernel":
+        pytest.importorskip("triton", reason="the one kernel is Triton's")
     B, H, Hkv, L, S, kwargs = CALLS[name]
     generator = torch.Generator(device=CUDA).manual_seed(3)
     clean = [torch.randn(B, n, m, 64, device=CUDA, dtype=dtype, generator=generator) for n, m in ((H, L), (Hkv, S), (Hkv, S))]
@@ -101,6 +105,24 @@ def test_attention_on_cuda_poisons_exactly_the_rules_rows(name, dtype, looks, mo
             got = out.isnan().any(-1).cpu()
             assert torch.equal(got, _expected(where, index, B, H, Hkv, L)), (where, index)
             assert out[got].isnan().all(), "a poisoned row is NaN throughout"
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "padding"])
+@pytest.mark.parametrize("causal", [False, True], ids=["dense", "causal"])
+def test_below_the_threshold_one_kernel_stands_for_seven(causal, masked):
+    """A tiny call's rule is one Triton kernel (nan_kernel): no isnan or where runs, and it poisons the rule's row;
+    under autograd the seven kernels run (their where gives the poisoned rows a zero gradient)."""
+    pytest.importorskip("triton", reason="the one kernel is Triton's")
+    kwargs = {"is_causal": causal, **({"mask": masks.padding(torch.tensor([9], device=CUDA), 16)} if masked else {})}
+    q, k, v = (torch.randn(1, 4, 16, 32, device=CUDA) for _ in range(3))
+    ran = _ops(lambda: attnkit.attention(q, k, v, **kwargs))
+    assert "aten::isnan" not in ran and "aten::where" not in ran, sorted(set(ran))
+    q[0, 2, 3, 1] = math.nan
+    rows = attnkit.attention(q, k, v, **kwargs).output.isnan().any(-1)
+    assert rows[0, 2, 3] and rows.sum() == 1
+    v.requires_grad_(True)
+    ran = _ops(lambda: attnkit.attention(q, k, v, **kwargs))
+    assert "aten::where" in ran, sorted(set(ran))
 
 
 BIG = (1, 16, 4096, 128)  # bf16: 16 MiB each, 48 MiB of q, k and v

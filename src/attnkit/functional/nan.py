@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import nan_kernel
 from .checks import Dims
 
 _on = True
@@ -144,6 +145,9 @@ def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -
     L >= S) and S >= plain_look_min_keys(dtype), SDPA's CPU kernels carry any NaN of q, k or v into the output
     (checked over dtypes, shapes and positions: tests/functional/test_per_call.py), and so do its CUDA kernels from
     PLAIN_LOOK_MIN_KEYS keys (tests/gpu/test_nan_rule_cuda.py), so that one look settles the common case."""
+    if output.is_cuda and nan_kernel.applies(q, k, v, dims, output):
+        nan_kernel.launch(q, k, v, dims, output)  # one kernel for the seven below (nan_kernel)
+        return output
     poisoned = poisoned_rows(q, k, v, dims)
     return output if poisoned is None else torch.where(poisoned, math.nan, output)
 
@@ -153,7 +157,13 @@ def applied(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, lse: Te
     """``output`` (B, H, L, Ev), ``lse`` (B, H, L) and ``weights`` (of query ``heads``) with the rows the rule
     poisons set to NaN, when the rule is on: what :func:`attnkit.attention` and
     :func:`attnkit.functional.topk.topk_attention` do after any backend."""
-    poisoned = poisoned_rows(q, k, v, dims) if _on else None
+    if not _on:
+        return output, lse, weights
+    if (lse is None and weights is None and output.is_cuda and not looks_first(q, k, v)
+            and nan_kernel.applies(q, k, v, dims, output)):
+        nan_kernel.launch(q, k, v, dims, output)  # one kernel for the seven below (nan_kernel)
+        return output, lse, weights
+    poisoned = poisoned_rows(q, k, v, dims)
     if poisoned is None:
         return output, lse, weights
     output = torch.where(poisoned, math.nan, output)  # where(): one kernel (masked_fill is a copy and a fill)

@@ -1,0 +1,110 @@
+"""The NaN rule on CUDA as one Triton kernel, where the rule does not look first (:func:`.nan.looks_first`).
+
+Without a look, :func:`.nan.poisoned_rows` and a ``where`` cost seven kernel launches a call: three maxima over q, k
+and v, two ``maximum``, an ``isnan`` and the ``where`` that rewrites the output. For a tiny call, a decoding step
+among them, the launches are the call: on an H200 (torch 2.11) they made a 16 us SDPA call 112 us
+(benchmarks/results/gpu/2026-11-27_ninth/). Here one program per (batch, query head) reads that head's query rows
+and its key/value head's keys and values once, and writes NaN over the output rows the rule poisons, in place; where
+nothing is poisoned (the common case) it writes nothing. It is the same rule, row for row (tests/gpu/
+test_nan_rule_cuda.py on the GPU; tests/functional/test_nan_kernel.py through Triton's interpreter on the CPU).
+
+It runs only where writing in place is safe and the result is the same as the seven kernels': no autograd graph to
+keep (the ``where`` gives the poisoned rows a zero gradient), not compiling (a Triton call is no graph node here),
+the output a tensor of its own (no storage shared with q, k or v; contiguous in (B, H, L, Ev) or (B, L, H, Ev)
+order), every last dimension contiguous, head sizes up
+to :data:`MAX_HEAD_DIM`, on the current CUDA device, and Triton importable. Elsewhere the caller runs the seven
+kernels, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from .checks import Dims
+
+MAX_HEAD_DIM = 512
+"""Widest head (E or Ev) the kernel takes: it holds a block of rows by the whole head, rounded up to a power of two."""
+
+
+@functools.cache
+def _kernel():
+    """The jitted kernel, or None where Triton cannot be imported (CPU-only PyTorch builds ship without it)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit(do_not_specialize=["L", "S"])
+    def poison_rows(q, k, v, out, H, G, L, S, E, EV,
+                    sqb, sqh, sql, skb, skh, sks, svb, svh, svs, sob, soh, sol,
+                    ROWS: tl.constexpr, BE: tl.constexpr, BEV: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)
+        b = pid // H
+        h = pid % H
+        hk = h // G  # query head h reads key/value head h // G: the groups are consecutive
+        rows = tl.arange(0, ROWS)
+        ce = tl.arange(0, BE)
+        cev = tl.arange(0, BEV)
+        # any NaN in the keys or values of (b, hk) poisons every row of the query heads that read them
+        kv_nan = tl.zeros([ROWS], dtype=tl.int32)
+        k_at = k + b * skb + hk * skh
+        v_at = v + b * svb + hk * svh
+        for s0 in range(0, S, ROWS):
+            r = s0 + rows
+            x = tl.load(k_at + r[:, None] * sks + ce[None, :], mask=(r[:, None] < S) & (ce[None, :] < E),
+                        other=0.0).to(tl.float32)
+            kv_nan = kv_nan | tl.max((x != x).to(tl.int32), axis=1)
+            y = tl.load(v_at + r[:, None] * svs + cev[None, :], mask=(r[:, None] < S) & (cev[None, :] < EV),
+                        other=0.0).to(tl.float32)
+            kv_nan = kv_nan | tl.max((y != y).to(tl.int32), axis=1)
+        any_kv = tl.max(kv_nan, axis=0)
+        q_at = q + b * sqb + h * sqh
+        o_at = out + b * sob + h * soh
+        zero = tl.zeros([ROWS, BEV], dtype=tl.float32)
+        nan = (zero / zero).to(out.dtype.element_ty)
+        for l0 in range(0, L, ROWS):
+            r = l0 + rows
+            x = tl.load(q_at + r[:, None] * sql + ce[None, :], mask=(r[:, None] < L) & (ce[None, :] < E),
+                        other=0.0).to(tl.float32)
+            bad = (tl.max((x != x).to(tl.int32), axis=1) | any_kv) != 0
+            tl.store(o_at + r[:, None] * sol + cev[None, :], nan,
+                     mask=bad[:, None] & (r[:, None] < L) & (cev[None, :] < EV))
+
+    return poison_rows
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def launch(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> None:
+    """Write NaN over the rows of ``output`` (B, H, L, Ev) that the NaN rule poisons, in place, in one kernel.
+    The caller settled :func:`applies` (tests call it directly, on the CPU through Triton's interpreter)."""
+    kernel = _kernel()
+    assert kernel is not None
+    be, bev = _pow2(dims.E), _pow2(dims.Ev)
+    rows = max(4, min(64, 4096 // max(be, bev)))
+    kernel[(dims.B * dims.H,)](
+        q, k, v, output, dims.H, dims.groups, dims.L, dims.S, dims.E, dims.Ev,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), output.stride(0), output.stride(1), output.stride(2),
+        ROWS=rows, BE=be, BEV=bev)
+
+
+def applies(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool:
+    """Whether :func:`launch` may stand for the seven kernels on this CUDA call (the module's conditions)."""
+    if (not 0 < dims.E <= MAX_HEAD_DIM or not 0 < dims.Ev <= MAX_HEAD_DIM or not dims.L or not dims.B or not dims.H
+            or torch.compiler.is_compiling() or (output.requires_grad and torch.is_grad_enabled())):
+        return False
+    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+        return False
+    if not (output.is_contiguous() or output.transpose(1, 2).is_contiguous()):  # SDPA's two layouts: no row aliased
+        return False
+    storage = output.untyped_storage().data_ptr()
+    if storage in (q.untyped_storage().data_ptr(), k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()):
+        return False
+    return output.get_device() == torch.cuda.current_device() and _kernel() is not None
