@@ -403,3 +403,15 @@ def test_a_padded_self_attention_call_gives_the_rules_rows_through_its_packed_pr
     assert layer._packed_qkv is not None
     torch.testing.assert_close(packed, unpacked, rtol=1e-12, atol=1e-12, equal_nan=True)
     assert packed[1].isnan().all() and not packed[0].isnan().any()
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal", "padding", "window"])
+def test_the_one_look_takes_an_empty_batch(kind):
+    """The look reads a maximum of the output, which an empty one has not (amax raised on AVX2 machines, where a
+    6-key float64 call is long enough to look; 64 keys here reach it on AVX-512 too): a batch of 0 gives torch's
+    empty result."""
+    q, k, v = (torch.randn(0, 2, n, 16, dtype=torch.float64) for n in (8, 64, 64))
+    kwargs = {"plain": {}, "causal": {"is_causal": True, "causal_align": "bottom-right"},
+              "padding": {"mask": torch.ones(0, 1, 1, 64, dtype=torch.bool)}, "window": {"window": 4}}[kind]
+    out = attnkit.attention(q, k, v, **kwargs).output
+    assert out.shape == (0, 2, 8, 16)

@@ -111,7 +111,7 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
     common case where the rule looks first (:func:`looks_first`; otherwise :func:`with_nan_rows`)."""
     if not _on:
         return output
-    if ((not causal or dims.L >= dims.S) and dims.Ev
+    if ((not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H  # an empty output has no maximum
             and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)
             and looks_first(q, k, v)):
         # amax, not Tensor.max(): max() is 0.2 us faster on a contiguous output but 1.3 us slower on the transposed
@@ -134,7 +134,7 @@ def masked_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -
     k and v (:func:`applied`)."""
     if not _on:
         return output
-    if _MIN_KEYS:
+    if _MIN_KEYS and dims.B and dims.H:  # an empty output has no maximum (and no row to poison)
         return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
     return applied(q, k, v, dims, output, None, None, None)[0]
 
