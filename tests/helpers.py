@@ -53,6 +53,16 @@ def assert_close(actual: torch.Tensor, expected, dtype: torch.dtype, what: str =
     )
 
 
+def assert_same_numbers(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bit for bit where PyTorch's CPU kernels run AVX-512; within float64 rounding through a model (rtol 1e-12,
+    atol 1e-14) under AVX2 and elsewhere, where a matmul of a packed weight and the matmuls of its parts, or an
+    elementwise kernel over a joint tensor and over its halves, were seen to part by an ulp (a MiniMax model's
+    logits through its packed q, k and v projections: 7.2e-15; the joint rotation: 1.1e-16). For the tests that
+    claim one path's numbers for another's."""
+    exact = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    torch.testing.assert_close(actual, expected, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-14)
+
+
 def randn(*shape, dtype=torch.float32, generator=None, requires_grad=False):
     x = torch.randn(*shape, dtype=torch.float64, generator=generator).to(dtype)
     return x.requires_grad_(requires_grad)

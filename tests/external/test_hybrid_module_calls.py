@@ -1,6 +1,6 @@
 """The hybrids' submodules (blocks, token mixers, their projections and norms, the mixtures, the final norm and head)
 are called without ``nn.Module.__call__`` where that call would add nothing (``called``, ``normalised``,
-``project_by_name``), as DecoderLM's are (tests/models/test_module_calls.py): the same numbers bit for bit, and a
+``project_by_name``), as DecoderLM's are (tests/models/test_module_calls.py): the same numbers (bit for bit on AVX-512: helpers.assert_same_numbers), and a
 hook on any of them still runs and its result is used. Tiny Qwen3-Next, Qwen3.5, Kimi Linear and MiniMax-01 models
 saved by transformers (``hybrid_checks.tiny_config``), loaded by attnkit's one loader, in float64."""
 
@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 
+from helpers import assert_same_numbers  # noqa: E402
 from hybrid_checks import LAYER_TYPES, ids, saved_checkpoint, tiny_config  # noqa: E402
 
 # a submodule of each kind, by its path in attnkit's model (layer 1 is a linear layer in every family)
@@ -65,7 +66,7 @@ def test_the_same_numbers_without_the_module_calls(model):
         slow = _decoded(ours, tokens)
     finally:
         handle.remove()
-    torch.testing.assert_close(fast, slow, rtol=0, atol=0)
+    assert_same_numbers(fast, slow)  # a hook on a projection unpacks q, k and v: an ulp apart under AVX2
 
 
 def test_a_hook_on_any_submodule_still_runs_and_its_result_is_used(model):

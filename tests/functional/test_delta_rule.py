@@ -135,8 +135,16 @@ def test_equal_to_qwen3_nexts_own_torch_functions_in_float32(way, normalise, rng
                               use_qk_l2norm_in_kernel=normalise)
     got = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm=normalise,
                            chunk_size=1 if way == "recurrent" else 64)
-    torch.testing.assert_close(got.output, t(want), rtol=2e-4, atol=2e-4)
-    torch.testing.assert_close(got.final_state, want_state, rtol=2e-4, atol=2e-4)
+    # Unnormalised keys leave the chunked form's triangular solve ill-conditioned: there two float32 computations
+    # of it part by up to 3e-4 of an output's size (2.5e-4 seen on an AVX2 CPU, under 2e-4 on AVX-512), so each is
+    # also held to the float64 oracle, ours no further from it than twice transformers' own float32 result
+    loose = way == "chunk" and not normalise
+    torch.testing.assert_close(got.output, t(want), rtol=5e-4 if loose else 2e-4, atol=2e-4)
+    torch.testing.assert_close(got.final_state, want_state, rtol=5e-4 if loose else 2e-4, atol=2e-4)
+    oracle, oracle_state = _oracle(q, k, v, g, beta, state=state, normalise=normalise)
+    for ours, theirs, exact in ((got.output, t(want), oracle), (got.final_state, want_state, oracle_state)):
+        ours_off, theirs_off = (np.abs(x.double().numpy() - exact).max() for x in (ours, theirs))
+        assert ours_off <= max(2 * theirs_off, 1e-5), (ours_off, theirs_off)
 
 
 @pytest.mark.parametrize("way", ["recurrent", "chunk"])
