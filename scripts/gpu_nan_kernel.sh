@@ -20,11 +20,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=src:$SITE
 record_machine
+# TESTS=tests/gpu/test_nan_rule_cuda.py runs only the rule's tests, first (a change to the launch alone: its ninth
+# session's second look, at Triton's kept-kernel launch, nan_kernel.FAST_LAUNCH)
+TESTS=${TESTS:-}
+if [ -n "$TESTS" ]; then
+    step 90 "0 $TESTS" python3 -m pytest "$TESTS" -q -n 8 -p no:cacheprovider
+fi
 for round in 1 2; do
     step 50 "1 overhead before, round $round" env PYTHONPATH=ab_base/src:$SITE python3 benchmarks/overhead.py \
         --device cuda --calls 200 --rounds 3 --out "$OUT/overhead_before_$round.json"
     step 50 "1 overhead after, round $round" python3 benchmarks/overhead.py --device cuda --calls 200 --rounds 3 \
         --out "$OUT/overhead_after_$round.json"
 done
-step 200 "2 tests/gpu" python3 -m pytest tests/gpu -q -n 8 --maxfail 20 -p no:cacheprovider
+if [ -z "$TESTS" ]; then
+    step 200 "2 tests/gpu" python3 -m pytest tests/gpu -q -n 8 --maxfail 20 -p no:cacheprovider
+fi
 grep -E "passed|failed|^(dense|causal|decode|MultiHead|DecoderLM|padding|window|BlockMask|prefill|score|sinks)|^=== " "$LOG" | head -80

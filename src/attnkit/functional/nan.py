@@ -26,9 +26,10 @@ def nan_rule(enabled: bool):
 
     The rule (docs/semantics.md) makes NaN propagate the same way in every backend. Where it looks
     first (:func:`looks_first`: the CPU, and CUDA calls of at least :data:`DEVICE_LOOK_MIN_BYTES`) it
-    reads a plain call's output or q, k and v once and waits for the device; elsewhere it runs seven
-    kernels a call that read q, k and v and rewrite the output, whose cost shows where the attention
-    itself is short (docs/performance.md).
+    reads a plain call's output or q, k and v once and waits for the device; elsewhere on CUDA it launches one
+    Triton kernel that reads q, k and v and writes NaN over the poisoned rows (:mod:`.nan_kernel`), or, where that
+    kernel does not apply, seven kernels that rewrite the output; their cost shows where the attention itself is
+    short (docs/performance.md).
     ``nan_rule(False)`` skips it: NaN then spreads as each backend's kernel lets it (a NaN in a
     masked key, for instance, may change nothing). The setting is global (every thread), restored
     on exit, and read at trace time by ``torch.compile`` (a change recompiles)."""
@@ -81,7 +82,8 @@ def plain_look_min_keys(dtype: torch.dtype) -> int:
 DEVICE_LOOK_MIN_BYTES: float = 32 * 2**20
 """On CUDA, from this many bytes of q, k and v together, the rule looks before it acts, as it does on the CPU
 (:func:`looks_first`): one look at a plain call's output, or the three whole-tensor maxima of q, k and v, and one
-wait for the device, instead of seven kernels that find each poisoned row and rewrite the output. On an H200 the
+wait for the device, instead of the kernels that find each poisoned row and rewrite the output (one Triton kernel,
+:mod:`.nan_kernel`, where it applies; seven otherwise; the 2026-11-27 figures below were measured against the seven). On an H200 the
 look measured faster at every size tried, 12 to 768 MiB of bf16 q, k and v (at 768 MiB a causal call 3.02 ->
 2.15 ms beside SDPA's 2.05 ms; benchmarks/results/gpu/2026-11-27/). From 32 MiB on, the kernels' own device time
 (reading q, k and v, rewriting the output: tens of microseconds and more) is at least the idle gap a wait leaves,

@@ -19,6 +19,7 @@ kernels, as before.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,6 +28,26 @@ from .checks import Dims
 
 MAX_HEAD_DIM = 512
 """Widest head (E or Ev) the kernel takes: it holds a block of rows by the whole head, rounded up to a power of two."""
+
+
+_INTS = ("H", "G", "L", "S", "E", "EV", "sqb", "sqh", "sql", "skb", "skh", "sks", "svb", "svh", "svs", "sob", "soh", "sol")
+"""The kernel's integer arguments, in order after its four pointers."""
+
+FAST_LAUNCH = True
+"""Launch a kept compiled kernel (Triton's ``CompiledKernel[grid](...)``) instead of calling the jitted function,
+whose ``run`` binds and specialises every argument and builds a cache key on each call (Triton 3.6, measured: the
+one kernel's launch was 30-35 us of host time on an H200's host beside SDPA's 14-15 us,
+benchmarks/results/gpu/2026-11-27_ninth/). Used with Triton 3.6, the version it was written against; other versions,
+and ``FAST_LAUNCH = False``, call the jitted function."""
+
+_COMPILED: dict[tuple, Any] = {}
+"""Compiled kernels by (dtypes of q, k, v and the output, block sizes, device index), for :data:`FAST_LAUNCH`."""
+
+
+@functools.cache
+def _fast_launch_known() -> bool:
+    import triton
+    return triton.__version__.startswith("3.6.")
 
 
 @functools.cache
@@ -38,7 +59,9 @@ def _kernel():
     except ImportError:
         return None
 
-    @triton.jit(do_not_specialize=["L", "S"])
+    # nothing specialised on values or alignment: one compiled kernel per dtypes and block sizes serves every call,
+    # so that launch() can keep it and skip Triton's per-call binding (_COMPILED)
+    @triton.jit(do_not_specialize=list(_INTS), do_not_specialize_on_alignment=["q", "k", "v", "out"])
     def poison_rows(q, k, v, out, H, G, L, S, E, EV,
                     sqb, sqh, sql, skb, skh, sks, svb, svh, svs, sob, soh, sol,
                     ROWS: tl.constexpr, BE: tl.constexpr, BEV: tl.constexpr):
@@ -88,11 +111,20 @@ def launch(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> None:
     assert kernel is not None
     be, bev = _pow2(dims.E), _pow2(dims.Ev)
     rows = max(4, min(64, 4096 // max(be, bev)))
-    kernel[(dims.B * dims.H,)](
-        q, k, v, output, dims.H, dims.groups, dims.L, dims.S, dims.E, dims.Ev,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), output.stride(0), output.stride(1), output.stride(2),
-        ROWS=rows, BE=be, BEV=bev)
+    ints = (dims.H, dims.groups, dims.L, dims.S, dims.E, dims.Ev,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), output.stride(0), output.stride(1), output.stride(2))
+    grid = (dims.B * dims.H, 1, 1)
+    # a kept kernel takes 32-bit integers: Triton types a larger one as 64-bit, another compiled kernel
+    fast = FAST_LAUNCH and output.is_cuda and max(ints) < 2**31 and _fast_launch_known()
+    key = (q.dtype, k.dtype, v.dtype, output.dtype, rows, be, bev, output.device.index)
+    compiled = _COMPILED.get(key) if fast else None
+    if compiled is not None:
+        compiled[grid](q, k, v, output, *ints, rows, be, bev)  # the launcher takes the constexprs too, and skips them
+        return
+    compiled = kernel[grid](q, k, v, output, *ints, ROWS=rows, BE=be, BEV=bev)
+    if fast:
+        _COMPILED[key] = compiled
 
 
 def applies(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool:
