@@ -4,7 +4,7 @@
 #      src under ab_base/, git-ignored, carried) and this tree's, twice each: the per-call cases on CUDA;
 #   2. tests/gpu (8 workers), the kernel's own tests among them, with Captum and num2words from wheels under .whl/
 #      (carried; the device's image lacks them: the first run's four failures were those imports).
-# At most eight files come back: log.txt and the four overhead JSON files. About 4 minutes:
+# At most eight files come back: log.txt and the four overhead JSON files. About 4 minutes (2.5 with TESTS=...):
 #
 #   rm -rf ab_base && mkdir ab_base && git archive HEAD~1 src | tar -x -C ab_base   # the code before
 #   ATTNKIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_nan_kernel.sh     # carry: ab_base, .whl
