@@ -90,7 +90,10 @@ look measured faster at every size tried, 12 to 768 MiB of bf16 q, k and v (at 7
 so a program whose GPU, not its host, is the bottleneck should not lose either. Below it the look saves host time
 where the host is the bottleneck (measured with 0: a tiny decoding call 102 -> 45 us, ``generate`` at batch 1
 51 -> 65 tokens/s, at batch 16 the same within noise), but its wait can idle a busy GPU, which was not measured:
-set 0 for host-bound work such as decoding at small batches, ``math.inf`` to keep every call free of waits.
+set 0 for host-bound work such as decoding at small batches, ``math.inf`` to keep every call free of waits. (Those
+figures were taken against the seven kernels. Below the threshold the rule is now one Triton kernel where it applies
+(:mod:`.nan_kernel`): 34.5-36.8 us for that tiny decoding call without a wait, so the advice to set 0 is unverified
+since; benchmarks/results/gpu/2026-11-27_ninth/.)
 Compiling, CUDA-graph capture and ``torch.cuda.set_sync_debug_mode`` never look."""
 
 
