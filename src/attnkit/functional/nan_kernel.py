@@ -14,6 +14,15 @@ the output a tensor of its own (no storage shared with q, k or v; contiguous in 
 order), every last dimension contiguous, head sizes up
 to :data:`MAX_HEAD_DIM`, on the current CUDA device, and Triton importable. Elsewhere the caller runs the seven
 kernels, as before.
+
+Unmeasured: the kernel's device time at the larger sizes it takes (up to the look's 32 MiB). One program per
+(batch, head) reads its head's rows one block after another, so a call of few heads and long sequences keeps few
+SMs busy, where the seven kernels spread over the GPU. Only tiny calls were timed: there the host decides. A
+design that needs no GPU-wide barrier, and that a lent GPU can check, has these steps:
+- a grid over (batch, head, row block);
+- each program writes NaN over its own poisoned query rows;
+- the first head of a group scans its block of keys and values. Where it finds a NaN, it writes NaN over every row
+  of the group's heads. Every write is a NaN, so the order does not matter.
 """
 
 from __future__ import annotations
