@@ -80,6 +80,8 @@ def test_kernel_stays_off_where_writing_in_place_would_not_be_the_rule():
     out = torch.randn(1, 2, 4, 8)
     assert not nan_kernel.applies(q, k, v, Dims(1, 2, 2, 4, 4, nan_kernel.MAX_HEAD_DIM + 1, 8), out)  # too wide
     assert not nan_kernel.applies(q, k, v, Dims(1, 2, 2, 0, 4, 8, 8), out[:, :, :0])  # no query rows
+    long = Dims(1, 2, 2, 4, nan_kernel.PROGRAM_MAX_BYTES // (16 * 4) + 1, 8, 8)  # one program would read over 1 MiB
+    assert not nan_kernel.applies(q, k, v, long, out)
     assert not nan_kernel.applies(q.transpose(2, 3), k, v, dims, out)  # a head not contiguous
     assert not nan_kernel.applies(q, k, v, dims, torch.randn(1, 2, 1, 8).expand(1, 2, 4, 8))  # aliased rows
     assert not nan_kernel.applies(q, k, v, dims, v[:, :, :, :])  # the output is the values' storage

@@ -15,9 +15,10 @@ order), every last dimension contiguous, head sizes up
 to :data:`MAX_HEAD_DIM`, on the current CUDA device, and Triton importable. Elsewhere the caller runs the seven
 kernels, as before.
 
-Unmeasured: the kernel's device time at the larger sizes it takes (up to the look's 32 MiB). One program per
-(batch, head) reads its head's rows one block after another, so a call of few heads and long sequences keeps few
-SMs busy, where the seven kernels spread over the GPU. Only tiny calls were timed: there the host decides. A
+Unmeasured: the kernel's device time at the larger sizes it takes. One program per (batch, head) reads its head's
+rows one block after another, so a call of few heads and long sequences keeps few SMs busy, where the seven kernels
+spread over the GPU. Only tiny calls were timed: there the host decides. A program reads at most
+:data:`PROGRAM_MAX_BYTES`; beyond it the seven kernels run. A
 design that needs no GPU-wide barrier, and that a lent GPU can check, has these steps:
 - a grid over (batch, head, row block);
 - each program writes NaN over its own poisoned query rows;
@@ -37,6 +38,12 @@ from .checks import Dims
 
 MAX_HEAD_DIM = 512
 """Widest head (E or Ev) the kernel takes: it holds a block of rows by the whole head, rounded up to a power of two."""
+
+PROGRAM_MAX_BYTES = 2**20
+"""Most bytes one program may read: its head's queries and its key/value head's keys and values. A call beyond it
+(few heads, long sequences: a decoding step over 8K keys of 2 key/value heads reads 4 MiB a program) runs the
+seven kernels, which spread over the GPU, where one program would read its share alone. A bound on the work, not a
+measured crossing (module docstring: the device time at such sizes is unmeasured)."""
 
 
 _INTS = ("H", "G", "L", "S", "E", "EV", "sqb", "sqh", "sql", "skb", "skh", "sks", "svb", "svh", "svs", "sob", "soh", "sol")
@@ -140,6 +147,8 @@ def applies(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool
     """Whether :func:`launch` may stand for the seven kernels on this CUDA call (the module's conditions)."""
     if (not 0 < dims.E <= MAX_HEAD_DIM or not 0 < dims.Ev <= MAX_HEAD_DIM or not dims.L or not dims.B or not dims.H
             or torch.compiler.is_compiling() or (output.requires_grad and torch.is_grad_enabled())):
+        return False
+    if (dims.L * dims.E + dims.S * (dims.E + dims.Ev)) * q.element_size() > PROGRAM_MAX_BYTES:
         return False
     if q.stride()[3] != 1 or k.stride()[3] != 1 or v.stride()[3] != 1:
         return False
