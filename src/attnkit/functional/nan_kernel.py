@@ -11,9 +11,9 @@ test_nan_rule_cuda.py on the GPU; tests/functional/test_nan_kernel.py through Tr
 It runs only where writing in place is safe and the result is the same as the seven kernels': no autograd graph to
 keep (the ``where`` gives the poisoned rows a zero gradient), not compiling (a Triton call is no graph node here),
 the output a tensor of its own (no storage shared with q, k or v; contiguous in (B, H, L, Ev) or (B, L, H, Ev)
-order), every last dimension contiguous, head sizes up
-to :data:`MAX_HEAD_DIM`, on the current CUDA device, and Triton importable. Elsewhere the caller runs the seven
-kernels, as before.
+order), every last dimension contiguous, head sizes up to :data:`MAX_HEAD_DIM`, at most
+:data:`PROGRAM_MAX_BYTES` for one program to read, on the current CUDA device, and Triton importable. Elsewhere the
+caller runs the seven kernels, as before.
 
 Unmeasured: the kernel's device time at the larger sizes it takes. One program per (batch, head) reads its head's
 rows one block after another, so a call of few heads and long sequences keeps few SMs busy, where the seven kernels
