@@ -87,3 +87,15 @@ def test_kernel_stays_off_where_writing_in_place_would_not_be_the_rule():
     assert not nan_kernel.applies(q, k, v, dims, v[:, :, :, :])  # the output is the values' storage
     with torch.enable_grad():
         assert not nan_kernel.applies(q, k, v, dims, out.requires_grad_(True))  # where() gives such rows zero grad
+
+
+def test_kernel_only_for_nvidia_gpus_triton_compiles_for(monkeypatch):
+    """Pascal and older (Triton's floor is compute capability 7.0) and ROCm builds keep the seven kernels."""
+    check = nan_kernel._compiles_for.__wrapped__
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (6, 1))
+    assert not check(0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    assert check(0)  # Triton importable here (the test module skips otherwise)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not check(0)

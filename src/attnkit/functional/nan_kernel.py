@@ -12,8 +12,8 @@ It runs only where writing in place is safe and the result is the same as the se
 keep (the ``where`` gives the poisoned rows a zero gradient), not compiling (a Triton call is no graph node here),
 the output a tensor of its own (no storage shared with q, k or v; contiguous in (B, H, L, Ev) or (B, L, H, Ev)
 order), every last dimension contiguous, head sizes up to :data:`MAX_HEAD_DIM`, at most
-:data:`PROGRAM_MAX_BYTES` for one program to read, on the current CUDA device, and Triton importable. Elsewhere the
-caller runs the seven kernels, as before.
+:data:`PROGRAM_MAX_BYTES` for one program to read, on the current CUDA device, an NVIDIA GPU Triton compiles for
+(compute capability 7.0 on), and Triton importable. Elsewhere the caller runs the seven kernels, as before.
 
 Unmeasured: the kernel's device time at the larger sizes it takes. One program per (batch, head) reads its head's
 rows one block after another, so a call of few heads and long sequences keeps few SMs busy, where the seven kernels
@@ -163,4 +163,14 @@ def applies(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool
     storage = output.untyped_storage().data_ptr()
     if storage in (q.untyped_storage().data_ptr(), k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()):
         return False
-    return output.get_device() == torch.cuda.current_device() and _kernel() is not None
+    device = output.get_device()
+    return device == torch.cuda.current_device() and _compiles_for(device)
+
+
+@functools.cache
+def _compiles_for(device: int) -> bool:
+    """Whether the kernel can run on CUDA device ``device``: Triton importable, an NVIDIA GPU of compute capability
+    7.0 or newer (Triton's floor, as torch.compile checks it; ROCm builds, whose Triton this kernel was never run
+    on, keep the seven kernels)."""
+    return (torch.version.hip is None and torch.cuda.get_device_capability(device) >= (7, 0)
+            and _kernel() is not None)
