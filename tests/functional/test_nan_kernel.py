@@ -87,6 +87,10 @@ def test_kernel_stays_off_where_writing_in_place_would_not_be_the_rule():
     assert not nan_kernel.applies(q, k, v, dims, v[:, :, :, :])  # the output is the values' storage
     with torch.enable_grad():
         assert not nan_kernel.applies(q, k, v, dims, out.requires_grad_(True))  # where() gives such rows zero grad
+    q[0, 0, 0, 0] = float("nan")  # refused: nothing launched, the output left for the seven kernels
+    before = out.detach().clone()
+    assert not nan_kernel.poisoned_in_place(q, k, v, Dims(1, 2, 2, 4, 4, nan_kernel.MAX_HEAD_DIM + 1, 8), out)
+    assert torch.equal(out.detach(), before)
 
 
 def test_kernel_only_for_nvidia_gpus_triton_compiles_for(monkeypatch):

@@ -150,8 +150,7 @@ def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -
     L >= S) and S >= plain_look_min_keys(dtype), SDPA's CPU kernels carry any NaN of q, k or v into the output
     (checked over dtypes, shapes and positions: tests/functional/test_per_call.py), and so do its CUDA kernels from
     PLAIN_LOOK_MIN_KEYS keys (tests/gpu/test_nan_rule_cuda.py), so that one look settles the common case."""
-    if output.is_cuda and nan_kernel.applies(q, k, v, dims, output):
-        nan_kernel.launch(q, k, v, dims, output)  # one kernel for the seven below (nan_kernel)
+    if output.is_cuda and nan_kernel.poisoned_in_place(q, k, v, dims, output):  # one kernel for the seven below
         return output
     poisoned = poisoned_rows(q, k, v, dims)
     return output if poisoned is None else torch.where(poisoned, math.nan, output)
@@ -165,8 +164,7 @@ def applied(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, lse: Te
     if not _on:
         return output, lse, weights
     if (lse is None and weights is None and output.is_cuda and not looks_first(q, k, v)
-            and nan_kernel.applies(q, k, v, dims, output)):
-        nan_kernel.launch(q, k, v, dims, output)  # one kernel for the seven below (nan_kernel)
+            and nan_kernel.poisoned_in_place(q, k, v, dims, output)):  # one kernel for the seven below
         return output, lse, weights
     poisoned = poisoned_rows(q, k, v, dims)
     if poisoned is None:

@@ -143,6 +143,15 @@ def launch(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> None:
         _COMPILED[key] = compiled
 
 
+def poisoned_in_place(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool:
+    """Where :func:`applies`, the NaN rule's rows of ``output`` written over in place by one kernel (:func:`launch`)
+    and True; else False, and the caller runs the seven kernels."""
+    if not applies(q, k, v, dims, output):
+        return False
+    launch(q, k, v, dims, output)
+    return True
+
+
 def applies(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool:
     """Whether :func:`launch` may stand for the seven kernels on this CUDA call (the module's conditions)."""
     if (not 0 < dims.E <= MAX_HEAD_DIM or not 0 < dims.Ev <= MAX_HEAD_DIM or not dims.L or not dims.B or not dims.H
