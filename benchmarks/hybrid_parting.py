@@ -17,6 +17,7 @@ difference of arithmetic. The float64 oracle's own choice is printed too.
     python benchmarks/hybrid_parting.py --dtype bfloat16 --out benchmarks/results/hybrid_parting.json
 """
 import argparse
+import copy
 import sys
 import warnings
 from pathlib import Path
@@ -36,8 +37,8 @@ def _last_logits(model, tokens: torch.Tensor, theirs: bool) -> torch.Tensor:
 
 
 def parting(family: str, dtype: torch.dtype, prompt: torch.Tensor) -> dict:
-    ours, theirs = models(family, "cpu", dtype)
-    ours64, _ = models(family, "cpu", torch.float64)
+    ours64, theirs = models(family, "cpu", torch.float64)  # one build: the half-precision models are its casts
+    ours, theirs = copy.deepcopy(ours64).to(dtype), theirs.to(dtype)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, ours_tokens = decode_ours(ours, prompt, "cpu")
