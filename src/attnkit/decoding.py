@@ -254,7 +254,7 @@ def _fixed_cache_steps(model, input_ids: Tensor, attention_mask: Tensor | None, 
     addresses, which recompile). One set per model; another shape replaces it."""
     B, L = input_ids.shape
     capacity = L + max_new_tokens
-    cuda = input_ids.device.type == "cuda"
+    cuda = input_ids.is_cuda
     parameter = next(model.parameters(), None)
     key = (B, capacity, input_ids.device, None if parameter is None else parameter.dtype, compile_step)
     held = _FIXED_CACHES.get(model)  # the value holds no reference to the model: it can still be collected

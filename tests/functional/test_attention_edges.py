@@ -49,6 +49,8 @@ def test_bad_qkv_raise_with_names_and_shapes(make, error, words):
         (torch.ones(5, 7, dtype=torch.bool), ValueError, ["(5, 7)", "(2, 4, 5, 6)"]),
         (torch.ones(2, 3, 5, 6, dtype=torch.bool), ValueError, ["(2, 3, 5, 6)"]),
         (torch.ones(5, 6), TypeError, ["boolean", "torch.float32"]),
+        # a mask that fits in every size but sits on another device: the few comparisons compare devices too
+        (torch.ones(2, 1, 1, 6, dtype=torch.bool, device="meta"), TypeError, ["mask is on meta", "q is on cpu"]),
     ],
 )
 def test_masks_that_do_not_broadcast_are_rejected(mask, error, words):

@@ -39,3 +39,16 @@ def test_attention_names_bad_weights_and_dropout_arguments(kwargs, error, messag
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(error, match=message):
         attnkit.attention(q, q, q, **kwargs)
+
+
+def test_device_type_is_the_devices_own_type_kept_per_device():
+    """functional.devices.device_type answers what torch.device.type does, for devices never seen before too,
+    and a device of another index or kind is not served another's answer."""
+    import torch
+
+    from attnkit.functional.devices import device_type
+
+    for name in ["cpu", "meta", "cuda", "cuda:1", "cuda:0", "xpu:3", "cpu"]:
+        device = torch.device(name)
+        assert device_type(device) == device.type == name.split(":")[0]
+    assert device_type(torch.device("cuda", 1)) == "cuda"

@@ -114,7 +114,7 @@ def _with_bias_keys(mask: Tensor | None, bias: Tensor) -> Tensor | None:
     ``score_mod``, and a row of them has no allowed key (zeros) in every backend. A NaN stays
     allowed: it propagates. On the CPU a bias that masks nothing (one look) leaves the mask as it is."""
     keys = ~(bias <= torch.finfo(bias.dtype).min / 2)
-    if bias.device.type == "cpu" and not torch.compiler.is_compiling() and bool(keys.all()):
+    if bias.is_cpu and not torch.compiler.is_compiling() and bool(keys.all()):
         return mask
     return keys if mask is None else _masks.and_masks(mask, keys)
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_int
+from .devices import device_type
 
 __all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "index_grids", "length_bucket", "EMPTY", "PARTIAL", "FULL",
            "DEFAULT_BLOCK"]
@@ -55,7 +56,7 @@ def index_grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int,
     compiling, under a dispatch mode (a fake or traced tensor is never kept) and during CUDA-graph capture
     (where kernels are recorded, not run: a tensor built then holds nothing until the graph is replayed)."""
     if (torch.compiler.is_compiling() or _dispatch_modes()
-            or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+            or (device_type(device) == "cuda" and torch.cuda.is_current_stream_capturing())):
         return _grids(B, H, q0, q1, k0, k1, device)
     b, h, q_idx, kv_idx = _kept_grids(B, H, q0, q1, k0, k1, device)
     return b.clone(), h.clone(), q_idx.clone(), kv_idx.clone()

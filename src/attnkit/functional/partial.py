@@ -40,9 +40,9 @@ def fused(q: Tensor) -> str | None:
     memory-efficient, part by part), or None (plain PyTorch)."""
     if not FUSED:
         return None
-    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    if q.is_cpu and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         return "cpu-flash"
-    if q.device.type == "cuda" and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
         return "cuda"
     return None
 

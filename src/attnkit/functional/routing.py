@@ -122,7 +122,7 @@ def lse_backend(q: Tensor, dropout_p: float = 0.0) -> str:
     in memory linear in the length: flex on CUDA where FlexAttention's kernels take the call exactly
     (half or float32, power-of-two head dims of at least 16, no dropout), else tiled."""
     E = q.shape[-1]
-    flex_fits = (q.device.type == "cuda" and flex.available() and q.dtype != torch.float64 and dropout_p == 0
+    flex_fits = (q.is_cuda and flex.available() and q.dtype != torch.float64 and dropout_p == 0
                  and _flex_takes_head_dim(E))
     return "flex" if flex_fits else "tiled"
 

@@ -114,7 +114,7 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     slots = selection.shape[-1]
     block = max(1, GATHER_ELEMENTS // max(1, B * Hkv * slots * gathered))  # queries gathered per query at once
     union_block = max(1, int(UNION_SCORES // max(1, B * Hkv * dims.groups * _union_limit(slots, dims.groups))))
-    by_union = q.device.type == "cpu"  # the union's way: on the CPU only (measured there)
+    by_union = q.is_cpu  # the union's way: on the CPU only (measured there)
     outer = max(block, union_block) if by_union else block
     keys = (k_acc, v_acc, shared)
     for q0 in range(0, L, outer):

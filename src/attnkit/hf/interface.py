@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from .. import masks
 from ..functional.attention import attention
 from ..functional.block_mask import ScoreMod
+from ..functional.devices import device_type
 from ..functional.masks import selected
 from . import families
 from .families import IMPLEMENTATION, UnsupportedFeature, check_family, install_guard, permitted
@@ -118,8 +119,9 @@ def attnkit_attention_forward(
 def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
            dropout: float, scaling: float | None, is_causal: bool | None, kwargs: dict) -> tuple[Tensor, Tensor | None]:
     """:func:`attnkit_attention_forward` on one process: the output (B, H, L, Ev) and the weights."""
-    if torch.is_autocast_enabled(query.device.type):  # SDPA's casts (RoPE leaves q and k in float32 there)
-        dtype = torch.get_autocast_dtype(query.device.type)
+    if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device_type(query.device)):
+        # SDPA's casts (RoPE leaves q and k in float32 there)
+        dtype = torch.get_autocast_dtype(device_type(query.device))
         query, key, value = (x.to(dtype) if x.dtype != torch.float64 else x for x in (query, key, value))
     S = key.shape[2]
     owner = type(module).__name__

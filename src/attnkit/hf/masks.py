@@ -76,7 +76,7 @@ def _structured(padding: Tensor, structure: _Structure) -> Tensor:
 
 def _int_offset(value) -> int | None:
     if isinstance(value, Tensor):  # a static cache's offset: read it only where that costs no sync
-        return int(value) if value.device.type == "cpu" and value.numel() == 1 else None
+        return int(value) if value.is_cpu and value.numel() == 1 else None
     return int(value)
 
 

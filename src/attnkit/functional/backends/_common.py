@@ -12,6 +12,7 @@ from torch import Tensor
 from .. import masks as _masks
 from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod, index_grids
 from ..checks import Dims
+from ..devices import device_type
 
 __all__ = [
     "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "accumulation_dtype", "head_weights", "score_mod_needs_grad",
@@ -62,7 +63,7 @@ class Problem:
 
     @property
     def device_type(self) -> str:
-        return self.device.type
+        return device_type(self.device)
 
     @property
     def structured(self) -> bool:

@@ -254,7 +254,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         raise ValueError("the flex backend has no attention dropout (FlexAttention has none); "
                          "use backend='sdpa' or 'tiled' with dropout_p > 0")
     module, lse_request = _flex()
-    on_cpu = q.device.type == "cpu"
+    on_cpu = q.is_cpu
     if on_cpu and needs_grad(q, k, v, problem):
         raise ValueError(
             "backend='flex' computes no gradients on the CPU (PyTorch's FlexAttention has no CPU backward): "
@@ -325,7 +325,7 @@ def _nan_bias_rows(out: Tensor, lse: Tensor | None, problem: Problem) -> tuple[T
     accelerator the mask is materialised (the bias already is) and the rows filled without a look."""
     assert problem.bias is not None  # called for calls with a bias only
     nan_keys = torch.isnan(problem.bias)
-    if out.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(nan_keys.any()):
+    if out.is_cpu and not torch.compiler.is_compiling() and not bool(nan_keys.any()):
         return out, lse
     allowed = problem.dense_mask(out.device)
     rows = (nan_keys if allowed is None else nan_keys & allowed).any(dim=-1)  # (L,) or (B|1, H|1, L|1)
