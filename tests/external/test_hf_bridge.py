@@ -331,6 +331,10 @@ def test_a_mask_changed_on_its_way_is_refused_not_guessed():
 
     mask = attnkit_mask(2, 5, 5, attention_mask=torch.tensor([[1] * 5, [0, 1, 1, 1, 1]]))
     assert isinstance(mask, StructuredMask) and mask.structure.is_causal and mask.structure.padded
+    # what every layer reads is kept beside it: the padding as a plain tensor of the same memory, and S
+    assert type(mask.padding) is torch.Tensor and mask.padding.data_ptr() == mask.data_ptr() and mask.keys == 5
+    derived = mask[..., :5] & True
+    assert derived.structure is None and derived.padding is None and derived.keys is None
     q = torch.randn(2, 4, 5, 8)
     module = torch.nn.Module()
     out, _ = attnkit_attention_forward(module, q, q, q, mask)

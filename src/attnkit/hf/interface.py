@@ -10,6 +10,7 @@ average of every key, with its gradients; :mod:`attnkit.hf.rows`), not attnkit's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -219,9 +220,9 @@ def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, 
         if structure is None:
             raise UnsupportedFeature(f"{owner}: the model changed the mask attnkit built before passing it to attention "
                                      "(sliced, combined or concatenated it), so attnkit cannot prove what it holds")
-        if attention_mask.shape[-1] != S:
+        if attention_mask.keys != S:
             raise UnsupportedFeature(_keys_mismatch(owner, attention_mask.shape[-1], S, structure.window))
-        mask = attention_mask.as_subclass(Tensor) if structure.padded else None
+        mask = attention_mask.padding if structure.padded else None
         causal, window, align = structure.is_causal, structure.window, structure.causal_align
         if selection is None:
             return mask, bias, attention_mask.empty_rows(L, S), causal, window, align
@@ -268,11 +269,21 @@ def weights_requested(kwargs: dict) -> bool:
     keyword before it reaches the attention function)."""
     if kwargs.get("output_attentions"):
         return True
+    collector = _output_collector()
+    if collector is None:  # an older or newer transformers without the collector: only the keyword counts
+        return False
+    collected = collector.get()
+    return bool(collected) and any(key.endswith("attentions") for key in collected)
+
+
+@functools.cache
+def _output_collector():
+    """transformers' output collector (a ``ContextVar``), imported once, not on every layer call (an import
+    statement is a lookup through the import machinery); None where this transformers has none."""
     try:
         from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # an older or newer transformers without the collector: only the keyword counts
-        return False
-    collected = _active_collector.get()
-    return bool(collected) and any(key.endswith("attentions") for key in collected)
+    except ImportError:
+        return None
+    return _active_collector
 
 
