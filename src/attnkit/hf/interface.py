@@ -185,6 +185,8 @@ def _selection(module: nn.Module, kwargs: dict, H: int, S: int) -> Tensor | None
     DeepSeek-V3.2's (and hy_v4's) top-k key ``indices`` (B, L, k), MiniMax-M3's top-k ``block_indices``
     (B, Hkv, L, k) over blocks of ``module.indexer.block_size`` keys. Eager folds the same selection into
     its mask; it is refused by name where attnkit cannot read it."""
+    if "indices" not in kwargs and "block_indices" not in kwargs:  # (every layer call of every other family)
+        return None
     owner = type(module).__name__
     indices, blocks = kwargs.get("indices"), kwargs.get("block_indices")
     for name, value in (("indices", indices), ("block_indices", blocks)):

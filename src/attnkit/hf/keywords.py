@@ -58,8 +58,14 @@ REFUSED: dict[str, str] = {
 }
 
 
+_KNOWN = frozenset(APPLIED) | frozenset(IGNORED)
+
+
 def check_keywords(owner: str, kwargs: dict) -> None:
-    """Raise :class:`UnsupportedFeature` for a keyword attnkit refuses, or one it does not know, naming it."""
+    """Raise :class:`UnsupportedFeature` for a keyword attnkit refuses, or one it does not know, naming it. (Every
+    layer call runs it: keywords all applied or ignored, the common case, are settled by one set comparison.)"""
+    if kwargs.keys() <= _KNOWN:
+        return
     for name, value in kwargs.items():
         if name in APPLIED or name in IGNORED:
             continue

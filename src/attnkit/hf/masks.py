@@ -9,7 +9,7 @@ anything else gets transformers' own SDPA mask, fully built.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +80,15 @@ def _structured(padding: Tensor, structure: _Structure) -> Tensor:
     return mask
 
 
+@functools.cache
+def _masking_utils():
+    """transformers' ``masking_utils``, imported on first use (attnkit imports without transformers) and then kept:
+    an import statement in a function is a lookup through the import machinery on every call."""
+    from transformers import masking_utils
+
+    return masking_utils
+
+
 def _int_offset(value) -> int | None:
     if isinstance(value, Tensor):  # a static cache's offset: read it only where that costs no sync
         return int(value) if value.is_cpu and value.numel() == 1 else None
@@ -89,7 +98,7 @@ def _int_offset(value) -> int | None:
 def _sliding_window_of(mask_function) -> int | None:
     """w if ``mask_function`` is transformers' ``sliding_window_causal_mask_function(w)`` (an
     ``and_masks`` of the window overlay and the causal function), else None."""
-    from transformers import masking_utils as mu
+    mu = _masking_utils()
 
     if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask" or not mask_function.__closure__:
         return None
@@ -107,7 +116,7 @@ def _recognise(mask_function, local_size, allow_causal: bool, allow_bidirectiona
                kv_length: int, q_offset, kv_offset) -> _Structure | None:
     """The structure of the mask transformers asks for, where it is provably one attnkit applies
     itself; None where it must be built (packed sequences, or/and overlays, chunks, odd offsets)."""
-    from transformers import masking_utils as mu
+    mu = _masking_utils()
 
     q0, k0 = _int_offset(q_offset), _int_offset(kv_offset)
     if q0 is None or k0 is None:
@@ -143,7 +152,7 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     carries that structure to :func:`attnkit_attention_forward`: no (L, S) tensor is built.
     Anything else gets transformers' own SDPA mask, fully built, and is used unchanged; so does every
     mask of a family in :data:`MASK_READING_FAMILIES`."""
-    from transformers import masking_utils as mu
+    mu = _masking_utils()
 
     mask_function = mu.causal_mask_function if mask_function is None else mask_function
     family = getattr(kwargs.get("config"), "model_type", None)
@@ -172,4 +181,5 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     if padding is None or bool(padding.all()):
         return _structured(torch.ones(1, 1, 1, kv_length, dtype=torch.bool, device=kwargs.get("device", "cpu")),
                            structure)
-    return _structured(padding.bool()[:, None, None, :], dataclasses.replace(structure, padded=True))
+    return _structured(padding.bool()[:, None, None, :],
+                       _Structure(structure.is_causal, structure.window, structure.causal_align, padded=True))
