@@ -450,3 +450,27 @@ def test_a_window_of_one_is_refused_with_its_cause(rng):
     ids = torch.randint(3, 99, (1, 12), generator=rng)
     with torch.no_grad(), pytest.raises(UnsupportedFeature, match="a sliding window of 1 key: .*Use a window of at least 2"):
         model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+
+
+@pytest.mark.parametrize("how", ["a transformers config", "an attribute answered by __getattr__"])
+def test_the_call_refuses_a_module_of_an_unverified_family_however_its_config_answers(how):
+    """The guard at the call reads model_type past transformers' config __getattribute__, and falls back to the
+    ordinary lookup for a config that answers through __getattr__: both are refused by name."""
+    import transformers
+
+    from attnkit.hf import attnkit_attention_forward
+
+    class Answering:
+        def __getattr__(self, name):
+            if name == "model_type":
+                return "bloom"
+            raise AttributeError(name)
+
+    module = torch.nn.Module()
+    module.config = transformers.BloomConfig() if how == "a transformers config" else Answering()
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(UnverifiedFamily, match="bloom"):
+        attnkit_attention_forward(module, q, q, q, None)
+    module.config = transformers.LlamaConfig()  # a verified family runs
+    out, _ = attnkit_attention_forward(module, q, q, q, None)
+    assert out.shape == (1, 3, 2, 4)
