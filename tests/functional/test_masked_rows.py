@@ -171,3 +171,18 @@ def test_from_additive_and_the_bias_rule_agree(rng):
     via_bias = attnkit.attention(q, k, v, bias=additive).output
     via_mask = attnkit.attention(q, k, v, mask=masks.from_additive(additive)).output
     torch.testing.assert_close(via_bias, via_mask, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make", [lambda s: -s, lambda s: __import__("numpy").float64(s), lambda s: int(s)],
+                         ids=["negative", "numpy float64", "int"])
+def test_an_overflowing_scale_is_refused_whatever_its_sign_or_type(make):
+    """A plain float within bounds is taken in a few comparisons; any other overflowing scale still meets the
+    check that names it (and with E = 0 a scale is held to the dtype's largest value, as before)."""
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"scale=.* overflows .*scale x E"):
+        attnkit.attention(q, q, q, scale=make(2 * torch.finfo(torch.float16).max / 8))
+    empty = torch.randn(1, 2, 4, 0, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"scale=.* overflows"):
+        attnkit.attention(empty, empty, empty, scale=make(2 * torch.finfo(torch.float16).max))
+    out = attnkit.attention(q, q, q, scale=make(0.25)).output  # (-0.25, 0.25 and 0)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q, scale=float(make(0.25))))

@@ -257,7 +257,8 @@ def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask 
 def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
                dropout_p, backend, need_weights, score_mod, sinks, return_lse: bool = False) -> AttentionOutput:
     """:func:`attention` once q, k and v are known to fit ``dims``."""
-    scale = _checked_scale(scale, dims, q.dtype) if scale is not None else None  # None: SDPA's default, 1/sqrt(E)
+    if scale is not None and not (type(scale) is float and abs(scale) * (dims.E or 1) <= _LARGEST.get(q.dtype, 0.0)):
+        scale = _checked_scale(scale, dims, q.dtype)  # (the line above: a finite float that cannot overflow, as is)
     if (mask is None and bias is None and score_mod is None and sinks is None and window is None
             and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S
             and not return_lse):
@@ -351,6 +352,14 @@ straight to SDPA: ``auto`` picks it for such a call on every device."""
 
 def _default_scale(E: int) -> float:
     return 1.0 / math.sqrt(E) if E > 0 else 1.0
+
+
+_LARGEST = {dtype: torch.finfo(dtype).max for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
+"""The largest finite value of the usual dtypes: a layer passes its scale on every call, where reading
+``torch.finfo`` and the checks below cost 3.7 us inside a transformers layer call
+(benchmarks/results/overhead_ab_2026-11-27_tenth/scale_check.txt). A float scale s with |s| x E at most that is
+finite (NaN and inf fail the comparison) and cannot overflow: :func:`_checked_scale`'s answer, which every other
+scale goes through."""
 
 
 def _checked_scale(scale, dims: Dims, dtype: torch.dtype) -> float:
