@@ -474,3 +474,18 @@ def test_the_call_refuses_a_module_of_an_unverified_family_however_its_config_an
     module.config = transformers.LlamaConfig()  # a verified family runs
     out, _ = attnkit_attention_forward(module, q, q, q, None)
     assert out.shape == (1, 3, 2, 4)
+
+
+def test_the_family_guard_traces_without_a_graph_break():
+    """Under torch.compile the guard reads model_type the ordinary way (dynamo breaks its graph on
+    object.__getattribute__, which the eager path uses to step past transformers' config __getattribute__)."""
+    import transformers
+
+    from attnkit.hf.interface import _check_module
+
+    module = torch.nn.Module()
+    module.config = transformers.LlamaConfig()
+    torch._dynamo.reset()
+    # (ops before and after it: a break before the first op would not count as one)
+    explained = torch._dynamo.explain(lambda x: (x * 2, _check_module(module), x + 1)[2])(torch.ones(3))
+    assert explained.graph_break_count == 0, [str(reason.reason)[:200] for reason in explained.break_reasons]

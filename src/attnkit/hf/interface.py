@@ -82,10 +82,13 @@ def _check_module(module: nn.Module) -> None:
     """The guard at the call: an attention module whose config names a family attnkit may not run in
     (a sub-model a route around the load-time guard reached) is refused by name."""
     config = getattr(module, "config", None)
-    try:  # past transformers' PreTrainedConfig.__getattribute__ (attribute aliases; 1.2 us a read, on every layer call)
-        family = object.__getattribute__(config, "model_type")
-    except AttributeError:  # (a config answering through __getattr__, or none)
+    if torch.compiler.is_compiling():  # (dynamo breaks its graph on object.__getattribute__)
         family = getattr(config, "model_type", None)
+    else:
+        try:  # past transformers' PreTrainedConfig.__getattribute__ (attribute aliases; 1.2 us a read, every layer call)
+            family = object.__getattribute__(config, "model_type")
+        except AttributeError:  # (a config answering through __getattr__, or none)
+            family = getattr(config, "model_type", None)
     if family is not None and not permitted(family):
         check_family(module.config, type(module).__name__)
 
