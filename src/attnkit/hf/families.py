@@ -18,10 +18,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from ..errors import InputError
 
 __all__ = ["IMPLEMENTATION", "VERIFIED_FAMILIES", "REFUSED_REASONS", "UnsupportedFeature", "UnverifiedFamily", "UnverifiedFamilyWarning",
-           "check_family", "allow", "permitted", "install_guard", "is_registered"]
+           "check_family", "allow", "model_type", "permitted", "install_guard", "is_registered"]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -96,6 +98,19 @@ def allow(names) -> None:
     if isinstance(names, str) or not all(isinstance(name, str) for name in names):
         raise TypeError(f"allow_unverified must be a list of model_type names, got {names!r}")
     _ALLOWED_UNVERIFIED.update(names)
+
+
+def model_type(config) -> Any:
+    """``config.model_type`` (None where there is none), read past transformers' ``PreTrainedConfig.__getattribute__``
+    (its attribute aliases: 1.2 us a read, and the bridge reads it on every layer call); under torch.compile the
+    ordinary way, since dynamo breaks its graph on ``object.__getattribute__``. A config answering through
+    ``__getattr__`` is asked the ordinary way too."""
+    if not torch.compiler.is_compiling():
+        try:
+            return object.__getattribute__(config, "model_type")
+        except AttributeError:
+            pass
+    return getattr(config, "model_type", None)
 
 
 def permitted(family) -> bool:

@@ -22,7 +22,7 @@ from ..functional.block_mask import ScoreMod
 from ..functional.devices import device_type
 from ..functional.masks import selected
 from . import families
-from .families import IMPLEMENTATION, UnsupportedFeature, check_family, install_guard, permitted
+from .families import IMPLEMENTATION, UnsupportedFeature, check_family, install_guard, model_type, permitted
 from .keywords import check_keywords
 from .masks import StructuredMask, attnkit_mask
 from .record import RECORDING
@@ -81,14 +81,7 @@ def _keys_mismatch(owner: str, covered: int, S: int, window: int | None) -> str:
 def _check_module(module: nn.Module) -> None:
     """The guard at the call: an attention module whose config names a family attnkit may not run in
     (a sub-model a route around the load-time guard reached) is refused by name."""
-    config = getattr(module, "config", None)
-    if torch.compiler.is_compiling():  # (dynamo breaks its graph on object.__getattribute__)
-        family = getattr(config, "model_type", None)
-    else:
-        try:  # past transformers' PreTrainedConfig.__getattribute__ (attribute aliases; 1.2 us a read, every layer call)
-            family = object.__getattribute__(config, "model_type")
-        except AttributeError:  # (a config answering through __getattr__, or none)
-            family = getattr(config, "model_type", None)
+    family = model_type(getattr(module, "config", None))
     if family is not None and not permitted(family):
         check_family(module.config, type(module).__name__)
 

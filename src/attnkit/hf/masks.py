@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .families import model_type
 from .rows import EmptyRows, structured_empty_rows
 
 __all__ = ["StructuredMask", "attnkit_mask", "MASK_READING_FAMILIES", "ADDITIVE_MASK_FAMILIES"]
@@ -156,7 +157,7 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
     mu = _masking_utils()
 
     mask_function = mu.causal_mask_function if mask_function is None else mask_function
-    family = getattr(kwargs.get("config"), "model_type", None)
+    family = model_type(kwargs.get("config"))
     if family in ADDITIVE_MASK_FAMILIES:
         return mu.eager_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                              attention_mask=attention_mask, local_size=local_size, **kwargs)
