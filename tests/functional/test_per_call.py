@@ -6,6 +6,8 @@ BlockMask's occupancy, flex's prepared calls, and attention_trusted for the laye
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,11 @@ def _one_nan_each(shape: tuple, dtype: torch.dtype, generator: torch.Generator):
             index = {"first": 0, "middle": target.shape[2] // 2, "last": target.shape[2] - 1}[position]
             target[-1, -1, index, 3] = float("nan")
             yield where, index, q, k, v
+
+
+def _looked(x: torch.Tensor) -> str:
+    """The op of nan.holds_nan's one look at the CPU tensor x: a scan (x.equal(x)) up to its size, a maximum above."""
+    return "aten.equal.default" if x.numel() <= nan._SCANNED_UP_TO[x.dtype] else "aten.amax.default"
 
 
 # Causal calls with L < S have keys no query sees: the rule reads the inputs there (the test below).
@@ -145,7 +152,7 @@ def test_a_masked_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dty
             clean = attnkit.attention(q, k, v, mask=mask).output
         assert not clean.isnan().any()
         if nan.plain_look_min_keys(dtype) < nan.PLAIN_LOOK_MIN_KEYS:  # a known vector unit: the look alone
-            assert "aten.amax.default" in ops.seen and not any("foreach" in op for op in ops.seen), name
+            assert _looked(clean) in ops.seen and not any("foreach" in op for op in ops.seen), name
         for where, index, q, k, v in _one_nan_each(shape, dtype, generator):
             raw = sdpa.masked(q, k, v, mask if isinstance(mask, torch.Tensor) else mask.to_dense(), None, options)
             assert torch.isnan(raw).any(), (name, where, index)
@@ -332,6 +339,37 @@ def test_the_rule_looks_first_on_the_cpu_and_not_while_compiling_or_on_other_dev
     assert not nan.looks_first(q, q, q)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_the_look_for_a_nan_scans_small_tensors_and_reduces_large_ones_with_one_answer(dtype, monkeypatch):
+    """nan.holds_nan: True exactly where a NaN is, at the first, a middle and the last element, in a contiguous
+    tensor and in the transposed output a layer's SDPA returns, on both sides of the size where the scan
+    (torch.equal(x, x), False exactly where x holds a NaN) gives way to the maximum; infinities of either sign are
+    no NaN. Each side is seen taken."""
+    largest = nan._SCANNED_UP_TO[dtype]
+    calls = {"equal": 0, "amax": 0}
+    for name in calls:
+        real = getattr(torch.Tensor, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    for numel in (1, largest, largest + 4):
+        for layout in ("contiguous", "transposed"):
+            rows = max(numel // 4, 1)
+            x = torch.randn(rows, numel // rows).to(dtype)
+            if layout == "transposed":  # the same elements, held column by column
+                x = x.t().contiguous().t()
+            assert not nan.holds_nan(x)
+            for index in sorted({0, x.numel() // 2, x.numel() - 1}):
+                at = divmod(index, x.shape[1])
+                for value, expected in ((math.inf, False), (-math.inf, False), (math.nan, True)):
+                    y = x.clone() if layout == "contiguous" else x.t().clone().t()
+                    y[at] = value
+                    assert nan.holds_nan(y) is expected, (numel, layout, index, value)
+    assert calls["equal"] and calls["amax"]
+
+
 def _packed(B: int, L: int, H: int, Hkv: int, E: int, base: torch.Tensor | None = None):
     """q (B, H, L, E), k and v (B, Hkv, L, E) as a layer's packed projection splits them: views of one
     (B, L, (H + 2 Hkv) E) tensor."""
@@ -344,7 +382,7 @@ def _packed(B: int, L: int, H: int, Hkv: int, E: int, base: torch.Tensor | None 
 @pytest.mark.parametrize("H, Hkv", [(4, 4), (4, 2)])
 def test_views_of_one_packed_tensor_are_looked_at_once_with_the_rows_of_their_copies(where, H, Hkv):
     """nan.poisoned_rows reads q, k and v that are views of one tensor no larger than they are (a packed self
-    attention projection) by one maximum over that tensor, and gives the rows it gives their copies."""
+    attention projection) by one look at that tensor, and gives the rows it gives their copies."""
     B, L, E = 2, 5, 8
     base, (q, k, v) = _packed(B, L, H, Hkv, E)
     part = {"q": q, "k": k, "v": v}.get(where)
@@ -354,7 +392,7 @@ def test_views_of_one_packed_tensor_are_looked_at_once_with_the_rows_of_their_co
     dims = attnkit.functional.checks.check_qkv(q, k, v)
     with OpsSeen() as ops:
         got = nan.poisoned_rows(q, k, v, dims)
-    assert "aten.amax.default" in ops.seen and not any("foreach" in op for op in ops.seen)
+    assert _looked(base) in ops.seen and not any("foreach" in op for op in ops.seen)
     want = nan.poisoned_rows(q.clone(), k.clone(), v.clone(), dims)
     if where == "none":
         assert got is None and want is None

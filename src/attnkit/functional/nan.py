@@ -109,6 +109,28 @@ def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
             and torch.cuda.get_sync_debug_mode() == 0)
 
 
+_SCANNED_UP_TO = {torch.float32: 4096, torch.bfloat16: 4096, torch.float64: 2048, torch.float16: 1024}
+"""The most elements of a CPU tensor of each dtype that :func:`holds_nan` scans with ``x.equal(x)`` rather than
+reduces with ``amax``: about where the two cost the same timed alone (PyTorch 2.13, AVX2:
+benchmarks/results/overhead_ab_2026-11-27_eleventh/equal_sizes.txt). Inside a call the scan's lead is larger (a
+plain ``attention()`` call 1.0 us, a masked MultiHeadAttention call 2.5-3.1 us, a transformers Llama layer's
+attention 4.9 us: equal_look_*.txt there), so the sizes lean towards it."""
+
+
+def holds_nan(x: Tensor) -> bool:
+    """Whether the non-empty tensor ``x`` holds a NaN, read on the host (on a device, a wait for it).
+
+    A small CPU tensor is compared with itself: ``torch.equal(x, x)`` is False exactly where x holds a NaN
+    (documented since PyTorch 2.1.1; its CPU kernel scans a tensor compared with itself for one), one dispatch that
+    answers a Python bool, where a reduction builds a 0-dim tensor and ``item`` reads it in a second dispatch.
+    A larger one, or one on a device, takes the vectorised maximum, which propagates NaN and never overflows
+    (``amax``, not ``Tensor.max()``: max() is 0.2 us faster on a contiguous tensor but 1.3 us slower on the
+    transposed output a layer's SDPA returns, benchmarks/results/overhead_ab_2026-11-27_fifth/look_layout.txt)."""
+    if x.numel() <= _SCANNED_UP_TO.get(x.dtype, 0) and x.is_cpu:
+        return not x.equal(x)
+    return math.isnan(x.amax().item())
+
+
 def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, causal: bool) -> Tensor:
     """SDPA's ``output`` of a plain call (no mask, bias, window, score_mod or sinks) with the rule: where
     some query sees every key (not causal, or causal with L >= S) and there are at least
@@ -119,9 +141,7 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
     if ((not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H  # an empty output has no maximum
             and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)
             and looks_first(q, k, v)):
-        # amax, not Tensor.max(): max() is 0.2 us faster on a contiguous output but 1.3 us slower on the transposed
-        # one a layer's SDPA returns (benchmarks/results/overhead_ab_2026-11-27_fifth/look_layout.txt)
-        return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
+        return with_nan_rows(q, k, v, dims, output) if holds_nan(output) else output
     return with_nan_rows(q, k, v, dims, output)
 
 
@@ -140,7 +160,7 @@ def masked_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -
     if not _on:
         return output
     if _MIN_KEYS and dims.B and dims.H:  # an empty output has no maximum (and no row to poison)
-        return with_nan_rows(q, k, v, dims, output) if math.isnan(output.amax().item()) else output
+        return with_nan_rows(q, k, v, dims, output) if holds_nan(output) else output
     return applied(q, k, v, dims, output, None, None, None)[0]
 
 
@@ -203,21 +223,21 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
         return None
     # A maximum propagates NaN and never overflows: one cheap pass each (isnan(x).any() builds a bool
     # copy of x and measured 5-20x slower, a decoding step 4x slower in all). The common case, no NaN
-    # at all, is settled on the CPU by one maximum over the tensor q, k and v are views of (a layer's packed
-    # projection: shared_base), else by three whole-tensor maxima in one foreach call (2.6 us for a tiny
+    # at all, is settled on the CPU by one look at the tensor q, k and v are views of (a layer's packed
+    # projection: shared_base; holds_nan), else by three whole-tensor maxima in one foreach call (2.6 us for a tiny
     # call against 6.8 us as three amax, a reduce and an isnan; benchmarks/overhead.py), and a look.
     if looks_first(q, k, v):
         base = shared_base(q, k, v)  # (never empty)
         if base is not None:
-            maxima = [base.amax()]
+            if not holds_nan(base):
+                return None
         else:
             present = [x for x in (q, k, v) if x.numel()]
             if not present:
                 return None
-            maxima = _MAXIMA(present)  # one dispatch
-        # then one to three floats (item: no grad warning), one copy off a GPU
-        if not any(map(math.isnan, map(Tensor.item, maxima) if q.is_cpu else torch.stack(maxima).tolist())):
-            return None
+            maxima = _MAXIMA(present)  # one dispatch, then one to three floats (item: no grad warning), one copy off a GPU
+            if not any(map(math.isnan, map(Tensor.item, maxima) if q.is_cpu else torch.stack(maxima).tolist())):
+                return None
     q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
     kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
     for x in (k, v):
