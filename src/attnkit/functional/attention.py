@@ -32,6 +32,7 @@ from .routing import (  # auto's rules (choose_backend and lse_backend re-export
 from .sdpa_names import check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 from .torch_block_mask import as_block_mask
+from .tracing import traced, transformed
 
 __all__ = ["AttentionOutput", "make_output", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
            "BACKEND_NAMES"]
@@ -114,7 +115,7 @@ def _with_bias_keys(mask: Tensor | None, bias: Tensor) -> Tensor | None:
     ``score_mod``, and a row of them has no allowed key (zeros) in every backend. A NaN stays
     allowed: it propagates. On the CPU a bias that masks nothing (one look) leaves the mask as it is."""
     keys = ~(bias <= torch.finfo(bias.dtype).min / 2)
-    if bias.is_cpu and not torch.compiler.is_compiling() and bool(keys.all()):
+    if bias.is_cpu and not traced() and bool(keys.all()):
         return mask
     return keys if mask is None else _masks.and_masks(mask, keys)
 
@@ -273,7 +274,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         direct = _direct_mask(q, dims, mask, is_causal, causal_align, window, backend)
         if direct is not _GENERAL:  # what auto hands SDPA anyway (:func:`.backends.sdpa.masked`), no Problem, no routing
             # what sdpa.masked would call, as it is (compiled, it fills empty rows: the probe is no graph's)
-            if (dims.Ev >= dims.E and not torch.compiler.is_compiling()
+            if (dims.Ev >= dims.E and not torch.compiler.is_compiling() and not transformed()  # traced(), inline
                     and sdpa.cpu_returns_masked_rows_as_zeros(q.dtype)):
                 output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale,
                                                         enable_gqa=dims.H != dims.Hkv)
@@ -287,12 +288,16 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
                               need_weights, score_mod, sinks)
     if backend == "auto":
-        problem = classified(problem)
+        under_transform = transformed()
+        if not under_transform:  # (classifying looks at the mask on the host)
+            problem = classified(problem)
         name = choose_backend(problem)
         if return_lse and name == "sdpa":  # SDPA's kernels keep their lse to themselves
             learned_bias = problem.bias is not None and problem.bias.requires_grad and torch.is_grad_enabled()
             # the lse backends take no bias gradients: the written-out softmax does, and has the lse
             name = "reference" if learned_bias else lse_backend(q, problem.dropout_p)
+        if name == "tiled" and under_transform:  # the tiled loop has no torch.func rule (.tracing): the same numbers
+            name = "reference"
     else:
         name = backend
         if return_lse and name == "sdpa":

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .checks import Dims
+from .tracing import traced
 
 MAX_HEAD_DIM = 512
 """Widest head (E or Ev) the kernel takes: it holds a block of rows by the whole head, rounded up to a power of two."""
@@ -155,7 +156,7 @@ def poisoned_in_place(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tenso
 def applies(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> bool:
     """Whether :func:`launch` may stand for the seven kernels on this CUDA call (the module's conditions)."""
     if (not 0 < dims.E <= MAX_HEAD_DIM or not 0 < dims.Ev <= MAX_HEAD_DIM or not dims.L or not dims.B or not dims.H
-            or torch.compiler.is_compiling() or (output.requires_grad and torch.is_grad_enabled())):
+            or traced() or (output.requires_grad and torch.is_grad_enabled())):
         return False
     if (dims.L * dims.E + dims.S * (dims.E + dims.Ev)) * q.element_size() > PROGRAM_MAX_BYTES:
         return False

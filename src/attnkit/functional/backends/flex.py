@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..block_mask import length_bucket
+from ..tracing import traced
 from . import flex_tables, reference
 from ._common import BackendResult, Problem, compute_dtype, lse_unresolved, needs_grad, score_mod_needs_grad
 from .flex_tables import BLOCK
@@ -325,7 +326,7 @@ def _nan_bias_rows(out: Tensor, lse: Tensor | None, problem: Problem) -> tuple[T
     accelerator the mask is materialised (the bias already is) and the rows filled without a look."""
     assert problem.bias is not None  # called for calls with a bias only
     nan_keys = torch.isnan(problem.bias)
-    if out.is_cpu and not torch.compiler.is_compiling() and not bool(nan_keys.any()):
+    if out.is_cpu and not traced() and not bool(nan_keys.any()):
         return out, lse
     allowed = problem.dense_mask(out.device)
     rows = (nan_keys if allowed is None else nan_keys & allowed).any(dim=-1)  # (L,) or (B|1, H|1, L|1)

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .. import kept
 from ..heads import repeat_kv
+from ..tracing import traced
 from . import reference
 from ._common import BackendResult, Problem, lse_unresolved, needs_grad
 
@@ -155,7 +156,7 @@ def masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | 
     :func:`attnkit.attention` runs itself for a call with a mask and nothing else (``options``: SDPA's
     dropout_p, scale and enable_gqa)."""
     empty_rows = None
-    compiling = torch.compiler.is_compiling()  # no probe, no look at the data: one graph
+    compiling = traced()  # compiled or transformed: no probe, no look at the data (one graph; vmap's batches)
     if mask is not None and (compiling or not _zeroes_masked_rows("cpu" if q.is_cpu else q.device.type, q.dtype,
                                                                    bias is not None)):
         # Let SDPA attend everywhere on rows with no allowed key, then zero those rows. On the CPU,
