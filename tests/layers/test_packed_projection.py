@@ -235,6 +235,38 @@ def test_a_layer_built_on_the_meta_device_packs_when_materialised(rng):
         torch.testing.assert_close(layer(x).output, separately(layer, x))
 
 
+def test_a_packed_layer_moved_to_the_meta_device_runs_there_and_packs_again_when_materialised(rng):
+    """layer.to("meta") (torch.func's ensembling recipe moves a copy there for functional_call) leaves no packing
+    that points at the old memory (is_set_to has no meta kernel: this raised), runs a meta forward for its shapes,
+    and packs again when materialised (to_empty)."""
+    layer = MultiHeadAttention(32, 4)
+    assert layer._packed_qkv is not None
+    layer.to("meta")
+    assert layer._packed_qkv is None
+    assert layer(torch.empty(2, 5, 32, device="meta")).output.shape == (2, 5, 32)
+    layer.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()
+        x = randn(1, 4, 32, generator=rng)
+        assert matmuls(lambda: layer(x)) == 2
+        torch.testing.assert_close(layer(x).output, separately(layer, x))
+
+
+def test_an_ensemble_of_layers_through_functional_call_and_vmap_gives_each_layers_numbers(rng):
+    """torch.func's model ensembling: the stacked parameters of three layers, vmapped through functional_call
+    on a meta copy, give what each layer gives."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    layers = [MultiHeadAttention(32, 4, 2).eval() for _ in range(3)]
+    params, buffers = stack_module_state(layers)
+    base = copy.deepcopy(layers[0]).to("meta")
+    x = randn(2, 6, 32, generator=rng)
+    got = vmap(lambda p, b: functional_call(base, (p, b), (x,)).output)(params, buffers)
+    with torch.no_grad():
+        torch.testing.assert_close(got, torch.stack([layer(x).output for layer in layers]))
+
+
 def test_a_state_dict_round_trip_through_safetensors(tmp_path, rng):
     from safetensors.torch import load_file, save_file
 

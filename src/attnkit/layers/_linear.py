@@ -75,11 +75,13 @@ class Packed(NamedTuple):
     parts: tuple[tuple[Tensor, Tensor | None], ...]
 
     def holds(self, layers: Sequence[nn.Module | None]) -> bool:
-        """Whether every layer's weight and bias still are exactly their parts (storage, offset, sizes, strides)."""
+        """Whether every layer's weight and bias still are exactly their parts (storage, offset, sizes, strides).
+        A part is never on the meta device (:func:`pack`), so a meta weight or bias (a layer moved there) is not one;
+        ``is_set_to`` has no meta kernel to say so."""
         for layer, (w_part, b_part) in zip(layers, self.parts):
             weight, bias = _weight_bias(layer) if isinstance(layer, nn.Linear) else (None, None)
-            if weight is None or not weight.is_set_to(w_part) or (
-                    bias is not None if b_part is None else bias is None or not bias.is_set_to(b_part)):
+            if weight is None or weight.is_meta or not weight.is_set_to(w_part) or (
+                    bias is not None if b_part is None else bias is None or bias.is_meta or not bias.is_set_to(b_part)):
                 return False
         return True
 

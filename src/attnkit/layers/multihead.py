@@ -133,15 +133,16 @@ class MultiHeadAttention(nn.Module):
     def _apply(self, fn, recurse=True):
         # A cast or a move gives each projection new memory: packed again there, so that self attention keeps
         # one projection call (what nn.MultiheadAttention's in_proj_weight does); so does materialising a
-        # layer built on the meta device (to_empty). A conversion that kept the tensors keeps the packing as it
-        # is, and projections re-seated before (a weight assigned, load_state_dict(assign=True)) are left alone.
+        # layer built on the meta device (to_empty), or moved there and materialised again. A conversion that kept
+        # the tensors keeps the packing as it is, and projections re-seated before (a weight assigned,
+        # load_state_dict(assign=True)) are left alone.
         packed = self._packed_qkv
         was_packed = packed is not None and packed.holds(self._qkv())
         super()._apply(fn, recurse)
         if ((was_packed and packed is not None and not packed.holds(self._qkv()))
                 or (self._pack_when_materialised and not self.q_proj.weight.is_meta)):
-            self._packed_qkv = self._pack_qkv()
-            self._pack_when_materialised = False
+            self._packed_qkv = self._pack_qkv()  # (None on the meta device: packed when materialised)
+            self._pack_when_materialised = self._packed_qkv is None and self._packs_qkv() and self.q_proj.weight.is_meta
         return self
 
     def __setstate__(self, state):
