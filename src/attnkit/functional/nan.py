@@ -104,7 +104,7 @@ def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
     capture (where a wait is an error) and unless ``torch.cuda.set_sync_debug_mode`` hunts waits (the caller asked
     for none); never while compiling (a look is a graph break) or under a torch.func transform (under vmap there
     is no one value to look at: :mod:`.tracing`), nor on other devices."""
-    if q.is_cpu:  # not traced(), one frame fewer on every plain call (0.3 us of a tiny one, in context)
+    if q.is_cpu:  # traced() inline: a Python frame fewer on every plain call
         return not torch.compiler.is_compiling() and not transformed()
     return (q.is_cuda and q.nbytes + k.nbytes + v.nbytes >= DEVICE_LOOK_MIN_BYTES
             and not traced() and not torch.cuda.is_current_stream_capturing()
@@ -114,9 +114,9 @@ def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
 _SCANNED_UP_TO = {torch.float32: 4096, torch.bfloat16: 4096, torch.float64: 2048, torch.float16: 1024}
 """The most elements of a CPU tensor of each dtype that :func:`holds_nan` scans with ``x.equal(x)`` rather than
 reduces with ``amax``: about where the two cost the same timed alone (PyTorch 2.13, AVX2:
-benchmarks/results/overhead_ab_2026-11-27_eleventh/equal_sizes.txt). Inside a call the scan's lead is larger (a
-plain ``attention()`` call 1.0 us, a masked MultiHeadAttention call 2.5-3.1 us, a transformers Llama layer's
-attention 4.9 us: equal_look_*.txt there), so the sizes lean towards it."""
+benchmarks/results/overhead_ab_2026-11-27_eleventh/equal_sizes.txt). Inside a call the scan's lead over the
+maximum is larger (1.0 us of a plain ``attention()`` call, 2.7-3.3 us of a masked MultiHeadAttention call, 4.4 us
+of a transformers Llama layer's attention: equal_look_*.txt there), so the sizes lean towards it."""
 
 
 def holds_nan(x: Tensor) -> bool:
