@@ -32,11 +32,13 @@ def _looped(fn, *batched):
     return torch.stack([fn(*(x[i] for x in batched)) for i in range(N)])
 
 
+CALLS_MASK = torch.rand(B, 1, L, S, generator=torch.Generator().manual_seed(9)) < 0.5
 CALLS = {
     "dense": {},
     "causal": {"is_causal": True},
     "causal bottom-right": {"is_causal": True, "causal_align": "bottom-right"},
     "window": {"window": 3},
+    "window, auto's tiled size": {"window": 1},  # S >= 8 windows: auto tiles this outside a transform
     "shared mask": {"mask": torch.rand(L, S, generator=torch.Generator().manual_seed(3)) < 0.6},
     "padding": {"mask": masks.padding(torch.tensor([S - 4, S]), S)},
     "block mask": {"mask": masks.causal_block_mask(L, S, block=2)},
@@ -44,6 +46,8 @@ CALLS = {
     "sinks": {"sinks": torch.randn(H, dtype=torch.float64, generator=torch.Generator().manual_seed(5))},
     "score_mod": {"score_mod": lambda score, b, h, q_idx, kv_idx: 5 * torch.tanh(score / 5)},
     "reference": {"backend": "reference", "need_weights": True},
+    "weights of one head": {"need_weights": [1]},  # SDPA's output, the head's weights block by block
+    "weights under a mask": {"mask": CALLS_MASK, "need_weights": True},
 }
 
 
@@ -58,6 +62,8 @@ def test_vmap_gives_the_loops_numbers(name):
         result = attnkit.attention(a, b, c, **kwargs)
         return result.output if result.weights is None else (result.output, result.weights)
 
+    if name == "window, auto's tiled size":
+        assert attnkit.functional.routing.AUTO_TILED_MIN_KEYS_PER_WINDOW * kwargs["window"] <= S
     got, want = vmap(call)(q, k, v), [call(*(x[i] for x in (q, k, v))) for i in range(N)]
     if isinstance(got, tuple):
         for part, wanted in zip(got, zip(*want)):
@@ -78,10 +84,11 @@ def test_vmap_over_a_mask_per_sample():
     assert not _looked.isnan().any() and (got[1, 0, :, 2] == 0).all()
 
 
-def test_auto_leaves_the_tiled_loop_out_under_vmap_and_an_explicit_tiled_backend_is_refused_by_name():
+def test_auto_leaves_the_tiled_loop_out_under_vmap_and_an_explicit_tiled_or_flex_backend_is_refused_by_name():
     """A score_mod call large enough that auto takes the tiled loop outside a transform runs the reference
-    backend under vmap (the same numbers as the tiled loop's, sample by sample); backend='tiled' under vmap or
-    grad raises an error that names it and the backends that run."""
+    backend under vmap (the same numbers as the tiled loop's, sample by sample), and so does a call asking for the
+    lse; backend='tiled' under vmap or grad, and backend='flex' under vmap, raise an error that names the backend
+    and those that run."""
     generator = torch.Generator().manual_seed(6)
     q, k, v = (randn(N, 1, 2, 80, 8, dtype=torch.float64, generator=generator) for _ in range(3))
     softcap = CALLS["score_mod"]["score_mod"]
@@ -93,6 +100,11 @@ def test_auto_leaves_the_tiled_loop_out_under_vmap_and_an_explicit_tiled_backend
         vmap(lambda a, b, c: attnkit.attention(a, b, c, backend="tiled").output)(q, k, v)
     with pytest.raises(ValueError, match=r"backend='tiled' cannot run under a torch.func transform"):
         grad(lambda a: attnkit.attention(a, k[0], v[0], backend="tiled").output.sum())(q[0])
+    with pytest.raises(ValueError, match=r"backend='flex' cannot run under a torch.func transform.*'sdpa'"):
+        vmap(lambda a, b, c: attnkit.attention(a, b, c, backend="flex").output)(q, k, v)
+    lse = vmap(lambda a, b, c: attnkit.attention(a, b, c, return_lse=True).lse)(q, k, v)  # auto: the reference's
+    torch.testing.assert_close(lse, _looped(lambda a, b, c: attnkit.attention(a, b, c, backend="tiled",
+                                                                                return_lse=True).lse, q, k, v))
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v", "masked key"])

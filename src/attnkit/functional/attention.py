@@ -296,8 +296,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
             learned_bias = problem.bias is not None and problem.bias.requires_grad and torch.is_grad_enabled()
             # the lse backends take no bias gradients: the written-out softmax does, and has the lse
             name = "reference" if learned_bias else lse_backend(q, problem.dropout_p)
-        if name == "tiled" and under_transform:  # the tiled loop has no torch.func rule (.tracing): the same numbers
-            name = "reference"
+        if under_transform and name in ("tiled", "flex"):  # neither runs under torch.func (.tracing): the same numbers
+            name = "reference" if problem.score_mod is not None or return_lse else "sdpa"
     else:
         name = backend
         if return_lse and name == "sdpa":

@@ -7,9 +7,10 @@ allowed key, a bias's look for masked keys. That is not possible, or not wanted,
 - under a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ...). Under ``vmap`` a tensor holds no single
   value to read. The other transforms take the same path, so that they nest with ``vmap`` in any order.
 
-In both cases attnkit takes the paths that read nothing. The NaN rule finds its rows without a look, masks are
-filled rather than looked at, and ``auto`` leaves out the tiled loop. The tiled loop looks at its tiles, and its
-autograd.Function has no functorch rule.
+In both cases attnkit takes the paths that read nothing. The NaN rule finds its rows without a look, and masks are
+filled rather than looked at. Under a transform, ``auto`` also leaves out the tiled loop and flex. The tiled loop
+looks at its tiles, and its autograd.Function has no functorch rule. PyTorch traces flex_attention with TorchDynamo,
+which does not take a transform's tensors.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from .. import masks as _masks
 from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod, index_grids
 from ..checks import Dims
 from ..devices import device_type
+from ..tracing import transformed
 
 __all__ = [
     "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "accumulation_dtype", "head_weights", "score_mod_needs_grad",
@@ -216,14 +217,18 @@ def head_weights(q: Tensor, k: Tensor, problem: Problem, heads: list[int]) -> Te
     bias = _select_heads(problem.bias, heads)
     block_mask = problem.block_mask
     sinks = None if problem.sinks is None else problem.sinks.index_select(0, index).to(acc)[None, :, None]
-    out = torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
+    # Under a torch.func transform (.tracing) a block's weights may be batched where a buffer made here is not:
+    # the blocks are joined instead of written into one, and nothing is done in place.
+    joined = transformed()
+    out = None if joined else torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
+    blocks: list[Tensor] = []
     block = max(1, HEAD_WEIGHTS_BLOCK_ELEMENTS // max(1, dims.B * len(heads) * dims.S))
     k_t = k_sel.transpose(-1, -2)
     # In place saves a block's worth of memory, but autograd needs exp's output untouched: weights
     # that will be differentiated (guided alignment training) take the out-of-place path.
-    in_place = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
-                                                 (bias is not None and bias.requires_grad) or
-                                                 (sinks is not None and sinks.requires_grad)))
+    in_place = not joined and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                                                (bias is not None and bias.requires_grad) or
+                                                                (sinks is not None and sinks.requires_grad)))
     for q0 in range(0, dims.L, block):
         q1 = min(dims.L, q0 + block)
         scores = (q_sel[:, :, q0:q1].to(acc) * problem.scale) @ k_t
@@ -251,8 +256,11 @@ def head_weights(q: Tensor, k: Tensor, problem: Problem, heads: list[int]) -> Te
         if sinks is not None:
             total = total + (sinks[..., None] - row_max).exp()
         total = total.masked_fill(total == 0, 1.0)
-        out[:, :, q0:q1] = weights.div_(total) if in_place else weights / total
-    return out
+        if out is None:
+            blocks.append(weights / total)
+        else:
+            out[:, :, q0:q1] = weights.div_(total) if in_place else weights / total
+    return torch.cat(blocks, dim=2) if out is None else out
 
 
 def apply_sinks(result: BackendResult, sinks: Tensor) -> BackendResult:
