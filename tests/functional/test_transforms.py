@@ -168,3 +168,48 @@ def test_traced_is_true_under_a_transform_and_false_outside():
     vmap(probe)(torch.ones(2, 2))
     grad(probe)(torch.ones(2))
     assert seen == [(False, False), (True, True), (True, True)]
+
+
+def _layers() -> dict[str, tuple]:
+    """One of each attention layer, small, with how to call it on x (B, L, 32)."""
+    from attnkit import layers
+
+    D = 32
+    return {
+        "Bahdanau": (layers.BahdanauAttention(D, D, 16), lambda m, x: m(x[:, 0], x)),
+        "Luong local-p": (layers.LuongAttention(D, "general", "local-p", half_width=2), lambda m, x: m(x[:, 0], x)),
+        "SelfAttention": (layers.SelfAttention(D), lambda m, x: m(x)),
+        "GatedAttention": (layers.GatedAttention(D, 4), lambda m, x: m(x)),
+        "DifferentialAttention": (layers.DifferentialAttention(D, 4), lambda m, x: m(x)),
+        "LatentAttention": (layers.LatentAttention(D, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                                                   v_head_dim=8), lambda m, x: m(x)),
+        "GatedDeltaNet": (layers.GatedDeltaNet(D, 2, 2, 8, 8, chunk_size=4), lambda m, x: m(x)),
+        "KimiDeltaAttention": (layers.KimiDeltaAttention(D, 2, 8, chunk_size=4), lambda m, x: m(x)),
+        "LightningAttention": (layers.LightningAttention(D, 2, 8, layer_idx=0, num_layers=2, block_size=4),
+                               lambda m, x: m(x)),
+        "Performer": (layers.PerformerAttention(D, 4, 16), lambda m, x: m(x)),
+        "Linformer": (layers.LinformerAttention(D, 4, L, 4), lambda m, x: m(x)),
+        "Longformer": (layers.LongformerSelfAttention(D, 4, width=2, block=4), lambda m, x: m(x)),
+        "TorchMultiheadAttention": (layers.TorchMultiheadAttention(D, 4, batch_first=True), lambda m, x: m(x, x, x)),
+    }
+
+
+LAYERS = list(_layers())
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_every_kind_of_layer_under_vmap_gives_the_loops_numbers(name):
+    """Each layer family (additive, multiplicative local, self, gated, differential, latent, the delta rules and
+    lightning attention, the efficient variants, torch's MultiheadAttention's stand-in) mapped over a leading dim
+    of its input, in float64."""
+    torch.manual_seed(0)
+    layer, call = _layers()[name]
+    layer = layer.double().eval()
+    x = torch.randn(N, B, L, 32, dtype=torch.float64)
+
+    def output(y):
+        result = call(layer, y)
+        return result if isinstance(result, torch.Tensor) else result[0]
+
+    with torch.no_grad():
+        torch.testing.assert_close(vmap(output)(x), _looped(output, x), rtol=1e-12, atol=1e-13)
