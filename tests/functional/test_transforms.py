@@ -213,3 +213,24 @@ def test_every_kind_of_layer_under_vmap_gives_the_loops_numbers(name):
 
     with torch.no_grad():
         torch.testing.assert_close(vmap(output)(x), _looped(output, x), rtol=1e-12, atol=1e-13)
+
+
+def test_per_sample_parameter_gradients_of_a_layer_match_autograd_sample_by_sample():
+    """torch.func's per-sample-gradient recipe (DP-SGD): vmap(grad(loss)) over functional_call of a
+    MultiHeadAttention (packed projection, GQA, causal) gives each sample's parameter gradients as autograd does."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    layer = attnkit.MultiHeadAttention(32, 4, 2).double()
+    params = {name: p.detach() for name, p in layer.named_parameters()}
+    x = torch.randn(N, L, 32, dtype=torch.float64)
+
+    def loss(p, xi):
+        return functional_call(layer, p, (xi[None],), {"is_causal": True}).output.square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(N):
+        layer.zero_grad()
+        layer(x[i:i + 1], is_causal=True).output.square().sum().backward()
+        for name, p in layer.named_parameters():
+            torch.testing.assert_close(per_sample[name][i], p.grad, rtol=1e-10, atol=1e-12)
