@@ -222,26 +222,18 @@ def test_conversions_and_copies_stay_packed(convert, rng):
         torch.testing.assert_close(converted(x).output, separately(converted, x))
 
 
-def test_a_layer_built_on_the_meta_device_packs_when_materialised(rng):
-    with torch.device("meta"):
+@pytest.mark.parametrize("how", ["built there", "moved there"])
+def test_a_layer_on_the_meta_device_runs_there_and_packs_when_materialised(how, rng):
+    """A layer built on the meta device, or a packed one moved there (torch.func's ensembling recipe moves a copy
+    there for functional_call), keeps no packing (none pointing at old memory: is_set_to has no meta kernel, and
+    the move raised), runs a meta forward for its shapes, and packs when materialised (to_empty)."""
+    if how == "built there":
+        with torch.device("meta"):
+            layer = MultiHeadAttention(32, 4)
+    else:
         layer = MultiHeadAttention(32, 4)
-    assert layer._packed_qkv is None
-    layer.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_()
-        x = randn(1, 4, 32, generator=rng)
-        assert matmuls(lambda: layer(x)) == 2
-        torch.testing.assert_close(layer(x).output, separately(layer, x))
-
-
-def test_a_packed_layer_moved_to_the_meta_device_runs_there_and_packs_again_when_materialised(rng):
-    """layer.to("meta") (torch.func's ensembling recipe moves a copy there for functional_call) leaves no packing
-    that points at the old memory (is_set_to has no meta kernel: this raised), runs a meta forward for its shapes,
-    and packs again when materialised (to_empty)."""
-    layer = MultiHeadAttention(32, 4)
-    assert layer._packed_qkv is not None
-    layer.to("meta")
+        assert layer._packed_qkv is not None
+        layer.to("meta")
     assert layer._packed_qkv is None
     assert layer(torch.empty(2, 5, 32, device="meta")).output.shape == (2, 5, 32)
     layer.to_empty(device="cpu")
@@ -253,6 +245,7 @@ def test_a_packed_layer_moved_to_the_meta_device_runs_there_and_packs_again_when
         torch.testing.assert_close(layer(x).output, separately(layer, x))
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's own vmap fallback
 def test_an_ensemble_of_layers_through_functional_call_and_vmap_gives_each_layers_numbers(rng):
     """torch.func's model ensembling: the stacked parameters of three layers, vmapped through functional_call
     on a meta copy, give what each layer gives."""
