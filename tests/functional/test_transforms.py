@@ -234,3 +234,18 @@ def test_per_sample_parameter_gradients_of_a_layer_match_autograd_sample_by_samp
         layer(x[i:i + 1], is_causal=True).output.square().sum().backward()
         for name, p in layer.named_parameters():
             torch.testing.assert_close(per_sample[name][i], p.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_jacrev_matches_autograds_jacobian():
+    """torch.func.jacrev of a masked call's output with respect to q gives autograd's Jacobian."""
+    from torch.func import jacrev
+
+    generator = torch.Generator().manual_seed(10)
+    q, k, v = (randn(1, 2, n, 4, dtype=torch.float64, generator=generator) for n in (3, 5, 5))
+    mask = torch.tensor([[True, True, False, True, True]] * 3)
+
+    def call(a):
+        return attnkit.attention(a, k, v, mask=mask).output
+
+    expected = torch.autograd.functional.jacobian(call, q)
+    torch.testing.assert_close(jacrev(call)(q), expected, rtol=1e-12, atol=1e-14)
