@@ -1,7 +1,8 @@
-"""attention() and the layers under torch.func transforms (vmap, grad and their nesting), as PyTorch's SDPA runs
-there: the same numbers as a loop over the batch or as autograd, the NaN rule's rows included. Under a transform
-no value is read on the host (attnkit.functional.tracing): the rule takes its path without a look, masks are
-filled rather than looked at, and auto leaves out the tiled loop; an explicit tiled backend is refused by name."""
+"""attention() and the layers under torch.func transforms (vmap, grad, jacrev and their nesting), as PyTorch's
+SDPA runs there: the same numbers as a loop over the batch or as autograd, the NaN rule's rows included. Under a
+transform no value is read on the host (attnkit.functional.tracing): the rule takes its path without a look, masks
+are filled rather than looked at, and auto leaves out the tiled loop and flex; an explicit tiled or flex backend is
+refused by name."""
 
 from __future__ import annotations
 
