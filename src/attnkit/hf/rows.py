@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..functional.tracing import traced
+
 __all__ = ["EmptyRows", "structured_empty_rows", "mask_empty_rows", "as_eager"]
 
 
@@ -78,7 +80,7 @@ def mask_empty_rows(mask: Tensor | None, bias: Tensor | None) -> EmptyRows | Non
     masked = bias <= torch.finfo(bias.dtype).min / 2
     rows = masked.all(dim=-1) & ~torch.isneginf(bias).all(dim=-1)
     averaged = bias == bias.amax(dim=-1, keepdim=True)  # where eager's rounding leaves the weight
-    if bias.is_cpu and not torch.compiler.is_compiling() and bool((averaged | ~rows[..., None]).all()):
+    if bias.is_cpu and not traced() and bool((averaged | ~rows[..., None]).all()):
         return EmptyRows(rows=rows)  # every empty row averages all S keys (transformers' finfo.min masks)
     return EmptyRows(rows=rows, keys=averaged)
 
@@ -90,7 +92,7 @@ def as_eager(output: Tensor, weights: Tensor | None, empty: EmptyRows, query: Te
     empty rows replaced by eager's rows, gradients included (the weights' too). ``bias`` (B|1, H, L, S):
     an additive term that needs gradients (T5's relative position bias)."""
     rows = empty.rows
-    if query.is_cpu and not torch.compiler.is_compiling() and not bool(rows.any()):
+    if query.is_cpu and not traced() and not bool(rows.any()):
         return output, weights
     learned = bias is not None and bias.requires_grad
     weights_train = weights is not None and torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
