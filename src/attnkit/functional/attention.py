@@ -32,13 +32,14 @@ from .routing import (  # auto's rules (choose_backend and lse_backend re-export
 from .sdpa_names import check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 from .torch_block_mask import as_block_mask
-from .tracing import traced, transformed
+from .tracing import exportable, one_graph, traced, transformed
 
 __all__ = ["AttentionOutput", "make_output", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
            "BACKEND_NAMES"]
 
 BACKEND_NAMES = ("auto", *BACKENDS)
 
+@exportable
 class AttentionOutput(NamedTuple):
     """Result of :func:`attention` (and of the attention layers).
 
@@ -288,16 +289,15 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
                               need_weights, score_mod, sinks)
     if backend == "auto":
-        under_transform = transformed()
-        if not under_transform:  # (classifying looks at the mask on the host)
-            problem = classified(problem)
-        name = choose_backend(problem)
-        if return_lse and name == "sdpa":  # SDPA's kernels keep their lse to themselves
-            learned_bias = problem.bias is not None and problem.bias.requires_grad and torch.is_grad_enabled()
-            # the lse backends take no bias gradients: the written-out softmax does, and has the lse
-            name = "reference" if learned_bias else lse_backend(q, problem.dropout_p)
-        if under_transform and name in ("tiled", "flex"):  # neither runs under torch.func (.tracing): the same numbers
+        if one_graph():  # a transform or torch.export (.tracing): no look at the mask, no question of sizes
             name = "reference" if problem.score_mod is not None or return_lse else "sdpa"
+        else:
+            problem = classified(problem)  # (classifying looks at the mask on the host)
+            name = choose_backend(problem)
+            if return_lse and name == "sdpa":  # SDPA's kernels keep their lse to themselves
+                learned_bias = problem.bias is not None and problem.bias.requires_grad and torch.is_grad_enabled()
+                # the lse backends take no bias gradients: the written-out softmax does, and has the lse
+                name = "reference" if learned_bias else lse_backend(q, problem.dropout_p)
     else:
         name = backend
         if return_lse and name == "sdpa":
@@ -339,20 +339,27 @@ def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, wind
     if mask is not None and not is_causal and window is None:
         if type(mask) is Tensor:
             check_mask(mask, dims, q.device)  # first: a mask of another rank is named, not indexed
-            return _GENERAL if mask.shape[-2] * dims.S >= AUTO_CLASSIFY_MIN_ENTRIES else mask
+            if is_exporting() or mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES:  # (exported: sizes may be symbols)
+                return mask
+            return _GENERAL
         blocks = mask if type(mask) is BlockMask else as_block_mask(mask)  # torch's BlockMask: converted once
         if type(blocks) is not BlockMask:
             return _GENERAL  # (a subclass, or not a mask: the general path names it)
         check_block_mask(blocks, dims, q.device)
-        if backend == "sdpa" or blocks.occupancy() > AUTO_TILED_MAX_OCCUPANCY:
+        if backend == "sdpa" or is_exporting() or blocks.occupancy() > AUTO_TILED_MAX_OCCUPANCY:
             return blocks.to_dense()  # what the sdpa backend materialises, kept with the block mask
         return _GENERAL
     if (mask is None and type(window) is int and window >= 1
-            and (backend == "sdpa" or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
+            and (backend == "sdpa" or is_exporting() or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
         return whole_structure(dims.L, dims.S, _masks.causal_offset(dims.L, dims.S, causal_align), window, q.device)
     return _GENERAL
 """Backends under which a plain call (no mask, bias, window, score_mod, sinks, weights or dropout) goes
 straight to SDPA: ``auto`` picks it for such a call on every device."""
+
+
+is_exporting = torch.compiler.is_exporting
+"""Whether ``torch.export`` traces (strict or not): :func:`_direct_mask` then hands SDPA what it is given, asking
+neither a size (a symbol under dynamic shapes, where a comparison narrows the declared range) nor the mask."""
 
 
 def _default_scale(E: int) -> float:

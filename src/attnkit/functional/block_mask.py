@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_int
-from .devices import device_type
+from .tracing import may_keep
 
 __all__ = ["BlockMask", "MaskMod", "ScoreMod", "block_mask", "index_grids", "length_bucket", "EMPTY", "PARTIAL", "FULL",
            "DEFAULT_BLOCK"]
@@ -55,8 +55,7 @@ def index_grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int,
     against 14 us: benchmarks/results/overhead_ab_2026-11-27_fifth/index_grids_cost.txt). Built afresh while
     compiling, under a dispatch mode (a fake or traced tensor is never kept) and during CUDA-graph capture
     (where kernels are recorded, not run: a tensor built then holds nothing until the graph is replayed)."""
-    if (torch.compiler.is_compiling() or _dispatch_modes()
-            or (device_type(device) == "cuda" and torch.cuda.is_current_stream_capturing())):
+    if not may_keep(device):
         return _grids(B, H, q0, q1, k0, k1, device)
     b, h, q_idx, kv_idx = _kept_grids(B, H, q0, q1, k0, k1, device)
     return b.clone(), h.clone(), q_idx.clone(), kv_idx.clone()
@@ -77,10 +76,6 @@ def _kept_grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int, device) -> t
     out: :func:`index_grids` gives copies."""
     with torch.inference_mode(False):
         return _grids(B, H, q0, q1, k0, k1, device)
-
-
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-"""How many ``TorchDispatchMode``s are active (FakeTensorMode, a tracer, an op counter): nonzero, nothing kept."""
 
 
 def length_bucket(n: int) -> int:
@@ -237,8 +232,8 @@ class BlockMask:
         rows = max(1, TILE_ELEMENTS // max(1, B * H * S))
         for q0 in range(0, L, rows):
             out[:, :, q0 : q0 + rows] = self.tile(q0, min(L, q0 + rows), 0, S)
-        if out.numel() <= CACHE_ELEMENTS:  # SDPA and reference calls reuse it
-            self._dense = out
+        if out.numel() <= CACHE_ELEMENTS and may_keep(self.device):  # SDPA and reference calls reuse it (not a
+            self._dense = out  # fake or traced one: exported, compiled, under a fake tensor mode)
         return out
 
     # ------------------------------------------------------------------ iteration for the tiled backend

@@ -106,8 +106,8 @@ def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
     is no one value to look at: :mod:`.tracing`), nor on other devices."""
     if q.is_cpu:  # traced() inline: a Python frame fewer on every plain call
         return not torch.compiler.is_compiling() and not transformed()
-    return (q.is_cuda and q.nbytes + k.nbytes + v.nbytes >= DEVICE_LOOK_MIN_BYTES
-            and not traced() and not torch.cuda.is_current_stream_capturing()
+    return (q.is_cuda and not traced() and q.nbytes + k.nbytes + v.nbytes >= DEVICE_LOOK_MIN_BYTES
+            and not torch.cuda.is_current_stream_capturing()
             and torch.cuda.get_sync_debug_mode() == 0)
 
 
@@ -140,9 +140,9 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
     common case where the rule looks first (:func:`looks_first`; otherwise :func:`with_nan_rows`)."""
     if not _on:
         return output
-    if ((not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H  # an empty output has no maximum
-            and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)
-            and looks_first(q, k, v)):
+    if (looks_first(q, k, v)  # first: traced (compiled, exported) shapes may be symbols, and a test a guard
+            and (not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H  # an empty output has no maximum
+            and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)):
         return with_nan_rows(q, k, v, dims, output) if holds_nan(output) else output
     return with_nan_rows(q, k, v, dims, output)
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from .backends import flex_tables
 from .backends.flex import _lookup, flex_block_mask
 from .block_mask import BlockMask
+from .tracing import may_keep
 
 __all__ = ["from_torch", "to_torch", "as_block_mask", "is_torch_block_mask"]
 
@@ -46,7 +47,8 @@ def from_torch(mask) -> BlockMask:
     mod = flex_tables.tiled_mask_mod(kinds, block_size, mask.mask_mod)
     result = BlockMask(kinds, (kinds.shape[0], kinds.shape[1], L, S), block_size, mask_mod=mod)
     result._torch = mask
-    mask._attnkit_block_mask = (mask.kv_indices, result)  # kept on the torch mask: every layer converts once
+    if may_keep(kinds.device):  # kept on the torch mask: every layer converts once (a fake one never)
+        mask._attnkit_block_mask = (mask.kv_indices, result)
     return result
 
 

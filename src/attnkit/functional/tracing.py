@@ -11,18 +11,52 @@ In both cases attnkit takes the paths that read nothing. The NaN rule finds its 
 filled rather than looked at. Under a transform, ``auto`` also leaves out the tiled loop and flex. The tiled loop
 looks at its tiles, and its autograd.Function has no functorch rule. PyTorch traces flex_attention with TorchDynamo,
 which does not take a transform's tensors.
+
+A third question is whether a tensor built now may be kept and served to later calls (:func:`may_keep`): not
+while compiling or exporting, nor under a dispatch mode (``FakeTensorMode``, which ``torch.export`` traces under,
+or a tracer: a fake or traced tensor kept in a cache would be handed to the next eager call), nor during CUDA-graph
+capture (where kernels are recorded, not run: a tensor built then holds nothing until the graph is replayed).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["traced", "transformed"]
+from .devices import device_type
+
+__all__ = ["traced", "transformed", "one_graph", "may_keep", "exportable"]
 
 transformed = torch._C._are_functorch_transforms_active
 """Whether a torch.func transform is active (0.04 us a call)."""
 
 
+def one_graph() -> bool:
+    """Whether ``auto`` must choose among the backends that trace into one graph (SDPA, reference) without a look
+    at a value or a question of sizes: under a torch.func transform, and under ``torch.export``, whose graph has no
+    breaks and whose shapes may be symbols (a size compared would narrow the range the user declared)."""
+    return transformed() or torch.compiler.is_exporting()
+
+
 def traced() -> bool:
     """Whether values are out of the host's reach: compiling or under a torch.func transform (the module)."""
     return torch.compiler.is_compiling() or transformed()
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+"""How many ``TorchDispatchMode``s are active (FakeTensorMode, a tracer, an op counter)."""
+
+
+def may_keep(device: torch.device) -> bool:
+    """Whether a tensor built now on ``device`` may be kept for later calls (the module): not while compiling or
+    exporting, under a dispatch mode, or during CUDA-graph capture."""
+    if torch.compiler.is_compiling() or _dispatch_modes():
+        return False
+    return device_type(device) != "cuda" or not torch.cuda.is_current_stream_capturing()
+
+
+def exportable(cls):
+    """The NamedTuple ``cls`` (a module's output: AttentionOutput, LMOutput, ...) registered with torch's pytree
+    under its import path, so that a program ``torch.export`` traced through a module returning it can be saved
+    (``torch.export.save``) and loaded; torch refuses to serialise an unregistered namedtuple."""
+    torch.utils._pytree._register_namedtuple(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+    return cls

@@ -20,6 +20,7 @@ from ..functional import kept
 from ..functional import masks as _masks
 from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int, check_rank
+from ..functional.tracing import may_keep
 
 __all__ = [
     "sinusoidal_table",
@@ -268,7 +269,11 @@ class RotaryEmbedding(nn.Module):
     def _slice(self, offset: int, L: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """The table's rows offset .. offset+L-1. The last answer is kept: the layers that share this embedding
         rotate their queries and keys at the same positions in one decoding step (eight slices a step of four
-        layers, each a view op and host time, become one pair)."""
+        layers, each a view op and host time, become one pair). Where nothing may be kept (:func:`may_keep`: a
+        compiled or exported graph, a fake tensor, CUDA-graph capture) the rows are computed afresh, with the same
+        numbers, and neither the table nor the last answer is read or written."""
+        if not may_keep(device):  # compiling, exporting, a fake tensor mode, CUDA-graph capture: nothing kept or read
+            return _full_width(*self.angles(torch.arange(offset, offset + L, device=device), dtype), self.interleaved)
         last = self._last_slice
         if last is not None and last[0] == offset and last[1] == L and last[2] is dtype and last[3] == device:
             return last[4], last[5]

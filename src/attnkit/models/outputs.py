@@ -11,10 +11,12 @@ import torch
 from torch import Tensor
 
 from ..functional.checks import check_rank
+from ..functional.tracing import exportable
 
 __all__ = ["TranslationOutput", "StepOutput", "LMOutput", "EncoderOutput", "check_source"]
 
 
+@exportable
 class TranslationOutput(NamedTuple):
     """Teacher-forced output of an encoder-decoder."""
 
@@ -22,6 +24,7 @@ class TranslationOutput(NamedTuple):
     weights: Tensor | None  # (B, T, S) alignment, None without attention
 
 
+@exportable
 class StepOutput(NamedTuple):
     """One decoding step of an encoder-decoder."""
 
@@ -29,6 +32,7 @@ class StepOutput(NamedTuple):
     weights: Tensor | None  # (B, S)
 
 
+@exportable
 class LMOutput(NamedTuple):
     """Output of a decoder-only language model."""
 
@@ -37,6 +41,7 @@ class LMOutput(NamedTuple):
     attentions: list[Tensor] | None  # per layer (B, H, L, S), when asked for
 
 
+@exportable
 class EncoderOutput(NamedTuple):
     """Output of an encoder-only model."""
 

@@ -13,7 +13,7 @@ from .. import masks as _masks
 from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod, index_grids
 from ..checks import Dims
 from ..devices import device_type
-from ..tracing import transformed
+from ..tracing import may_keep, transformed
 
 __all__ = [
     "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "accumulation_dtype", "head_weights", "score_mod_needs_grad",
@@ -127,8 +127,9 @@ def structural_block(q0: int, q1: int, k0: int, k1: int, offset: int, window: in
 
 def whole_structure(L: int, S: int, offset: int, window: int | None, device) -> Tensor | None:
     """The causal (and window) mask of a whole (L, S) call, or None; small ones (decoding steps, short prefills,
-    where a call costs microseconds) built once per shape and kept (read-only)."""
-    if L * S > STRUCTURE_CACHE_ENTRIES:
+    where a call costs microseconds) built once per shape and kept (read-only), except where nothing built may be
+    kept (:func:`..tracing.may_keep`: compiling, exporting, a fake tensor mode, CUDA-graph capture)."""
+    if not may_keep(device) or L * S > STRUCTURE_CACHE_ENTRIES:  # (first: exported sizes may be symbols)
         return structural_block(0, L, 0, S, offset, window, device)
     key = (L, S, offset, window, device)
     found = _structures.get(key, _MISSING)
@@ -222,15 +223,18 @@ def head_weights(q: Tensor, k: Tensor, problem: Problem, heads: list[int]) -> Te
     joined = transformed()
     out = None if joined else torch.empty(dims.B, len(heads), dims.L, dims.S, dtype=q.dtype, device=q.device)
     blocks: list[Tensor] = []
-    block = max(1, HEAD_WEIGHTS_BLOCK_ELEMENTS // max(1, dims.B * len(heads) * dims.S))
+    if type(dims.L) is int and type(dims.S) is int:
+        block = max(1, HEAD_WEIGHTS_BLOCK_ELEMENTS // max(1, dims.B * len(heads) * dims.S))
+        spans = [(q0, min(dims.L, q0 + block)) for q0 in range(0, dims.L, block)]
+    else:  # sizes that are symbols (exported or compiled with dynamic shapes): one block, no guard on a length
+        spans = [(0, dims.L)]
     k_t = k_sel.transpose(-1, -2)
     # In place saves a block's worth of memory, but autograd needs exp's output untouched: weights
     # that will be differentiated (guided alignment training) take the out-of-place path.
     in_place = not joined and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
                                                                 (bias is not None and bias.requires_grad) or
                                                                 (sinks is not None and sinks.requires_grad)))
-    for q0 in range(0, dims.L, block):
-        q1 = min(dims.L, q0 + block)
+    for q0, q1 in spans:
         scores = (q_sel[:, :, q0:q1].to(acc) * problem.scale) @ k_t
         if bias is not None:
             scores = scores + slice_block(bias, q0, q1, 0, dims.S).to(acc)

@@ -255,6 +255,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         raise ValueError("backend='flex' cannot run under a torch.func transform (vmap, grad, jacrev, ...): PyTorch "
                          "traces flex_attention with TorchDynamo, which does not take the transform's tensors; use "
                          "backend='auto' (which leaves it out there), 'sdpa' or 'reference'")
+    if torch.compiler.is_exporting():
+        raise ValueError("backend='flex' cannot be exported (torch.export): it pads each call to a length bucket and "
+                         "keeps its compiled kernels and tile tables between calls, which an exported graph cannot; "
+                         "use backend='auto' (which leaves it out there), 'sdpa' or 'reference'")
     if problem.dropout_p > 0:
         raise ValueError("the flex backend has no attention dropout (FlexAttention has none); "
                          "use backend='sdpa' or 'tiled' with dropout_p > 0")

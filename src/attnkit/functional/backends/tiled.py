@@ -347,6 +347,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         raise ValueError("backend='tiled' cannot run under a torch.func transform (vmap, grad, jacrev, ...): its loop "
                          "looks at its tiles on the host and its autograd.Function has no functorch rule; use "
                          "backend='auto' (which leaves it out there), 'sdpa' or 'reference'")
+    if torch.compiler.is_exporting():
+        raise ValueError("backend='tiled' cannot be exported (torch.export): its loop looks at its tiles on the host, "
+                         "which an exported graph cannot; use backend='auto' (which leaves it out there), 'sdpa' or "
+                         "'reference'")
     seed = None
     if problem.dropout_p > 0:
         seed = int(torch.randint(0, 2**62, (1,)).item())

@@ -42,11 +42,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..backends._common import accumulation_dtype
+from ..tracing import exportable
 
 __all__ = ["LinearAttentionOutput", "gated_delta_rule", "delta_rule", "gated_linear_attention", "implicit_attention",
            "l2norm"]
 
 
+@exportable
 class LinearAttentionOutput(NamedTuple):
     """``output`` (B, H, L, V) in the inputs' dtype; ``final_state`` (B, H, K, V) in float32 (float64 for
     float64 inputs) when asked for, else None."""
