@@ -9,6 +9,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import attnkit
 from attnkit import masks, reference
@@ -291,7 +292,7 @@ def test_a_mod_that_writes_into_its_index_tensors_changes_only_its_own_call(back
     assert torch.equal(masks.block_mask(mask_vandal, None, None, 16, 16, block=(8, 8)).to_dense(), blocks.to_dense())
 
 
-def test_index_tensors_are_fresh_under_inference_mode_and_built_afresh_under_a_dispatch_mode(rng):
+def test_index_tensors_are_fresh_under_inference_mode_and_built_afresh_under_a_fake_tensor_mode(rng):
     """Tensors first asked for under inference_mode are kept as ordinary ones: a later call under autograd gets
     copies it can save for backward (a learned table indexed by h), as it would get fresh aranges."""
     from attnkit.functional import block_mask as block_mask_module
@@ -312,9 +313,14 @@ def test_index_tensors_are_fresh_under_inference_mode_and_built_afresh_under_a_d
             torch.arange(7).view(1, 1, 1, 7))
     for got, expected in zip(block_mask_module.index_grids(2, 3, 4, 9, 0, 7, cpu), want):
         assert got.dtype == torch.int32 and torch.equal(got, expected.int())
-    with OpsSeen() as mode:
+    with OpsSeen() as mode:  # an op counter sees real tensors: the kept ones' copies, as without it
         block_mask_module.index_grids(2, 3, 4, 9, 0, 7, cpu)
-    assert sum(op.startswith("aten.arange") for op in mode.seen) == 4 and not any("clone" in op for op in mode.seen)
+    assert sum("clone" in op for op in mode.seen) == 4 and not any(op.startswith("aten.arange") for op in mode.seen)
+    kept = block_mask_module._kept_grids.cache_info().currsize
+    with FakeTensorMode():  # (what torch.export traces under): built afresh, and a fake tile is never kept
+        fresh = block_mask_module.index_grids(2, 3, 4, 9, 0, 8, cpu)
+    assert all(isinstance(x, FakeTensor) for x in fresh)
+    assert block_mask_module._kept_grids.cache_info().currsize == kept
 
 
 def test_a_learned_score_mod_goes_to_reference_and_the_tiled_backend_refuses_it(rng):

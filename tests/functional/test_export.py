@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 from torch.export import Dim
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention.flex_attention import create_block_mask
 
 import attnkit
@@ -23,7 +24,7 @@ from attnkit.layers import MultiHeadAttention
 from attnkit.models import DecoderLM
 from attnkit.models.config import DecoderConfig
 
-from helpers import randn
+from helpers import OpsSeen, randn
 
 B, H, Hkv, E = 2, 4, 2, 8
 TRACED_AT = 9
@@ -188,8 +189,8 @@ def test_nothing_traced_is_kept_for_an_eager_call():
 
 
 def test_nothing_is_kept_while_tracing():
-    """tracing.may_keep: no while exporting or compiling, under a fake tensor mode, nor under another dispatch
-    mode; yes in eager code."""
+    """tracing.may_keep: no while exporting, under a fake tensor mode or under make_fx's tracer; yes in eager
+    code."""
     assert tracing.may_keep(torch.device("cpu"))
     seen = []
 
@@ -201,7 +202,8 @@ def test_nothing_is_kept_while_tracing():
     torch.export.export(Probe(), (torch.zeros(2),), strict=False)
     with torch._subclasses.fake_tensor.FakeTensorMode():
         seen.append(tracing.may_keep(torch.device("cpu")))
-    assert seen == [False, False]
+    make_fx(Probe())(torch.zeros(2))  # a proxy tracer over real tensors
+    assert seen == [False, False, False]
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["MHA", "GQA"])
@@ -249,3 +251,15 @@ def test_an_exported_language_model_runs_at_other_lengths_and_round_trips(positi
                                        rtol=1e-10, atol=1e-10)
     rotary = [m for m in model.modules() if hasattr(m, "_last_slice")]
     assert all(not _fake(t) for m in rotary for t in (m._cached or ()))
+
+
+def test_an_op_counter_keeps_what_eager_code_keeps(rng):
+    """A dispatch mode that sees real tensors (an op counter, a profiler) is not tracing: a window call under it
+    keeps its structure and gives the same output."""
+    q = randn(1, 2, 5, 4, dtype=torch.float64, generator=rng)
+    _common._structures.clear()
+    with OpsSeen():
+        assert tracing.may_keep(q.device)
+        out = attnkit.attention(q, q, q, window=2).output
+    assert _common._structures and not any(_fake(x) for x in _common._structures.values())
+    torch.testing.assert_close(out, attnkit.attention(q, q, q, window=2, backend="reference").output)

@@ -3,18 +3,20 @@
 Some per-call shortcuts read a value on the host: the NaN rule's one look, a mask's look for rows with no
 allowed key, a bias's look for masked keys. That is not possible, or not wanted, in two cases:
 
-- while ``torch.compile`` traces, where a read would break the graph;
+- while ``torch.compile`` or ``torch.export`` traces, where a read would break the graph (export has no breaks);
 - under a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ...). Under ``vmap`` a tensor holds no single
   value to read. The other transforms take the same path, so that they nest with ``vmap`` in any order.
 
 In both cases attnkit takes the paths that read nothing. The NaN rule finds its rows without a look, and masks are
 filled rather than looked at. Under a transform, ``auto`` also leaves out the tiled loop and flex. The tiled loop
 looks at its tiles, and its autograd.Function has no functorch rule. PyTorch traces flex_attention with TorchDynamo,
-which does not take a transform's tensors.
+which does not take a transform's tensors. Under ``torch.export`` ``auto`` does the same and also asks no size
+(:func:`one_graph`): with dynamic shapes a size is a symbol, and a comparison with a routing threshold would be a
+guard that narrows the range of lengths the user declared.
 
 A third question is whether a tensor built now may be kept and served to later calls (:func:`may_keep`): not
-while compiling or exporting, nor under a dispatch mode (``FakeTensorMode``, which ``torch.export`` traces under,
-or a tracer: a fake or traced tensor kept in a cache would be handed to the next eager call), nor during CUDA-graph
+while compiling or exporting, nor under ``FakeTensorMode`` (which ``torch.export`` traces under) or a proxy tracer
+(a fake or traced tensor kept in a cache would be handed to the next eager call), nor during CUDA-graph
 capture (where kernels are recorded, not run: a tensor built then holds nothing until the graph is replayed).
 """
 
@@ -42,14 +44,15 @@ def traced() -> bool:
     return torch.compiler.is_compiling() or transformed()
 
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-"""How many ``TorchDispatchMode``s are active (FakeTensorMode, a tracer, an op counter)."""
+_mode = torch._C._get_dispatch_mode
+_FAKE, _PROXY = torch._C._TorchDispatchModeKey.FAKE, torch._C._TorchDispatchModeKey.PROXY
 
 
 def may_keep(device: torch.device) -> bool:
     """Whether a tensor built now on ``device`` may be kept for later calls (the module): not while compiling or
-    exporting, under a dispatch mode, or during CUDA-graph capture."""
-    if torch.compiler.is_compiling() or _dispatch_modes():
+    exporting, under a fake tensor mode or a proxy tracer (``make_fx``), or during CUDA-graph capture. Other
+    dispatch modes (an op counter, a profiler's) see real tensors, and what they see is kept as without them."""
+    if torch.compiler.is_compiling() or _mode(_FAKE) is not None or _mode(_PROXY) is not None:
         return False
     return device_type(device) != "cuda" or not torch.cuda.is_current_stream_capturing()
 
