@@ -180,11 +180,14 @@ def test_nothing_traced_is_kept_for_an_eager_call():
     blocks = masks.block_mask(masks.window_mod(4), None, None, 16, 16, block=4)
     torch_blocks = create_block_mask(lambda b, h, i, j: j <= i, None, None, 16, 16, device="cpu", BLOCK_SIZE=8)
     for module in (Call(window=5), Call(mask=blocks), Call(mask=torch_blocks)):
-        _export(module, args, dynamic=False)
+        _export(module, args, dynamic=False)  # traced first: built afresh from fake tensors, not kept
         torch.testing.assert_close(module(*args), attnkit.attention(*args, backend="reference",
                                                                     **module.options).output, rtol=1e-12, atol=1e-12)
     assert not any(_fake(x) for x in _common._structures.values())
     assert not _fake(blocks._dense)
+    for module in (Call(window=5), Call(mask=blocks)):  # kept by the eager calls first: a static export reads them
+        program = _export(module, args, dynamic=False)
+        torch.testing.assert_close(program.module()(*args), module(*args), rtol=1e-12, atol=1e-12)
     assert not hasattr(torch_blocks, "_attnkit_block_mask") or not _fake(torch_blocks._attnkit_block_mask[1].kinds)
 
 

@@ -127,19 +127,21 @@ def structural_block(q0: int, q1: int, k0: int, k1: int, offset: int, window: in
 
 def whole_structure(L: int, S: int, offset: int, window: int | None, device) -> Tensor | None:
     """The causal (and window) mask of a whole (L, S) call, or None; small ones (decoding steps, short prefills,
-    where a call costs microseconds) built once per shape and kept (read-only), except where nothing built may be
-    kept (:func:`..tracing.may_keep`: compiling, exporting, a fake tensor mode, CUDA-graph capture)."""
-    if not may_keep(device) or L * S > STRUCTURE_CACHE_ENTRIES:  # (first: exported sizes may be symbols)
-        return structural_block(0, L, 0, S, offset, window, device)
+    where a call costs microseconds) built once per shape and kept (read-only). Nothing is kept where nothing
+    built may be (:func:`..tracing.may_keep`: compiling, exporting, a fake tensor mode, CUDA-graph capture), and
+    sizes that are symbols (exported or compiled with dynamic shapes) are neither looked up nor compared."""
     key = (L, S, offset, window, device)
-    found = _structures.get(key, _MISSING)
-    if found is _MISSING:
-        found = _structures[key] = structural_block(0, L, 0, S, offset, window, device)
+    if type(L) is int and type(S) is int:  # a hit first: the call that costs microseconds asks nothing more
+        found = _structures.get(key, _MISSING)
+        if found is not _MISSING:
+            _structures.move_to_end(key)
+            return found
+    built = structural_block(0, L, 0, S, offset, window, device)
+    if may_keep(device) and L * S <= STRUCTURE_CACHE_ENTRIES:
+        _structures[key] = built
         if len(_structures) > STRUCTURE_CACHE_SIZE:
             _structures.popitem(last=False)
-    else:
-        _structures.move_to_end(key)
-    return found
+    return built
 
 
 STRUCTURE_CACHE_ENTRIES = 1 << 20
