@@ -339,14 +339,14 @@ def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, wind
     if mask is not None and not is_causal and window is None:
         if type(mask) is Tensor:
             check_mask(mask, dims, q.device)  # first: a mask of another rank is named, not indexed
-            if is_exporting() or mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES:  # (exported: sizes may be symbols)
-                return mask
+            if is_compiling() or mask.shape[-2] * dims.S < AUTO_CLASSIFY_MIN_ENTRIES:  # (traced: no look at the mask,
+                return mask  # no size compared: exported sizes may be symbols)
             return _GENERAL
         blocks = mask if type(mask) is BlockMask else as_block_mask(mask)  # torch's BlockMask: converted once
         if type(blocks) is not BlockMask:
             return _GENERAL  # (a subclass, or not a mask: the general path names it)
         check_block_mask(blocks, dims, q.device)
-        if backend == "sdpa" or is_exporting() or blocks.occupancy() > AUTO_TILED_MAX_OCCUPANCY:
+        if backend == "sdpa" or is_compiling() or blocks.occupancy() > AUTO_TILED_MAX_OCCUPANCY:
             return blocks.to_dense()  # what the sdpa backend materialises, kept with the block mask
         return _GENERAL
     if (mask is None and type(window) is int and window >= 1
@@ -358,8 +358,11 @@ straight to SDPA: ``auto`` picks it for such a call on every device."""
 
 
 is_exporting = torch.compiler.is_exporting
-"""Whether ``torch.export`` traces (strict or not): :func:`_direct_mask` then hands SDPA what it is given, asking
-neither a size (a symbol under dynamic shapes, where a comparison narrows the declared range) nor the mask."""
+"""Whether ``torch.export`` traces (strict or not): :func:`_direct_mask` then hands SDPA a window's structure
+without asking a size (a symbol under dynamic shapes, where a comparison narrows the declared range)."""
+is_compiling = torch.compiler.is_compiling
+"""Whether torch.compile or torch.export traces: :func:`_direct_mask` then hands SDPA a mask or a block mask
+without looking at it (a mask's tiles, a block mask's occupancy: host reads, a graph break each) or asking a size."""
 
 
 def _default_scale(E: int) -> float:

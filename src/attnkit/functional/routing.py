@@ -59,7 +59,8 @@ def choose_backend(problem: Problem) -> str:
       reads tensors that need gradients);
     - learned ``sinks``: SDPA up to AUTO_SINKS_SDPA_MAX_ENTRIES scores, else tiled (its lse carries
       them without materialising a mask);
-    - a block mask with at most AUTO_TILED_MAX_OCCUPANCY of its tiles non-empty: tiled;
+    - a block mask with at most AUTO_TILED_MAX_OCCUPANCY of its tiles non-empty: tiled (not while compiling: the
+      occupancy and the tiled loop's walk over the tiles read the mask on the host, a graph break each);
     - a sliding window long enough that block skipping wins (S >= AUTO_TILED_MIN_KEYS_PER_WINDOW
       x window): tiled;
     - otherwise SDPA (block masks and windows materialised).
@@ -77,7 +78,8 @@ def choose_backend(problem: Problem) -> str:
         return "sdpa"
     if problem.sinks is not None:
         return "sdpa" if problem.dims.L * problem.dims.S <= AUTO_SINKS_SDPA_MAX_ENTRIES else "tiled"
-    if problem.block_mask is not None and problem.block_mask.occupancy() <= AUTO_TILED_MAX_OCCUPANCY:
+    if (problem.block_mask is not None and not torch.compiler.is_compiling()  # (its occupancy: a host read)
+            and problem.block_mask.occupancy() <= AUTO_TILED_MAX_OCCUPANCY):
         return "tiled"
     window = problem.window
     if window is not None and problem.dims.S >= AUTO_TILED_MIN_KEYS_PER_WINDOW * window:
@@ -131,7 +133,9 @@ def classified(problem: Problem) -> Problem:
     """For ``auto``: a large boolean mask with a real query dim becomes a block mask when few of
     its tiles hold anything (one pass over the mask), so that the tiled backend can skip the rest."""
     mask = problem.mask
-    if mask is None or mask.shape[-2] == 1 or problem.dims.L * problem.dims.S < AUTO_CLASSIFY_MIN_ENTRIES:
+    if mask is None or torch.compiler.is_compiling():  # (classifying reads the mask on the host: a graph break)
+        return problem
+    if mask.shape[-2] == 1 or problem.dims.L * problem.dims.S < AUTO_CLASSIFY_MIN_ENTRIES:
         return problem
     if problem.block_mask is not None:  # a block mask already describes the tiles
         return problem

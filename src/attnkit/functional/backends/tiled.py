@@ -142,8 +142,8 @@ class _Blocks:
         ``modified`` list, the block's (raw scores requiring grad, modified scores) are appended
         to it for the backward pass."""
         user = None if self.mask is None else slice_block(self.mask, q0, q1, k0, k1)
-        if user is not None and not bool(user.any()):
-            return None
+        if user is not None and not torch.compiler.is_compiling() and not bool(user.any()):
+            return None  # (compiled: computed and masked whole, where asking would be a host read)
         if out is not None and out.shape[-2:] == (q1 - q0, k1 - k0):
             s = torch.matmul(q_block, k_t[..., k0:k1], out=out)  # reused buffer: no page faults per block
         else:
@@ -211,7 +211,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, seed: int | None
     q_g = group_heads(q, dims)  # (B, Hkv, G, L, E)
     k_t = k.to(acc).transpose(-1, -2)[:, :, None]  # (B, Hkv, 1, E, S); half types converted once
     v_g = v.to(acc)[:, :, None]  # (B, Hkv, 1, S, Ev)
-    key_norm = None if blocks.natural else k_t.norm(dim=-2).amax(dim=-1)  # (B, Hkv, 1); a bias is unbounded
+    # (B, Hkv, 1); a bias is unbounded. Compiled, no block is asked whether it is bounded (a host read: a graph break
+    # per block, and torch.compile(fullgraph=True) refuses it): every block takes the shifted path, as exact.
+    key_norm = None if blocks.natural or torch.compiler.is_compiling() else k_t.norm(dim=-2).amax(dim=-1)
     out = torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dims.Ev, dtype=q.dtype, device=q.device)
     stats = _Statistics(row_max=torch.zeros(dims.B, dims.Hkv, dims.groups, dims.L, dtype=acc, device=q.device),
                         log2_sum=torch.full((dims.B, dims.Hkv, dims.groups, dims.L), float("-inf"), dtype=acc,

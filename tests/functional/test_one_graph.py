@@ -1,9 +1,13 @@
-"""attention(), the layers and a model under torch.export, static and with dynamic shapes: the exported program
-gives eager attnkit's numbers (the NaN rule's rows included) at the length it was traced at and at lengths on both
-sides of every size auto routes by. Under export ``auto`` asks no size and looks at no value
+"""attention(), the layers and a model traced into one graph: torch.export, static and with dynamic shapes, and
+torch.compile(fullgraph=True).
+
+The exported program gives eager attnkit's numbers (the NaN rule's rows included) at the length it was traced at
+and at lengths on both sides of every size auto routes by. Under export ``auto`` asks no size and looks at no value
 (attnkit.functional.tracing.one_graph): SDPA, or the reference softmax for a score_mod or an lse, so a declared
 range of lengths is kept whole; the tiled loop and flex are refused by name; and nothing built while tracing (a
-fake tensor) is kept for a later eager call (tracing.may_keep)."""
+fake tensor) is kept for a later eager call (tracing.may_keep). Compiled with fullgraph=True, every kind of call
+traces without a break: auto reads no mask on the host, and the tiled loop neither asks a block whether it is
+bounded nor skips a fully masked block by looking at it."""
 
 from __future__ import annotations
 
@@ -266,3 +270,58 @@ def test_an_op_counter_keeps_what_eager_code_keeps(rng):
         out = attnkit.attention(q, q, q, window=2).output
     assert _common._structures and not any(_fake(x) for x in _common._structures.values())
     torch.testing.assert_close(out, attnkit.attention(q, q, q, window=2, backend="reference").output)
+
+
+def _compiled(fn):
+    """fn compiled into one graph (TorchDynamo's capture; the "eager" backend runs the captured graph as it is, so
+    the test checks the capture, not Inductor's code)."""
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend="eager")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", OTHER_LENGTHS[1:])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_call_compiles_into_one_graph(name, n):
+    """Each kind of call at lengths where eager auto runs the tiled loop (a window over 8 windows, sinks over
+    256 x 256 scores, a score_mod over 64 x 64) or SDPA, compiled with fullgraph=True: eager's numbers."""
+    module = Call(**CALLS[name])
+    L, S = (n, n + 5) if name != "causal bottom-right" else (n // 2, n)
+    args = (*_qkv(L, S, seed=n), *_extras(name, L, S))
+    torch.testing.assert_close(_compiled(module)(*args), module(*args), rtol=1e-10, atol=1e-12)
+
+
+PADDED = masks.padding(torch.tensor([0, 100]), 300)  # row 0 has no key at all; keys 128.. are masked in both rows
+COMPILED_MASKS = {
+    "tiled, padding": {"backend": "tiled", "mask": PADDED},
+    "tiled, random mask": {"backend": "tiled",
+                           "mask": torch.rand(300, 305, generator=torch.Generator().manual_seed(4)) < 0.3},
+    "auto, sparse block mask": {"mask": masks.block_mask(masks.window_mod(16), None, None, 300, 305, block=32)},
+    "tiled, window and padding": {"backend": "tiled", "window": 20, "mask": PADDED},
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILED_MASKS))
+def test_masked_tiled_calls_compile_into_one_graph(name):
+    """The tiled loop under a mask (a fully masked block, a row with no key), and auto with a block mask sparse
+    enough for the loop eager, compiled with fullgraph=True: eager's numbers, zeros for the empty row. (The tiled
+    loop's walk over a block mask's tiles reads its table on the host: docs/semantics.md.)"""
+    options = COMPILED_MASKS[name]
+    q, k, v = _qkv(300, 305 if "padding" not in name else 300, seed=7)
+    if "padding" in name:
+        options = {**options, "mask": PADDED}
+    function = lambda q, k, v: attnkit.attention(q, k, v, **options).output  # noqa: E731
+    got = _compiled(function)(q, k, v)
+    torch.testing.assert_close(got, function(q, k, v), rtol=1e-10, atol=1e-12)
+    if "padding" in name:
+        assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+@pytest.mark.slow
+def test_a_large_mask_compiles_into_one_graph_without_being_classified():
+    """Eager auto classifies a mask of 4M entries into tiles (a host read); compiled it hands SDPA the mask."""
+    generator = torch.Generator().manual_seed(8)
+    q = randn(1, 2, 2048, 8, generator=generator)
+    mask = torch.rand(2048, 2048, generator=generator) < 0.02
+    function = lambda q: attnkit.attention(q, q, q, mask=mask).output  # noqa: E731
+    torch.testing.assert_close(_compiled(function)(q), function(q), rtol=1e-5, atol=1e-6)
