@@ -362,6 +362,39 @@ def test_record_captures_only_the_chosen_heads_of_the_chosen_layers(rng):
             pass
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_model_compiles_into_one_graph_and_exports(family, rng):
+    """Compiled with fullgraph=True (TorchDynamo's capture, run as captured) and exported with a dynamic length, an
+    attnkit model gives eager's logits at the real tokens: traced, the bridge hands attnkit transformers' own mask
+    (a StructuredMask is a tensor subclass, which dynamo breaks on and a fake tensor cannot become) and reads no
+    ContextVar while no recording is open. A recording still records under plain torch.compile."""
+    eager, ours = _pair(family)
+    inputs = _inputs("decoder", rng, left=True)
+    real = inputs["attention_mask"].bool()
+
+    def logits(model, **kwargs):
+        return model(**kwargs, use_cache=False).logits
+
+    with torch.no_grad():
+        expected = logits(eager, **inputs)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda **kw: logits(ours, **kw), fullgraph=True, backend="eager")
+        assert (compiled(**inputs) - expected)[real].abs().max() <= ATOL
+        n = torch.export.Dim("n", min=2, max=64)
+        program = torch.export.export(ours, (), kwargs={**inputs, "use_cache": False}, strict=False,
+                                      dynamic_shapes={"input_ids": {1: n}, "attention_mask": {1: n}, "use_cache": None})
+        longer = _inputs("decoder", rng, left=True)
+        longer = {key: torch.cat([value, value[:, :9]], dim=1) for key, value in longer.items()}
+        got = program.module()(**longer, use_cache=False).logits
+        assert (got - logits(eager, **longer))[longer["attention_mask"].bool()].abs().max() <= ATOL
+        torch._dynamo.reset()
+        graphs = torch.compile(lambda **kw: logits(ours, **kw), backend="eager")  # breaks where it reads the recording
+        with attnkit.hf.record(ours, layers=[1], heads=[0]) as recording:
+            graphs(**inputs)
+    assert recording.weights["model.layers.1.self_attn"][0].shape == (2, 1, 17, 17)
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
 def test_an_unpadded_sliding_window_runs_as_a_window_without_a_mask(family, rng, monkeypatch):
     eager, ours = _pair(family)

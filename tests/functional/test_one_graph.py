@@ -325,3 +325,15 @@ def test_a_large_mask_compiles_into_one_graph_without_being_classified():
     mask = torch.rand(2048, 2048, generator=generator) < 0.02
     function = lambda q: attnkit.attention(q, q, q, mask=mask).output  # noqa: E731
     torch.testing.assert_close(_compiled(function)(q), function(q), rtol=1e-5, atol=1e-6)
+
+
+def test_the_tiled_walk_over_a_block_mask_compiles_once_it_is_kept():
+    """backend='tiled' with a block mask reads the mask's tile table on the host to walk its tiles: compiled
+    first, fullgraph=True refuses the read (torch's error); once an eager call has kept the walk, it compiles."""
+    blocks = masks.block_mask(masks.window_mod(16), None, None, 300, 305, block=32)
+    q, k, v = _qkv(300, 305, seed=9)
+    function = lambda q, k, v: attnkit.attention(q, k, v, mask=blocks, backend="tiled").output  # noqa: E731
+    with pytest.raises(Exception, match="data-dependent"):
+        _compiled(function)(q, k, v)
+    want = function(q, k, v)
+    torch.testing.assert_close(_compiled(function)(q, k, v), want, rtol=1e-12, atol=1e-12)

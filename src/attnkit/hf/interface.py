@@ -25,7 +25,7 @@ from . import families
 from .families import IMPLEMENTATION, UnsupportedFeature, check_family, install_guard, model_type, permitted
 from .keywords import check_keywords
 from .masks import StructuredMask, attnkit_mask
-from .record import RECORDING
+from .record import recording_now
 from .rows import as_eager, mask_empty_rows
 
 __all__ = ["register", "attnkit_attention_forward", "attend", "weights_requested"]
@@ -147,7 +147,7 @@ def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attenti
         bias = None
     sinks = kwargs.get("s_aux")
     sinks = kwargs.get("sinks") if sinks is None else sinks
-    recording = RECORDING.get()
+    recording = recording_now()
     recorded = recording.heads_of(module) if recording is not None else None
     requested = weights_requested(kwargs)
     # The model's own attentions (every head) when it asked for them, the recorded heads cut from them;

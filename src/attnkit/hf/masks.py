@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..functional.tracing import traced
 from .families import model_type
 from .rows import EmptyRows, structured_empty_rows
 
@@ -165,8 +166,10 @@ def attnkit_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
         return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                             attention_mask=attention_mask, local_size=local_size, allow_is_causal_skip=False,
                             allow_is_bidirectional_skip=False, **kwargs)
-    structure = _recognise(mask_function, local_size, allow_is_causal_skip, allow_is_bidirectional_skip, q_length,
-                           kv_length, q_offset, kv_offset)
+    structure = None if traced() else _recognise(mask_function, local_size, allow_is_causal_skip,
+                                                 allow_is_bidirectional_skip, q_length, kv_length, q_offset, kv_offset)
+    # (compiled, exported or under a transform: transformers' own mask, as its sdpa gets it. A StructuredMask is a
+    # tensor subclass, which TorchDynamo breaks its graph on and a fake tensor cannot become.)
     padding = None
     if structure is not None and attention_mask is not None:
         if attention_mask.dim() == 2:

@@ -45,7 +45,7 @@ from .families import IMPLEMENTATION, UnsupportedFeature
 from .interface import attend, weights_requested
 from .keywords import check_keywords
 from .masks import StructuredMask, _Structure, _structured
-from .record import RECORDING
+from .record import recording_now
 from .rows import structured_empty_rows
 
 __all__ = ["context_parallel", "HFContextParallel", "CONTEXT_PARALLEL_FAMILIES"]
@@ -174,7 +174,7 @@ class HFContextParallel:
         if key.shape[2] != L:
             raise UnsupportedFeature(f"{owner}: {key.shape[2]} keys for {L} queries: a KV cache (generation) is not "
                                      "supported under context parallelism; call remove() first")
-        if weights_requested(kwargs) or RECORDING.get() is not None:
+        if weights_requested(kwargs) or recording_now() is not None:
             raise UnsupportedFeature(f"{owner}: attention weights are not available under context parallelism")
         if module.training and dropout > 0:
             raise UnsupportedFeature(f"{owner}: attention dropout {dropout} while training: each rank would drop "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -12,7 +13,7 @@ from torch import Tensor, nn
 
 from .families import IMPLEMENTATION
 
-__all__ = ["Recording", "record", "attention_modules", "RECORDING"]
+__all__ = ["Recording", "record", "attention_modules", "RECORDING", "recording_now"]
 
 
 @dataclass
@@ -32,6 +33,15 @@ class Recording:
 
 
 RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("attnkit_hf_recording", default=None)
+_open = 0  # recordings open in any thread: read first, a plain global, which TorchDynamo traces (and guards on)
+_open_lock = threading.Lock()
+
+
+def recording_now() -> Recording | None:
+    """The recording open in this context, if any. With none open anywhere the ContextVar is not read: TorchDynamo
+    cannot trace ``ContextVar.get`` (a graph break in every layer of a compiled model, which
+    ``torch.compile(fullgraph=True)`` refuses); a compiled model is compiled again when a recording opens."""
+    return RECORDING.get() if _open else None
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -67,11 +77,16 @@ def record(model: nn.Module, *, layers: Sequence[int] | None = None, heads: Sequ
     selected = {id(modules[i][1]): head_list for i in chosen}
     recording = Recording(heads={k: (v if v is not None else _all_heads(modules, k)) for k, v in selected.items()},
                           names={id(m): name for name, m in modules})
+    global _open
+    with _open_lock:
+        _open += 1
     token = RECORDING.set(recording)
     try:
         yield recording
     finally:
         RECORDING.reset(token)
+        with _open_lock:
+            _open -= 1
 
 
 def _all_heads(modules, module_id: int) -> list[int]:
