@@ -179,3 +179,28 @@ class OpsSeen(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.seen.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def layer_families(L: int) -> dict[str, tuple]:
+    """One of each attention layer family, small, with how to call it on x (B, L, 32) (Linformer is built for
+    length L): tests/functional/test_transforms.py and test_one_graph.py."""
+    from attnkit import layers
+
+    D = 32
+    return {
+        "Bahdanau": (layers.BahdanauAttention(D, D, 16), lambda m, x: m(x[:, 0], x)),
+        "Luong local-p": (layers.LuongAttention(D, "general", "local-p", half_width=2), lambda m, x: m(x[:, 0], x)),
+        "SelfAttention": (layers.SelfAttention(D), lambda m, x: m(x)),
+        "GatedAttention": (layers.GatedAttention(D, 4), lambda m, x: m(x)),
+        "DifferentialAttention": (layers.DifferentialAttention(D, 4), lambda m, x: m(x)),
+        "LatentAttention": (layers.LatentAttention(D, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                                                   v_head_dim=8), lambda m, x: m(x)),
+        "GatedDeltaNet": (layers.GatedDeltaNet(D, 2, 2, 8, 8, chunk_size=4), lambda m, x: m(x)),
+        "KimiDeltaAttention": (layers.KimiDeltaAttention(D, 2, 8, chunk_size=4), lambda m, x: m(x)),
+        "LightningAttention": (layers.LightningAttention(D, 2, 8, layer_idx=0, num_layers=2, block_size=4),
+                               lambda m, x: m(x)),
+        "Performer": (layers.PerformerAttention(D, 4, 16), lambda m, x: m(x)),
+        "Linformer": (layers.LinformerAttention(D, 4, L, 4), lambda m, x: m(x)),
+        "Longformer": (layers.LongformerSelfAttention(D, 4, width=2, block=4), lambda m, x: m(x)),
+        "TorchMultiheadAttention": (layers.TorchMultiheadAttention(D, 4, batch_first=True), lambda m, x: m(x, x, x)),
+    }

@@ -28,7 +28,7 @@ from attnkit.layers import MultiHeadAttention
 from attnkit.models import DecoderLM
 from attnkit.models.config import DecoderConfig
 
-from helpers import OpsSeen, randn
+from helpers import OpsSeen, layer_families, randn
 
 B, H, Hkv, E = 2, 4, 2, 8
 TRACED_AT = 9
@@ -337,3 +337,56 @@ def test_the_tiled_walk_over_a_block_mask_compiles_once_it_is_kept():
         _compiled(function)(q, k, v)
     want = function(q, k, v)
     torch.testing.assert_close(_compiled(function)(q, k, v), want, rtol=1e-12, atol=1e-12)
+
+
+class _Layer(torch.nn.Module):
+    """A layer family's call on x (B, L, 32), its output tensor only (what torch.export and compile take)."""
+
+    def __init__(self, name: str, L: int):
+        super().__init__()
+        torch.manual_seed(0)
+        layer, self.call = layer_families(L)[name]
+        self.layer = layer.double().eval()
+
+    def forward(self, x):
+        result = self.call(self.layer, x)
+        return result if isinstance(result, torch.Tensor) else result[0]
+
+
+DATA_DEPENDENT_LAYERS = {"Longformer"}
+"""How many global tokens a batch has sizes LongformerSelfAttention's global pass, and its block mask is classified
+on the host: compiled it breaks its graph, and export refuses it by name."""
+LENGTH_SPECIALISED_LAYERS = {"GatedDeltaNet", "KimiDeltaAttention", "LightningAttention", "Linformer",
+                             "LatentAttention"}
+"""Exported, these keep the length they were traced at (docs/semantics.md): the delta rules and lightning attention
+loop over chunks in Python, Linformer projects a fixed length, and LatentAttention's view trips a stride guard in
+torch's own decomposition."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(set(layer_families(TRACED_AT)) - DATA_DEPENDENT_LAYERS))
+def test_every_layer_family_compiles_into_one_graph_and_exports(name):
+    """Each layer family (as under torch.func in test_transforms.py), compiled with fullgraph=True and exported:
+    eager's numbers in float64; exported with a dynamic length, those that keep it whole run at another length."""
+    layer = _Layer(name, TRACED_AT)
+    x = randn(2, TRACED_AT, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = layer(x)
+        torch.testing.assert_close(_compiled(layer)(x), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(torch.export.export(layer, (x,), strict=False).module()(x), want,
+                                   rtol=1e-12, atol=1e-12)
+        if name in LENGTH_SPECIALISED_LAYERS:
+            return
+        program = torch.export.export(layer, (x,), dynamic_shapes=({1: Dim("L", min=2, max=4096)},), strict=False)
+        longer = randn(2, 40, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        torch.testing.assert_close(program.module()(longer), layer(longer), rtol=1e-12, atol=1e-12)
+
+
+def test_longformer_compiles_with_breaks_and_export_refuses_it_by_name():
+    layer = _Layer("Longformer", TRACED_AT)
+    x = randn(2, TRACED_AT, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(layer, backend="eager")(x), layer(x), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="LongformerSelfAttention cannot be exported"):
+        torch.export.export(layer, (x,), strict=False)

@@ -16,7 +16,7 @@ import attnkit
 from attnkit import masks
 from attnkit.functional import tracing
 
-from helpers import randn
+from helpers import layer_families, randn
 
 N, B, H, Hkv, L, S, E = 3, 2, 4, 2, 6, 9, 8
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's own fallback
@@ -171,31 +171,7 @@ def test_traced_is_true_under_a_transform_and_false_outside():
     assert seen == [(False, False), (True, True), (True, True)]
 
 
-def _layers() -> dict[str, tuple]:
-    """One of each attention layer, small, with how to call it on x (B, L, 32)."""
-    from attnkit import layers
-
-    D = 32
-    return {
-        "Bahdanau": (layers.BahdanauAttention(D, D, 16), lambda m, x: m(x[:, 0], x)),
-        "Luong local-p": (layers.LuongAttention(D, "general", "local-p", half_width=2), lambda m, x: m(x[:, 0], x)),
-        "SelfAttention": (layers.SelfAttention(D), lambda m, x: m(x)),
-        "GatedAttention": (layers.GatedAttention(D, 4), lambda m, x: m(x)),
-        "DifferentialAttention": (layers.DifferentialAttention(D, 4), lambda m, x: m(x)),
-        "LatentAttention": (layers.LatentAttention(D, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                                                   v_head_dim=8), lambda m, x: m(x)),
-        "GatedDeltaNet": (layers.GatedDeltaNet(D, 2, 2, 8, 8, chunk_size=4), lambda m, x: m(x)),
-        "KimiDeltaAttention": (layers.KimiDeltaAttention(D, 2, 8, chunk_size=4), lambda m, x: m(x)),
-        "LightningAttention": (layers.LightningAttention(D, 2, 8, layer_idx=0, num_layers=2, block_size=4),
-                               lambda m, x: m(x)),
-        "Performer": (layers.PerformerAttention(D, 4, 16), lambda m, x: m(x)),
-        "Linformer": (layers.LinformerAttention(D, 4, L, 4), lambda m, x: m(x)),
-        "Longformer": (layers.LongformerSelfAttention(D, 4, width=2, block=4), lambda m, x: m(x)),
-        "TorchMultiheadAttention": (layers.TorchMultiheadAttention(D, 4, batch_first=True), lambda m, x: m(x, x, x)),
-    }
-
-
-LAYERS = list(_layers())
+LAYERS = list(layer_families(L))
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -204,7 +180,7 @@ def test_every_kind_of_layer_under_vmap_gives_the_loops_numbers(name):
     lightning attention, the efficient variants, torch's MultiheadAttention's stand-in) mapped over a leading dim
     of its input, in float64."""
     torch.manual_seed(0)
-    layer, call = _layers()[name]
+    layer, call = layer_families(L)[name]
     layer = layer.double().eval()
     x = torch.randn(N, B, L, 32, dtype=torch.float64)
 

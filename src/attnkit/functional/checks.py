@@ -27,6 +27,10 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
               optional: bool) -> int | None: ...
 
 
+_INTS = (int, torch.SymInt)
+"""An int, or a size that is a symbol (traced with dynamic shapes: a comparison with a bound is then a guard)."""
+
+
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
               optional: bool = False) -> int | None:
     """``value`` if it is an int (a bool is not) within [minimum, maximum]; None too when
@@ -34,7 +38,7 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     check behind every integer option (lengths, windows, block sizes, head sizes)."""
     if optional and value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum) or (
+    if isinstance(value, bool) or not isinstance(value, _INTS) or (minimum is not None and value < minimum) or (
             maximum is not None and value > maximum):
         if minimum is not None and maximum is not None:
             expected = f"an int in [{minimum:,}, {maximum:,}]"

@@ -87,13 +87,20 @@ class LongformerSelfAttention(nn.Module):
             rows come separately), else None.
         """
         check_rank("x", x, 3, "(B, L, D)")
+        if torch.compiler.is_exporting():
+            raise ValueError("LongformerSelfAttention cannot be exported (torch.export): how many global tokens a "
+                             "batch has sizes its global pass, and its block mask's tiles are classified on the host "
+                             "(data-dependent by design; torch.compile takes it with graph breaks)")
         B, L, D = x.shape
         if D != self.d_model:
             raise ValueError(f"x must have last dim {self.d_model}, got shape {tuple(x.shape)}")
         key_mask = renamed("LongformerSelfAttention", "padding_mask", "key_mask", padding_mask, key_mask, None)
         real = self._flags("key_mask", key_mask, B, L, x.device, default=True)
         is_global = self._flags("global_tokens", global_tokens, B, L, x.device, default=False)
-        if bool((is_global & ~real).any()):
+        if torch.compiler.is_compiling():  # compiled or exported: the check stays in the graph, no host read
+            torch._assert_async(~(is_global & ~real).any(),
+                                "global_tokens marks a padding position (key_mask is False there)")
+        elif bool((is_global & ~real).any()):
             raise ValueError("global_tokens marks a padding position (key_mask is False there)")
         dropout = self.dropout if self.training else 0.0
 
