@@ -17,6 +17,10 @@ from torch import Tensor
 __all__ = ["Dims", "check_int", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank", "check_sinks"]
 
 
+_INTS = (int, torch.SymInt)
+"""An int, or a size that is a symbol (traced with dynamic shapes: a comparison with a bound is then a guard)."""
+
+
 @overload
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
               optional: Literal[False] = False) -> int: ...
@@ -25,10 +29,6 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
 @overload
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
               optional: bool) -> int | None: ...
-
-
-_INTS = (int, torch.SymInt)
-"""An int, or a size that is a symbol (traced with dynamic shapes: a comparison with a bound is then a guard)."""
 
 
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
@@ -51,7 +51,7 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
         else:
             expected = "an int"
         raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, got {value!r}")
-    return value
+    return value  # type: ignore[return-value]  # (an int, or a SymInt standing for one)
 
 
 class Dims(NamedTuple):
