@@ -427,6 +427,11 @@ class FixedKVCache:
         """The storage and ``next``: the tensors a compiled step updates in place."""
         return [t for t in (self._keys, self._values, self.next) if t is not None]
 
+    def use(self, keys: Tensor, values: Tensor, next_column: Tensor) -> None:
+        """Read and write ``keys``, ``values`` and ``next_column`` (the tensors :meth:`tensors` gave, or a module's
+        buffers holding them, which torch.export swaps for its own while tracing) from now on."""
+        self._keys, self._values, self.next = keys, values, next_column
+
     def reset(self) -> None:
         """Forget every position: back to column 0, the storage zeroed in place (as a new cache's;
         its address is kept, which a compiled step or a captured CUDA graph relies on)."""

@@ -4,6 +4,7 @@ from .blocks import count_parameters
 from .config import PRESETS, DecoderConfig, EncoderConfig, Seq2SeqConfig, TransformerConfig, preset
 from .decoder import DecoderLM, document_positions, pack_documents, packed_lm_losses
 from .encoder import EncoderModel
+from .exportable import ExportableDecoderLM
 from .outputs import EncoderOutput, LMOutput, StepOutput, TranslationOutput
 from .seq2seq import Seq2Seq
 from .transformer import TransformerEncoderDecoder
@@ -14,6 +15,7 @@ __all__ = [
     "TransformerEncoderDecoder",
     "TransformerConfig",
     "DecoderLM",
+    "ExportableDecoderLM",
     "DecoderConfig",
     "EncoderModel",
     "EncoderConfig",
