@@ -160,6 +160,7 @@ def test_an_exported_call_applies_the_nan_rule(dynamic):
         torch.testing.assert_close(got.nan_to_num(7.0), want.nan_to_num(7.0), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["strict dense", "strict window"])
 def test_strict_export_gives_eager_numbers(name):
     """TorchDynamo's strict export too."""
@@ -176,6 +177,7 @@ def test_the_tiled_and_flex_backends_are_refused_by_name(backend):
         _export(Call(backend=backend), _qkv(TRACED_AT, TRACED_AT), dynamic=False)
 
 
+@pytest.mark.slow
 def test_nothing_traced_is_kept_for_an_eager_call():
     """Exporting builds fake tensors: the structure of a window kept per shape, a block mask's dense mask and a
     torch BlockMask's conversion are not kept from it, so the next eager call at that shape runs on real ones
@@ -301,6 +303,7 @@ COMPILED_MASKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMPILED_MASKS))
 def test_masked_tiled_calls_compile_into_one_graph(name):
     """The tiled loop under a mask (a fully masked block, a row with no key), and auto with a block mask sparse
@@ -327,6 +330,7 @@ def test_a_large_mask_compiles_into_one_graph_without_being_classified():
     torch.testing.assert_close(_compiled(function)(q), function(q), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_tiled_walk_over_a_block_mask_compiles_once_it_is_kept():
     """backend='tiled' with a block mask reads the mask's tile table on the host to walk its tiles: compiled
     first, fullgraph=True refuses the read (torch's error); once an eager call has kept the walk, it compiles."""
@@ -382,6 +386,7 @@ def test_every_layer_family_compiles_into_one_graph_and_exports(name):
         torch.testing.assert_close(program.module()(longer), layer(longer), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_longformer_compiles_with_breaks_and_export_refuses_it_by_name():
     layer = _Layer("Longformer", TRACED_AT)
     x = randn(2, TRACED_AT, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

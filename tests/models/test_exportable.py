@@ -27,8 +27,11 @@ def _ids(n: int) -> torch.Tensor:
     return torch.randint(0, 50, (B, n), generator=torch.Generator().manual_seed(n))
 
 
-@pytest.mark.parametrize("positional, window", [("rope", None), ("learned", None), ("rope", 3)],
-                         ids=["rope", "learned", "rope, window 3"])
+@pytest.mark.parametrize("positional, window", [
+    pytest.param("rope", None, marks=pytest.mark.slow, id="rope"),
+    pytest.param("learned", None, id="learned"),
+    pytest.param("rope", 3, marks=pytest.mark.slow, id="rope, window 3"),
+])
 def test_an_exported_step_fed_token_by_token_gives_the_full_forwards_logits(positional, window):
     model = _model(positional, window)
     ids = _ids(7)
@@ -40,6 +43,7 @@ def test_an_exported_step_fed_token_by_token_gives_the_full_forwards_logits(posi
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_the_exported_step_saves_and_loads():
     model = _model("rope")
     ids = _ids(4)
@@ -54,6 +58,7 @@ def test_the_exported_step_saves_and_loads():
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_empty_starts_a_new_sequence_in_the_exported_module_and_reset_in_the_eager_one():
     """program.module()s share the program's buffers (torch.export's own state tensors): empty() zeroes the cache
     buffers only, and the next call is a first token again."""
