@@ -29,7 +29,7 @@ def _ids(n: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("positional, window", [
     pytest.param("rope", None, marks=pytest.mark.slow, id="rope"),
-    pytest.param("learned", None, id="learned"),
+    pytest.param("learned", None, marks=pytest.mark.slow, id="learned"),
     pytest.param("rope", 3, marks=pytest.mark.slow, id="rope, window 3"),
 ])
 def test_an_exported_step_fed_token_by_token_gives_the_full_forwards_logits(positional, window):
