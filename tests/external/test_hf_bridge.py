@@ -395,6 +395,23 @@ def test_a_model_compiles_into_one_graph_and_exports(family, rng):
     assert recording.weights["model.layers.1.self_attn"][0].shape == (2, 1, 17, 17)
 
 
+@pytest.mark.slow
+def test_vmap_over_padded_batches_gives_the_loops_logits(rng):
+    """Under torch.func's vmap the bridge reads nothing on the host (transformers' own mask, as while compiling):
+    padded batches mapped over a leading dim give a loop's logits at the real tokens (transformers' sdpa raises
+    there on a data-dependent read; eager runs)."""
+    from torch.func import vmap
+
+    _, ours = _pair("llama")
+    batches = [_inputs("decoder", rng, left=True) for _ in range(3)]
+    ids = torch.stack([b["input_ids"] for b in batches])
+    mask = torch.stack([b["attention_mask"] for b in batches])
+    with torch.no_grad():
+        mapped = vmap(lambda i, m: ours(input_ids=i, attention_mask=m, use_cache=False).logits)(ids, mask)
+        looped = torch.stack([ours(**b, use_cache=False).logits for b in batches])
+    assert (mapped - looped)[mask.bool()].abs().max() <= ATOL
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
 def test_an_unpadded_sliding_window_runs_as_a_window_without_a_mask(family, rng, monkeypatch):
     eager, ours = _pair(family)
