@@ -360,11 +360,9 @@ class _Layer(torch.nn.Module):
 DATA_DEPENDENT_LAYERS = {"Longformer"}
 """How many global tokens a batch has sizes LongformerSelfAttention's global pass, and its block mask is classified
 on the host: compiled it breaks its graph, and export refuses it by name."""
-LENGTH_SPECIALISED_LAYERS = {"GatedDeltaNet", "KimiDeltaAttention", "LightningAttention", "Linformer",
-                             "LatentAttention"}
+LENGTH_SPECIALISED_LAYERS = {"GatedDeltaNet", "KimiDeltaAttention", "LightningAttention", "Linformer"}
 """Exported, these keep the length they were traced at (docs/semantics.md): the delta rules and lightning attention
-loop over chunks in Python, Linformer projects a fixed length, and LatentAttention's view trips a stride guard in
-torch's own decomposition."""
+loop over chunks in Python, and Linformer projects a fixed length."""
 
 
 @pytest.mark.slow

@@ -171,7 +171,10 @@ class LatentAttention(nn.Module):
             key = torch.cat([latents.latent, latents.rope_key], dim=-1)  # (B, 1, S, r + qk_rope)
             value = key[..., :self.kv_lora_rank]  # (B, 1, S, r), a view: DSA's gather then reads each key once
         else:  # each head's key and value formed from the latent
-            up = torch.einsum("bosr,hcr->bhsc", latents.latent, head_weights)  # (B, H, S, qk_nope + v)
+            # (B, H, S, qk_nope + v): one (B S, r) x (r, H c) product, as einsum("bosr,hcr->bhsc") computes it; written
+            # out, its view's strides are plain to torch.export (einsum's trip a guard on S under a dynamic length)
+            up = (latents.latent.reshape(B * S, self.kv_lora_rank) @ head_weights.reshape(-1, self.kv_lora_rank).T
+                  ).view(B, S, self.num_heads, -1).transpose(1, 2)
             key_nope, value = up.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
             key = torch.cat([key_nope, latents.rope_key.expand(-1, self.num_heads, -1, -1)], dim=-1)
             query = torch.cat([q_nope, q_rope], dim=-1)
