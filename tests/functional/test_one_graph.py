@@ -393,3 +393,14 @@ def test_longformer_compiles_with_breaks_and_export_refuses_it_by_name():
         torch.testing.assert_close(torch.compile(layer, backend="eager")(x), layer(x), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="LongformerSelfAttention cannot be exported"):
         torch.export.export(layer, (x,), strict=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["window", "padding", "score_mod"])
+def test_inductor_compiles_a_call_into_one_graph(name):
+    """The default backend too (Inductor's generated CPU code, not only the captured graph): eager's numbers where
+    eager auto runs the tiled loop (a window past 8 windows), SDPA under a mask, or the reference score_mod."""
+    module = Call(**CALLS[name])
+    args = (*_qkv(40, 45, seed=40), *_extras(name, 40, 45))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(module, fullgraph=True)(*args), module(*args), rtol=1e-10, atol=1e-12)
