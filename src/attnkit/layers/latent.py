@@ -173,8 +173,9 @@ class LatentAttention(nn.Module):
         else:  # each head's key and value formed from the latent
             # (B, H, S, qk_nope + v): one (B S, r) x (r, H c) product, as einsum("bosr,hcr->bhsc") computes it; written
             # out, its view's strides are plain to torch.export (einsum's trip a guard on S under a dynamic length)
+            width = self.qk_nope_head_dim + self.v_head_dim  # (named: a call of no token has 0 elements to infer from)
             up = (latents.latent.reshape(B * S, self.kv_lora_rank) @ head_weights.reshape(-1, self.kv_lora_rank).T
-                  ).view(B, S, self.num_heads, -1).transpose(1, 2)
+                  ).view(B, S, self.num_heads, width).transpose(1, 2)
             key_nope, value = up.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
             key = torch.cat([key_nope, latents.rope_key.expand(-1, self.num_heads, -1, -1)], dim=-1)
             query = torch.cat([q_nope, q_rope], dim=-1)
