@@ -123,3 +123,12 @@ def test_sparse_attention_applies_the_mask_in_its_selection_and_its_attention(rn
     assert (allowed | (picked < 0)).all()
     with pytest.raises(ValueError, match="shared by the heads"):
         sparse(x, mask=torch.ones(2, 4, 9, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("absorbed", [False, True], ids=["naive", "absorbed"])
+def test_a_call_of_no_token_gives_an_empty_output(absorbed, rng):
+    """L = 0 (and so S = 0 without a cache): an empty (B, 0, D) output, not a reshape error (the naive path's
+    up-projection names every size of its view)."""
+    layer = _layer()
+    out = layer(randn(2, 0, 32, dtype=torch.float64, generator=rng), absorbed=absorbed).output
+    assert out.shape == (2, 0, 32)
