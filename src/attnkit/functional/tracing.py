@@ -26,7 +26,7 @@ import torch
 
 from .devices import device_type
 
-__all__ = ["traced", "transformed", "one_graph", "may_keep", "exportable"]
+__all__ = ["traced", "transformed", "one_graph", "refuse_in_one_graph", "may_keep", "exportable"]
 
 transformed = torch._C._are_functorch_transforms_active
 """Whether a torch.func transform is active (0.04 us a call)."""
@@ -37,6 +37,17 @@ def one_graph() -> bool:
     at a value or a question of sizes: under a torch.func transform, and under ``torch.export``, whose graph has no
     breaks and whose shapes may be symbols (a size compared would narrow the range the user declared)."""
     return transformed() or torch.compiler.is_exporting()
+
+
+def refuse_in_one_graph(backend: str, *, transformed_because: str, exported_because: str) -> None:
+    """The one refusal of a backend that cannot run under a torch.func transform or be exported (the tiled loop,
+    flex): a ValueError naming the backend, why (``transformed_because`` / ``exported_because``) and what to use."""
+    instead = "use backend='auto' (which leaves it out there), 'sdpa' or 'reference'"
+    if transformed():
+        raise ValueError(f"backend={backend!r} cannot run under a torch.func transform (vmap, grad, jacrev, ...): "
+                         f"{transformed_because}; {instead}")
+    if torch.compiler.is_exporting():
+        raise ValueError(f"backend={backend!r} cannot be exported (torch.export): {exported_because}; {instead}")
 
 
 def traced() -> bool:

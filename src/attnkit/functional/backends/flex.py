@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..block_mask import length_bucket
-from ..tracing import traced, transformed
+from ..tracing import refuse_in_one_graph, traced
 from . import flex_tables, reference
 from ._common import BackendResult, Problem, compute_dtype, lse_unresolved, needs_grad, score_mod_needs_grad
 from .flex_tables import BLOCK
@@ -251,14 +251,10 @@ def _run_compiled(q: Tensor, k: Tensor, v: Tensor, options: dict):
 
 def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     dims = problem.dims
-    if transformed():
-        raise ValueError("backend='flex' cannot run under a torch.func transform (vmap, grad, jacrev, ...): PyTorch "
-                         "traces flex_attention with TorchDynamo, which does not take the transform's tensors; use "
-                         "backend='auto' (which leaves it out there), 'sdpa' or 'reference'")
-    if torch.compiler.is_exporting():
-        raise ValueError("backend='flex' cannot be exported (torch.export): it pads each call to a length bucket and "
-                         "keeps its compiled kernels and tile tables between calls, which an exported graph cannot; "
-                         "use backend='auto' (which leaves it out there), 'sdpa' or 'reference'")
+    refuse_in_one_graph("flex", transformed_because="PyTorch traces flex_attention with TorchDynamo, which does not "
+                        "take the transform's tensors",
+                        exported_because="it pads each call to a length bucket and keeps its compiled kernels and "
+                        "tile tables between calls, which an exported graph cannot")
     if problem.dropout_p > 0:
         raise ValueError("the flex backend has no attention dropout (FlexAttention has none); "
                          "use backend='sdpa' or 'tiled' with dropout_p > 0")

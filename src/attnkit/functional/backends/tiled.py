@@ -38,7 +38,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..tracing import transformed
+from ..tracing import refuse_in_one_graph
 from ._common import BackendResult, Problem, compute_dtype, group_heads, score_mod_needs_grad, slice_block
 
 __all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS", "NO_SHIFT_BOUND"]
@@ -345,14 +345,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
             "score_mod reads tensors that require gradients; the tiled backend propagates gradients "
             "to q, k and v only: use backend='reference' for a learned score_mod"
         )
-    if transformed():
-        raise ValueError("backend='tiled' cannot run under a torch.func transform (vmap, grad, jacrev, ...): its loop "
-                         "looks at its tiles on the host and its autograd.Function has no functorch rule; use "
-                         "backend='auto' (which leaves it out there), 'sdpa' or 'reference'")
-    if torch.compiler.is_exporting():
-        raise ValueError("backend='tiled' cannot be exported (torch.export): its loop looks at its tiles on the host, "
-                         "which an exported graph cannot; use backend='auto' (which leaves it out there), 'sdpa' or "
-                         "'reference'")
+    refuse_in_one_graph("tiled", transformed_because="its loop looks at its tiles on the host and its "
+                        "autograd.Function has no functorch rule",
+                        exported_because="its loop looks at its tiles on the host, which an exported graph cannot")
     seed = None
     if problem.dropout_p > 0:
         seed = int(torch.randint(0, 2**62, (1,)).item())
