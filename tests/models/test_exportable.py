@@ -93,3 +93,19 @@ def test_bad_arguments_are_named():
         ExportableDecoderLM(torch.nn.Linear(2, 2), B, CAPACITY)
     with pytest.raises(ValueError, match="no cache_"):
         ExportableDecoderLM.empty(model)
+
+
+def test_a_step_built_under_inference_mode_runs_and_exports_outside_it():
+    """Its caches are ordinary tensors whatever mode built it: written in place outside inference_mode, exported."""
+    model = _model("learned")
+    ids = _ids(2)
+    with torch.inference_mode():
+        step = ExportableDecoderLM(model, B, CAPACITY)
+    assert not step.cache_0_keys.is_inference()
+    with torch.no_grad():
+        want = model(ids).logits
+        got = torch.cat([step(ids[:, :1]), step(ids[:, 1:2])], dim=1)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        step.reset()
+        with torch.inference_mode():  # and called under it
+            torch.testing.assert_close(step(ids[:, :1]), want[:, :1], rtol=1e-10, atol=1e-10)

@@ -47,7 +47,9 @@ class ExportableDecoderLM(nn.Module):
         self.caches = [cache for cache in caches if isinstance(cache, FixedKVCache)]
         assert len(self.caches) == len(caches)
         device = next(model.parameters()).device
-        with torch.no_grad():  # one token allocates every cache's storage at its layer's shapes and dtype
+        # One token allocates every cache's storage at its layer's shapes and dtype: ordinary tensors even when built
+        # under inference_mode (an inference tensor's in-place write outside it is an error, and export writes).
+        with torch.inference_mode(False), torch.no_grad():
             model(torch.zeros(batch_size, 1, dtype=torch.long, device=device), cache=self.caches)
         for i, cache in enumerate(self.caches):
             keys, values, next_column = cache.tensors()
