@@ -1,0 +1,171 @@
+"""attention(), the layers and a model traced into one graph on CUDA (marker ``gpu``): the twelfth session's
+torch.export, torch.compile(fullgraph=True) and torch.func work, written and tested on the CPU
+(tests/functional/test_one_graph.py, test_transforms.py), on the device where the NaN rule takes other paths.
+
+On CUDA the rule below ``nan.DEVICE_LOOK_MIN_BYTES`` launches one Triton kernel in place (``nan_kernel``). Traced,
+transformed or captured, it must not: an exported or compiled graph holds the rule's seven kernels, vmap has no one
+output to write into, and a CUDA graph keeps nothing built during capture. These tests hold that, against eager
+CUDA calls (float32, the rule's rows compared exactly):
+
+- each kind of call exported with dynamic lengths gives eager numbers at other lengths, NaN rows included;
+- compiled with Inductor (its generated CUDA code) and fullgraph=True: eager numbers and NaN rows;
+- vmap over a leading dimension gives the loop's numbers and rows;
+- a CUDA graph captures a window call and a block-mask call, built afresh during capture, and replays them; eager
+  calls afterwards (whose structures are kept) agree;
+- ExportableDecoderLM's exported step on CUDA gives one full forward's logits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.export import Dim
+from torch.func import vmap
+
+import attnkit
+from attnkit import masks
+from attnkit.functional import nan_kernel
+from attnkit.functional.backends import _common
+from attnkit.models import DecoderLM, ExportableDecoderLM
+from attnkit.models.config import DecoderConfig
+
+CUDA = "cuda"
+B, H, Hkv, E = 2, 4, 2, 32
+TOL = {"rtol": 2e-5, "atol": 2e-5}  # float32; exported and eager calls may take different SDPA kernels
+
+
+class Call(torch.nn.Module):
+    def __init__(self, **options):
+        super().__init__()
+        self.options = options
+
+    def forward(self, q, k, v, mask=None):
+        options = dict(self.options)
+        if mask is not None:
+            options["mask"] = mask
+        return attnkit.attention(q, k, v, **options).output
+
+
+def _qkv(L: int, S: int, seed: int, poison: bool = True) -> tuple[torch.Tensor, ...]:
+    """float32 CUDA q, k, v; with ``poison``, a NaN in one query row (batch 0, head 1, row L // 2) and in the last key
+    of batch 1's key head 0 (which poisons that batch's query heads 0 and 1 under every mask)."""
+    generator = torch.Generator(device=CUDA).manual_seed(seed)
+    q = torch.randn(B, H, L, E, device=CUDA, generator=generator)
+    k, v = (torch.randn(B, Hkv, S, E, device=CUDA, generator=generator) for _ in range(2))
+    if poison:
+        q[0, 1, L // 2, 3] = math.nan
+        k[1, 0, S - 1, 0] = math.nan
+    return q, k, v
+
+
+def _extras(name: str, S: int) -> tuple[torch.Tensor, ...]:
+    return (masks.padding(torch.tensor([max(1, S - 3), S]), S).to(CUDA),) if name == "padding" else ()
+
+
+CALLS = {
+    "dense": {},
+    "causal": {"is_causal": True},
+    "window": {"window": 5},
+    "padding": {},
+    "sinks": {"sinks": torch.linspace(-1, 1, H)},
+    "score_mod": {"score_mod": lambda score, b, h, q_idx, kv_idx: 5 * torch.tanh(score / 5)},
+}
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, poisoned: bool = True) -> None:
+    assert torch.equal(got.isnan(), want.isnan()), "the NaN rule's rows differ"
+    if poisoned:
+        assert got.isnan().any(-1)[0, 1].any() and got.isnan().any(-1)[1, :2].all()
+    torch.testing.assert_close(got.nan_to_num(7.0), want.nan_to_num(7.0), **TOL)
+
+
+def _on_cuda(options: dict) -> dict:
+    return {key: value.to(CUDA) if isinstance(value, torch.Tensor) else value for key, value in options.items()}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_an_exported_call_on_cuda_gives_eager_numbers_at_other_lengths(name):
+    module = Call(**_on_cuda(CALLS[name]))
+    L, S = Dim("L", min=2, max=4096), Dim("S", min=2, max=4096)
+    shapes = [{2: L}, {2: S}, {2: S}] + ([{3: S}] if name == "padding" else [])
+    program = torch.export.export(module, (*_qkv(9, 11, 0), *_extras(name, 11)), dynamic_shapes=shapes, strict=False)
+    for n in (9, 40, 300):
+        args = (*_qkv(n, n + 5, n), *_extras(name, n + 5))
+        _same(program.module()(*args), module(*args))
+
+
+@pytest.mark.parametrize("name", ["dense", "causal", "padding"])
+def test_inductor_compiles_a_cuda_call_into_one_graph(name):
+    module = Call(**_on_cuda(CALLS[name]))
+    args = (*_qkv(40, 45, 1), *_extras(name, 45))
+    torch._dynamo.reset()
+    _same(torch.compile(module, fullgraph=True)(*args), module(*args))
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's own vmap fallback
+def test_the_one_kernel_runs_eager_and_not_under_vmap(monkeypatch):
+    """Eager, a tiny CUDA call settles the rule with the one kernel; under vmap (no one output to write into in
+    place) it does not, and vmap gives the loop's numbers and rows."""
+    launched = []
+    real = nan_kernel.launch
+    monkeypatch.setattr(nan_kernel, "launch", lambda *a: (launched.append(1), real(*a))[1])
+    q, k, v = (torch.stack(xs) for xs in zip(*(_qkv(7, 9, seed) for seed in range(3))))
+    call = lambda q, k, v: attnkit.attention(q, k, v).output  # noqa: E731
+    want = torch.stack([call(q[i], k[i], v[i]) for i in range(3)])
+    assert launched, "eager CUDA calls did not take the one kernel"
+    launched.clear()
+    got = vmap(call)(q, k, v)
+    assert not launched
+    _same(got[0], want[0])
+    _same(got, want, poisoned=False)
+
+
+def test_a_cuda_graph_captures_window_and_block_mask_calls_built_afresh():
+    """During capture nothing is kept (tracing.may_keep): the window's structure and the block mask's dense form
+    are the captured call's own. The replay gives eager numbers, and so do eager calls afterwards, which keep
+    their own; a replay over new inputs follows them."""
+    blocks = masks.block_mask(masks.window_mod(4), None, None, 24, 24, block=8, device=CUDA)
+    calls = [Call(window=3), Call(mask=blocks)]
+    q, k, v = _qkv(24, 24, 5)
+    static = [x.clone() for x in (q, k, v)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up as torch's CUDA graph notes ask, keeping no structure of these calls:
+        attnkit.attention(q, k, v)  # the rule's Triton kernel compiled for these dtypes and head sizes,
+        attnkit.attention(q, k, v, mask=torch.ones(24, 24, dtype=torch.bool, device=CUDA).tril())  # a masked SDPA
+    torch.cuda.current_stream().wait_stream(stream)
+    _common._structures.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = [call(*static) for call in calls]
+    torch.cuda.current_stream().wait_stream(stream)
+    assert not _common._structures and blocks._dense is None, "a structure built during capture was kept"
+    graph.replay()
+    torch.cuda.synchronize()
+    for call, got in zip(calls, captured):
+        reference = attnkit.attention(q, k, v, backend="reference", **call.options).output
+        _same(got, reference)
+        _same(call(q, k, v), reference)  # eager, after capture: builds and keeps its own
+    assert _common._structures and blocks._dense is not None
+    for x, fresh in zip(static, _qkv(24, 24, 6)):
+        x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    for call, got in zip(calls, captured):
+        _same(got, call(*static))
+
+
+@pytest.mark.filterwarnings("ignore:No complete tensor found in the group:UserWarning")
+def test_an_exported_decoding_step_on_cuda_gives_the_full_forwards_logits():
+    config = DecoderConfig(vocab_size=50, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64, max_len=32,
+                           positional="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    torch.manual_seed(0)
+    model = DecoderLM(config).to(CUDA).eval()
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0)).to(CUDA)
+    with torch.no_grad():
+        want = model(ids).logits
+        step = torch.export.export(ExportableDecoderLM(model, 2, 12), (ids[:, :1],), strict=False).module()
+        got = torch.cat([step(ids[:, i:i + 1]) for i in range(ids.shape[1])], dim=1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
