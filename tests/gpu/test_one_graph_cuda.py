@@ -7,7 +7,9 @@ transformed or captured, it must not: an exported or compiled graph holds the ru
 output to write into, and a CUDA graph keeps nothing built during capture. These tests hold that, against eager
 CUDA calls (float32, the rule's rows compared exactly):
 
-- each kind of call exported with dynamic lengths gives eager numbers at other lengths, NaN rows included;
+- each kind of call exported gives eager numbers, NaN rows included: with static shapes on any torch, with dynamic
+  lengths at other lengths from torch 2.13 (torch 2.11 refuses its own SDPA over grouped float32 keys there), and a
+  bf16 plain or causal call with dynamic lengths on any torch;
 - compiled with Inductor (its generated CUDA code) and fullgraph=True: eager numbers and NaN rows;
 - vmap over a leading dimension gives the loop's numbers and rows;
 - a CUDA graph captures a window call and a block-mask call, built afresh during capture, and replays them; eager
@@ -85,15 +87,49 @@ def _on_cuda(options: dict) -> dict:
     return {key: value.to(CUDA) if isinstance(value, torch.Tensor) else value for key, value in options.items()}
 
 
+def _export(module, args, dynamic: bool, padded: bool = False):
+    shapes = None
+    if dynamic:
+        L, S = Dim("L", min=2, max=4096), Dim("S", min=2, max=4096)
+        shapes = [{2: L}, {2: S}, {2: S}] + ([{3: S}] if padded else [])
+    return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_an_exported_call_on_cuda_gives_eager_numbers(name):
+    """Static shapes, every kind of call, on any torch."""
+    module = Call(**_on_cuda(CALLS[name]))
+    args = (*_qkv(40, 45, 0), *_extras(name, 45))
+    _same(_export(module, args, dynamic=False).module()(*args), module(*args))
+
+
+TORCH_2_13 = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
+@pytest.mark.skipif(not TORCH_2_13, reason="torch < 2.13 cannot export its own SDPA over grouped float32 keys on CUDA "
+                    "with dynamic lengths (ConstraintViolationError over Min(32 S, 64 S), pure torch alike: "
+                    "benchmarks/results/gpu/2026-11-28_thirteenth/export_diag/)")
 @pytest.mark.parametrize("name", list(CALLS))
 def test_an_exported_call_on_cuda_gives_eager_numbers_at_other_lengths(name):
     module = Call(**_on_cuda(CALLS[name]))
-    L, S = Dim("L", min=2, max=4096), Dim("S", min=2, max=4096)
-    shapes = [{2: L}, {2: S}, {2: S}] + ([{3: S}] if name == "padding" else [])
-    program = torch.export.export(module, (*_qkv(9, 11, 0), *_extras(name, 11)), dynamic_shapes=shapes, strict=False)
+    program = _export(module, (*_qkv(9, 11, 0), *_extras(name, 11)), dynamic=True, padded=name == "padding")
     for n in (9, 40, 300):
         args = (*_qkv(n, n + 5, n), *_extras(name, n + 5))
         _same(program.module()(*args), module(*args))
+
+
+@pytest.mark.parametrize("name", ["dense", "causal"])
+def test_a_bf16_call_on_cuda_exports_with_dynamic_lengths(name):
+    """bf16 over grouped keys (SDPA's flash kernel, which takes them as they are), on torch 2.11 too: the NaN rule's
+    rows are written so that torch 2.11 adds no guard over the length (the view after a broadcast it did add one
+    for: export_diag/ beside the thirteenth session's GPU record)."""
+    module = Call(**CALLS[name])
+    program = _export(module, tuple(x.bfloat16() for x in _qkv(9, 11, 0)), dynamic=True)
+    for n in (9, 40, 300):
+        args = tuple(x.bfloat16() for x in _qkv(n, n + 5, n))
+        got, want = program.module()(*args), module(*args)
+        assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any(-1)[1, :2].all()
+        torch.testing.assert_close(got.nan_to_num(7.0), want.nan_to_num(7.0), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("name", ["dense", "causal", "padding"])

@@ -241,15 +241,18 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
             if not any(map(math.isnan, map(Tensor.item, maxima) if q.is_cpu else torch.stack(maxima).tolist())):
                 return None
     q_max = q.amax(dim=-1, keepdim=True)  # (B, H, L, 1)
-    kv_max = None  # torch.maximum propagates NaN: one (B, Hkv) maximum over the keys and the values
+    kv_max = None  # torch.maximum propagates NaN: one (B, Hkv, 1, 1) maximum over the keys and the values
     for x in (k, v):
         if x.numel():
-            m = x.amax(dim=(2, 3))  # one stage: two (over E, then S) measured 2.2-2.6x slower on an H100
+            m = x.amax(dim=(2, 3), keepdim=True)  # one stage: two (over E, then S) measured 2.2-2.6x slower on an H100
             kv_max = m if kv_max is None else torch.maximum(kv_max, m)
     if kv_max is None:
         return torch.isnan(q_max)
-    # Query head h reads key head h // groups: the groups are consecutive, so a view lines them up,
-    # and one more maximum is NaN exactly where the query row or its keys and values hold a NaN.
-    B, Hkv, G, L = dims.B, dims.Hkv, dims.groups, q_max.shape[2]
-    poisoned = torch.isnan(torch.maximum(q_max.view(B, Hkv, G, L, 1), kv_max.view(B, Hkv, 1, 1, 1)))
-    return poisoned.view(B, Hkv * G, L, 1)  # without a look first (no device sync) always: 6 small ops
+    # Query head h reads key head h // groups, and the groups are consecutive: the (B, Hkv) maxima repeated per query
+    # head (a copy of B x H elements), then one more maximum is NaN exactly where the query row or its keys and values
+    # hold a NaN. Nothing that carries L is viewed after a broadcast: under torch.export with a dynamic length, torch
+    # 2.11 guards such a view's strides over Min(L, 2 L) and refuses the declared range (torch 2.13 does not;
+    # benchmarks/results/gpu/2026-11-28_thirteenth/export_diag/).
+    if dims.groups > 1:
+        kv_max = kv_max.expand(dims.B, dims.Hkv, dims.groups, 1).reshape(dims.B, dims.H, 1, 1)
+    return torch.isnan(torch.maximum(q_max, kv_max))  # without a look first (no device sync) always: 6 or 7 small ops

@@ -1,7 +1,8 @@
 """The NaN rule on CUDA as one Triton kernel, where the rule does not look first (:func:`.nan.looks_first`).
 
 Without a look, :func:`.nan.poisoned_rows` and a ``where`` cost seven kernel launches a call: three maxima over q, k
-and v, two ``maximum``, an ``isnan`` and the ``where`` that rewrites the output. For a tiny call, a decoding step
+and v, two ``maximum``, an ``isnan`` and the ``where`` that rewrites the output (eight with grouped heads, whose
+keys' maxima are repeated per query head). For a tiny call, a decoding step
 among them, the launches are the call: on an H200 (torch 2.11) they made a 16 us SDPA call 112 us
 (benchmarks/results/gpu/2026-11-27_ninth/). Here one program per (batch, query head) reads that head's query rows
 and its key/value head's keys and values once, and writes NaN over the output rows the rule poisons, in place; where
@@ -15,11 +16,12 @@ order), every last dimension contiguous, head sizes up to :data:`MAX_HEAD_DIM`, 
 :data:`PROGRAM_MAX_BYTES` for one program to read, on the current CUDA device, an NVIDIA GPU Triton compiles for
 (compute capability 7.0 on), and Triton importable. Elsewhere the caller runs the seven kernels, as before.
 
-Unmeasured: the kernel's device time at the larger sizes it takes. One program per (batch, head) reads its head's
-rows one block after another, so a call of few heads and long sequences keeps few SMs busy, where the seven kernels
-spread over the GPU. Only tiny calls were timed: there the host decides. A program reads at most
-:data:`PROGRAM_MAX_BYTES`; beyond it the seven kernels run. A
-design that needs no GPU-wide barrier, and that a lent GPU can check, has these steps:
+Measured on an H200 (benchmarks/results/gpu/2026-11-28_thirteenth/first_call/nan_kernel_sizes.json, bf16, calls back
+to back): one program per (batch, head) reads its head's rows one block after another, so its time grows with what one
+program reads, where the seven kernels' stay near their launches' host time (113-144 us there). The kernel took 21 us
+for a tiny call, 56 us at 0.375 MiB a program, 71 us at 0.5 MiB, 214 us at 1.5 MiB and 271 us at 2 MiB: it wins up to
+about 1 MiB, where :data:`PROGRAM_MAX_BYTES` stops it, and the seven kernels run beyond. A design that needs no
+GPU-wide barrier, and would take larger calls, has these steps:
 - a grid over (batch, head, row block);
 - each program writes NaN over its own poisoned query rows;
 - the first head of a group scans its block of keys and values. Where it finds a NaN, it writes NaN over every row
@@ -43,8 +45,8 @@ MAX_HEAD_DIM = 512
 PROGRAM_MAX_BYTES = 2**20
 """Most bytes one program may read: its head's queries and its key/value head's keys and values. A call beyond it
 (few heads, long sequences: a decoding step over 8K keys of 2 key/value heads reads 4 MiB a program) runs the
-seven kernels, which spread over the GPU, where one program would read its share alone. A bound on the work, not a
-measured crossing (module docstring: the device time at such sizes is unmeasured)."""
+seven kernels, which spread over the GPU, where one program would read its share alone. The measured crossing: the
+kernel 1.9x faster than the seven at 0.5 MiB a program, 0.64x at 1.5 MiB (H200, bf16; the module docstring)."""
 
 
 _INTS = ("H", "G", "L", "S", "E", "EV", "sqb", "sqh", "sql", "skb", "skh", "sks", "svb", "svh", "svs", "sob", "soh", "sol")
