@@ -20,10 +20,7 @@ source "$(dirname "$0")/gpu_steps.sh"
 # Captum and num2words, which the device's image lacks (four tests failed without them in the ninth session's first
 # call), from wheels under .whl/ (git-ignored; carry it): `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 -d .whl captum num2words` here first
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        >>"$LOG" 2>&1 && export PYTHONPATH=src:/tmp/site
-fi
+with_wheels
 record_machine
 step 170 "1 tests/gpu" python3 -m pytest tests/gpu -q -n 8 --maxfail 10 -p no:cacheprovider
 step 60 "2 overhead" python3 benchmarks/overhead.py --device cuda --calls 200 --rounds 3 --out "$OUT/overhead.json"

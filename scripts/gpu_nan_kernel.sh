@@ -14,11 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore
 LOG="$OUT/log.txt"
 source "$(dirname "$0")/gpu_steps.sh"
-SITE=/tmp/site
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl >>"$LOG" 2>&1
-fi
-export PYTHONPATH=src:$SITE
+with_wheels
 record_machine
 # TESTS=tests/gpu/test_nan_rule_cuda.py runs only the rule's tests, first (a change to the launch alone: its ninth
 # session's second look, at Triton's kept-kernel launch, nan_kernel.FAST_LAUNCH)
@@ -26,12 +22,7 @@ TESTS=${TESTS:-}
 if [ -n "$TESTS" ]; then
     step 90 "0 $TESTS" python3 -m pytest "$TESTS" -q -n 8 -p no:cacheprovider
 fi
-for round in 1 2; do
-    step 50 "1 overhead before, round $round" env PYTHONPATH=ab_base/src:$SITE python3 benchmarks/overhead.py \
-        --device cuda --calls 200 --rounds 3 --out "$OUT/overhead_before_$round.json"
-    step 50 "1 overhead after, round $round" python3 benchmarks/overhead.py --device cuda --calls 200 --rounds 3 \
-        --out "$OUT/overhead_after_$round.json"
-done
+overhead_ab ""
 if [ -z "$TESTS" ]; then
     step 200 "2 tests/gpu" python3 -m pytest tests/gpu -q -n 8 --maxfail 20 -p no:cacheprovider
 fi

@@ -13,3 +13,20 @@ record_machine() {  # the GPU, the driver, the versions and the commit measured,
       python3 -c "import triton; print('triton', triton.__version__)"
       echo "commit ${ATTNKIT_COMMIT:-unknown}"; } >>"$LOG" 2>&1
 }
+SITE=/tmp/site
+with_wheels() {  # the wheels under .whl/ (carried: packages the device's image lacks) into $SITE, then PYTHONPATH
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            .whl/*.whl >>"$LOG" 2>&1
+    fi
+    export PYTHONPATH=src:$SITE
+}
+overhead_ab() {  # overhead_ab LABEL: benchmarks/overhead.py on CUDA, ab_base/src (before) and src (after), twice each
+    local round
+    for round in 1 2; do
+        step 50 "1 overhead before$1, round $round" env PYTHONPATH=ab_base/src:$SITE python3 benchmarks/overhead.py \
+            --device cuda --calls 200 --rounds 3 --out "$OUT/overhead_before_$round.json"
+        step 50 "1 overhead after, round $round" python3 benchmarks/overhead.py --device cuda --calls 200 --rounds 3 \
+            --out "$OUT/overhead_after_$round.json"
+    done
+}

@@ -19,18 +19,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore
 LOG="$OUT/log.txt"
 source "$(dirname "$0")/gpu_steps.sh"
-SITE=/tmp/site
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl >>"$LOG" 2>&1
-fi
-export PYTHONPATH=src:$SITE
+with_wheels
 record_machine
-for round in 1 2; do
-    step 50 "1 overhead before (fc6814c), round $round" env PYTHONPATH=ab_base/src:$SITE python3 benchmarks/overhead.py \
-        --device cuda --calls 200 --rounds 3 --out "$OUT/overhead_before_$round.json"
-    step 50 "1 overhead after, round $round" python3 benchmarks/overhead.py --device cuda --calls 200 --rounds 3 \
-        --out "$OUT/overhead_after_$round.json"
-done
+overhead_ab " (fc6814c)"
 step 60 "2 NaN rule's kernel by size" python3 benchmarks/gpu_nan_kernel_sizes.py --out "$OUT/nan_kernel_sizes.json"
 step 45 "3a core 4K B 8 causal fwd" python3 benchmarks/gpu.py --sizes 4096 --batch 8 --heads 32 --patterns causal \
     --modes fwd --mask-sizes --repeats 10 --rounds 3 --out "$OUT/core_4k.json"
