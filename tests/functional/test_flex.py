@@ -106,14 +106,21 @@ def test_flex_with_block_masks_matches_oracle(name, block, rng, eager):
 
 def _flex_tables(block_mask):
     """(partial, full) dense boolean tile grids of a torch BlockMask."""
+    import inspect
+
     from torch.nn.attention.flex_attention import _ordered_to_dense
 
+    takes_width = len(inspect.signature(_ordered_to_dense).parameters) > 2  # (torch 2.11's takes none: its indices')
+
+    def dense(num_blocks, indices, width):
+        grid = _ordered_to_dense(num_blocks, indices, width) if takes_width else _ordered_to_dense(num_blocks, indices)
+        return grid[..., :width].bool()
+
     num_k = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])
-    partial = _ordered_to_dense(block_mask.kv_num_blocks, block_mask.kv_indices, num_k).bool()
-    full = _ordered_to_dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, num_k).bool()
-    q_partial = _ordered_to_dense(block_mask.q_num_blocks, block_mask.q_indices,
-                                  -(-block_mask.seq_lengths[0] // block_mask.BLOCK_SIZE[0])).bool()
-    return partial[..., :num_k], full[..., :num_k], q_partial
+    partial = dense(block_mask.kv_num_blocks, block_mask.kv_indices, num_k)
+    full = dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, num_k)
+    q_partial = dense(block_mask.q_num_blocks, block_mask.q_indices, -(-block_mask.seq_lengths[0] // block_mask.BLOCK_SIZE[0]))
+    return partial, full, q_partial
 
 
 @pytest.mark.parametrize("name", ["longformer", "documents", "causal", "sinks", "prefix-lm", "bigbird"])

@@ -28,7 +28,7 @@ from attnkit.layers import MultiHeadAttention
 from attnkit.models import DecoderLM
 from attnkit.models.config import DecoderConfig
 
-from helpers import OpsSeen, layer_families, randn
+from helpers import OpsSeen, layer_families, randn, slow
 
 B, H, Hkv, E = 2, 4, 2, 8
 TRACED_AT = 9
@@ -195,6 +195,59 @@ def test_nothing_traced_is_kept_for_an_eager_call():
         program = _export(module, args, dynamic=False)
         torch.testing.assert_close(program.module()(*args), module(*args), rtol=1e-12, atol=1e-12)
     assert not hasattr(torch_blocks, "_attnkit_block_mask") or not _fake(torch_blocks._attnkit_block_mask[1].kinds)
+
+
+@pytest.mark.slow
+def test_exporting_is_asked_of_export_alone():
+    """tracing.exporting: True while torch.export traces (strict or not), False under torch.compile. TorchDynamo
+    before torch 2.13 folds torch.compiler.is_exporting() to True under any compile (torch 2.11: plain compile then
+    refused the tiled backend, flex and Longformer as if exporting); the flag is read as it is."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + (1 if tracing.exporting() else 0)
+
+    probe = Probe()
+    torch._dynamo.reset()
+    seen.append(torch.compile(probe, fullgraph=True, backend="eager")(torch.zeros(1)).item())
+    for strict in (False, True):
+        seen.append(torch.export.export(probe, (torch.zeros(1),), strict=strict).module()(torch.zeros(1)).item())
+    assert seen == [0, 1, 1] and not tracing.exporting()
+
+
+@pytest.mark.parametrize("backend", [slow("tiled"), "reference"])
+def test_an_explicit_backend_compiles(backend):
+    """Compiled with fullgraph=True (not exported), an explicit backend runs: the tiled loop is refused under export
+    alone."""
+    q, k, v = _qkv(20, 20, seed=3)
+    function = lambda q, k, v: attnkit.attention(q, k, v, backend=backend, window=4).output  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(function, fullgraph=True, backend="eager")(q, k, v), function(q, k, v),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_grouped_heads_are_folded_under_export_only_at_a_static_length():
+    """sdpa.foldable (CUDA's grouped calls fold a group's query heads into rows of its key head): not under export
+    with a dynamic query length, whose folded view torch refuses (the keys are repeated there, by a gather:
+    heads.repeat_kv), but with a static one; and the gather exports with dynamic lengths."""
+    from attnkit.functional.backends import sdpa
+    from attnkit.functional.heads import repeat_kv
+
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, q, k, v):
+            seen.append(sdpa.foldable(q, None, False))
+            return torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2))
+
+    args = _qkv(TRACED_AT, TRACED_AT + 2)
+    _export(Probe(), args, dynamic=False)
+    program = _export(Probe(), args, dynamic=True)
+    assert seen == [True, False] and sdpa.foldable(args[0], None, False)
+    longer = _qkv(40, 45, seed=4)
+    torch.testing.assert_close(program.module()(*longer), Probe()(*longer), rtol=1e-12, atol=1e-12)
 
 
 def test_nothing_is_kept_while_tracing():

@@ -80,14 +80,18 @@ def test_drop_in_refuses_what_torch_refuses_by_name():
         attnkit.scaled_dot_product_attention(q, k, v, None, 0.0, False, 0.5)  # keyword-only, as torch's
 
 
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
 @pytest.mark.parametrize("shapes", [((0, 4, 8), (0, 6, 8)), ((2, 0, 4, 8), (2, 0, 6, 8)), ((0, 2, 4, 8), (0, 2, 6, 8)),
                                     ((2, 3, 0, 8), (2, 3, 6, 8))], ids=["3-D batch 0", "no heads", "batch 0", "no queries"])
 def test_drop_in_returns_torchs_empty_result_where_there_is_nothing_to_attend(shapes):
     q = _rand(*shapes[0]).requires_grad_()
     k, v = _rand(*shapes[1], seed=1), _rand(*shapes[1], seed=2)
-    expected = F.scaled_dot_product_attention(q, k, v)
     got = attnkit.scaled_dot_product_attention(q, k, v)
-    assert got.shape == expected.shape and got.requires_grad
+    assert got.shape == (*q.shape[:-1], v.shape[-1]) and got.requires_grad
+    if q.shape[-3] or TORCH_VERSION >= (2, 13):  # torch 2.11's CPU SDPA dies of a floating-point exception there
+        assert got.shape == F.scaled_dot_product_attention(q, k, v).shape
     got.sum().backward()
     assert q.grad is not None and q.grad.shape == q.shape
 

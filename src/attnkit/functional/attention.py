@@ -32,7 +32,7 @@ from .routing import (  # auto's rules (choose_backend and lse_backend re-export
 from .sdpa_names import check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 from .torch_block_mask import as_block_mask
-from .tracing import exportable, one_graph, traced, transformed
+from .tracing import exportable, exporting, one_graph, traced, transformed
 
 __all__ = ["AttentionOutput", "make_output", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
            "BACKEND_NAMES"]
@@ -350,16 +350,13 @@ def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, wind
             return blocks.to_dense()  # what the sdpa backend materialises, kept with the block mask
         return _GENERAL
     if (mask is None and type(window) is int and window >= 1
-            and (backend == "sdpa" or is_exporting() or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
+            and (backend == "sdpa" or exporting() or dims.S < AUTO_TILED_MIN_KEYS_PER_WINDOW * window)):
         return whole_structure(dims.L, dims.S, _masks.causal_offset(dims.L, dims.S, causal_align), window, q.device)
     return _GENERAL
 """Backends under which a plain call (no mask, bias, window, score_mod, sinks, weights or dropout) goes
 straight to SDPA: ``auto`` picks it for such a call on every device."""
 
 
-is_exporting = torch.compiler.is_exporting
-"""Whether ``torch.export`` traces (strict or not): :func:`_direct_mask` then hands SDPA a window's structure
-without asking a size (a symbol under dynamic shapes, where a comparison narrows the declared range)."""
 is_compiling = torch.compiler.is_compiling
 """Whether torch.compile or torch.export traces: :func:`_direct_mask` then hands SDPA a mask or a block mask
 without looking at it (a mask's tiles, a block mask's occupancy: host reads, a graph break each) or asking a size."""

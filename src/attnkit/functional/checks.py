@@ -184,11 +184,13 @@ def check_mask(mask: Tensor | None, dims: Dims, device: torch.device, name: str 
     if mask is None:
         return
     try:
-        Bm, Hm, Lm, Sm = mask.shape
-        if (mask.dtype is torch.bool and Sm == dims.S and Bm in (1, dims.B) and Hm in (1, dims.H) and Lm in (1, dims.L)
-                and mask.device == device):
-            return
-    except (AttributeError, TypeError, ValueError):  # not a tensor, or not of rank 4: named below
+        shape = mask.shape
+        if len(shape) == 4:  # (asked, not unpacked into an error: torch 2.11's Dynamo cannot trace the error)
+            Bm, Hm, Lm, Sm = shape
+            if (mask.dtype is torch.bool and Sm == dims.S and Bm in (1, dims.B) and Hm in (1, dims.H)
+                    and Lm in (1, dims.L) and mask.device == device):
+                return
+    except (AttributeError, TypeError):  # not a tensor: named below
         pass
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(mask).__name__}")

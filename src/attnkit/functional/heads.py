@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+from .tracing import exporting
 
 __all__ = ["split_heads", "merge_heads", "repeat_kv"]
 
@@ -24,4 +27,9 @@ def merge_heads(x: Tensor) -> Tensor:
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """(B, Hkv, S, E) keys or values -> (B, Hkv * groups, S, E), each head repeated for the
     ``groups`` consecutive query heads that read it (for kernels that take no grouped heads)."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+    if groups == 1:
+        return x
+    if exporting():  # a gather: torch 2.11's export turns repeat_interleave's view into guards that refuse
+        # dynamic lengths (benchmarks/results/gpu/2026-11-28_thirteenth/); the same copy
+        return x.index_select(1, torch.arange(x.shape[1] * groups, device=x.device) // groups)
+    return x.repeat_interleave(groups, dim=1)

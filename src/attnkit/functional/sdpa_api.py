@@ -56,9 +56,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     Hq = lead[-1] if lead else 1
     H = key.shape[-3] if key.dim() >= 3 else 1
     check_enable_gqa(bool(enable_gqa), query, key)
-    if H == 0:  # no heads (a 3-D call of batch 0 among them): nothing to attend, torch's empty result
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                                                scale=scale, enable_gqa=enable_gqa)
+    if H == 0:  # no heads (a 3-D call of batch 0 among them): nothing to attend, torch's empty result, its gradients
+        # flowing back as zeros: two products of empty tensors (torch 2.11's CPU SDPA dies of a floating-point
+        # exception on such a call, which attnkit used to hand it)
+        return (query @ key.transpose(-2, -1)) @ value
     batch = math.prod(lead[:-1])
     L, S = query.shape[-2], key.shape[-2]
     q = query.reshape(batch, Hq, L, query.shape[-1])

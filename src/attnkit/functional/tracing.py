@@ -26,17 +26,32 @@ import torch
 
 from .devices import device_type
 
-__all__ = ["traced", "transformed", "one_graph", "refuse_in_one_graph", "may_keep", "exportable"]
+__all__ = ["traced", "transformed", "exporting", "one_graph", "refuse_in_one_graph", "may_keep", "exportable"]
 
 transformed = torch._C._are_functorch_transforms_active
 """Whether a torch.func transform is active (0.04 us a call)."""
+
+
+_compiler = torch.compiler
+
+
+def _exporting_flag() -> bool:
+    return _compiler._is_exporting_flag
+
+
+exporting = _exporting_flag if hasattr(torch.compiler, "_is_exporting_flag") else torch.compiler.is_exporting
+"""Whether ``torch.export`` traces now (strict or not), and not ``torch.compile``. The flag that
+``torch.compiler.is_exporting()`` returns is read directly where this PyTorch has it: before torch 2.13, TorchDynamo
+folds ``is_exporting()`` to True under any ``torch.compile`` (measured on torch 2.11: plain compile then refused
+``backend="tiled"``, ``backend="flex"`` and LongformerSelfAttention as if exporting), while it reads a module's flag
+as it is."""
 
 
 def one_graph() -> bool:
     """Whether ``auto`` must choose among the backends that trace into one graph (SDPA, reference) without a look
     at a value or a question of sizes: under a torch.func transform, and under ``torch.export``, whose graph has no
     breaks and whose shapes may be symbols (a size compared would narrow the range the user declared)."""
-    return transformed() or torch.compiler.is_exporting()
+    return transformed() or exporting()
 
 
 def refuse_in_one_graph(backend: str, *, transformed_because: str, exported_because: str) -> None:
@@ -46,7 +61,7 @@ def refuse_in_one_graph(backend: str, *, transformed_because: str, exported_beca
     if transformed():
         raise ValueError(f"backend={backend!r} cannot run under a torch.func transform (vmap, grad, jacrev, ...): "
                          f"{transformed_because}; {instead}")
-    if torch.compiler.is_exporting():
+    if exporting():
         raise ValueError(f"backend={backend!r} cannot be exported (torch.export): {exported_because}; {instead}")
 
 

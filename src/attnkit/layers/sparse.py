@@ -22,6 +22,7 @@ from ..functional import attention, masks
 from ..functional.attention import BACKEND_NAMES, AttentionOutput
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
+from ..functional.tracing import exporting
 
 __all__ = ["LongformerSelfAttention"]
 
@@ -87,7 +88,7 @@ class LongformerSelfAttention(nn.Module):
             rows come separately), else None.
         """
         check_rank("x", x, 3, "(B, L, D)")
-        if torch.compiler.is_exporting():
+        if exporting():
             raise ValueError("LongformerSelfAttention cannot be exported (torch.export): how many global tokens a "
                              "batch has sizes its global pass, and its block mask's tiles are classified on the host "
                              "(data-dependent by design; torch.compile takes it with graph breaks)")

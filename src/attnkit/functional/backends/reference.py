@@ -2,7 +2,7 @@
 
 Materialises the (B, H, L, S) weights, so it always returns them. Half-precision inputs are
 computed in float32 and the output cast back. Grouped-query heads are broadcast with a view,
-never copied.
+never copied, except under torch.export, where the keys and values are repeated per query head.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..heads import repeat_kv
 from ..softmax import _masked_logsumexp, _masked_softmax
+from ..tracing import exporting
 from ._common import BackendResult, Problem, compute_dtype, group_heads
 
 __all__ = ["forward"]
@@ -24,6 +26,11 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True)
     acc = compute_dtype(q.dtype)
     cast = acc is not q.dtype  # (Tensor.to costs a microsecond even where it returns its input)
     grouped = dims.H != dims.Hkv  # (seven views a call fewer where not: a small score_mod call's microseconds)
+    if grouped and exporting():  # keys and values repeated per query head, as transformers' eager attention does:
+        # a view of a broadcast product carries the lengths into guards that torch 2.11's export refuses under
+        # dynamic lengths (benchmarks/results/gpu/2026-11-28_thirteenth/), and the scores outweigh the copy
+        k, v = repeat_kv(k, dims.groups), repeat_kv(v, dims.groups)
+        grouped = False
     q_g, k_g, v_g = (group_heads(q, dims), k.unsqueeze(2), v.unsqueeze(2)) if grouped else (q, k, v)
     if cast:
         q_g, k_g, v_g = q_g.to(acc), k_g.to(acc), v_g.to(acc)

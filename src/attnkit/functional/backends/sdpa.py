@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .. import kept
 from ..heads import repeat_kv
-from ..tracing import traced
+from ..tracing import exporting, traced
 from . import reference
 from ._common import BackendResult, Problem, lse_unresolved, needs_grad
 
@@ -47,8 +47,10 @@ def repeats_kv_on_cuda(dtype: torch.dtype, head_dim: int, has_mask: bool) -> boo
 def foldable(q: Tensor, attn_mask: Tensor | None, is_causal: bool) -> bool:
     """Whether a grouped call can fold each group's query heads into rows of its key head (:func:`folded`):
     no causal structure (it would differ between the folded rows), and no mask, or one shared by the heads
-    (head dim 1) on a single query row, where folding repeats nothing (a longer mask would be copied G times)."""
-    if is_causal or q.dim() != 4:
+    (head dim 1) on a single query row, where folding repeats nothing (a longer mask would be copied G times).
+    Not under torch.export with a dynamic query length: viewing the folded output back carries the length into a
+    guard that refuses the declared range (torch 2.11 and 2.13 alike); the keys are repeated there instead."""
+    if is_causal or q.dim() != 4 or (type(q.shape[2]) is not int and exporting()):
         return False
     return attn_mask is None or (attn_mask.dim() == 4 and attn_mask.shape[1] == 1 and q.shape[2] == 1)
 
