@@ -24,7 +24,7 @@ from ..functional.masks import selected
 from . import families
 from .families import IMPLEMENTATION, UnsupportedFeature, check_family, install_guard, model_type, permitted
 from .keywords import check_keywords
-from .masks import StructuredMask, attnkit_mask
+from .masks import StructuredMask, _masking_utils, attnkit_mask
 from .record import recording_now
 from .rows import as_eager, mask_empty_rows
 
@@ -45,6 +45,7 @@ def register(*, allow_unverified: Sequence[str] = ()) -> None:
     families.allow(allow_unverified)
     AttentionInterface.register(IMPLEMENTATION, attnkit_attention_forward)
     AttentionMaskInterface.register(IMPLEMENTATION, attnkit_mask)
+    _masking_utils()  # kept now, before any model (compiled or not) asks attnkit_mask for a mask
     install_guard()
 
 

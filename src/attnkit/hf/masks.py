@@ -9,7 +9,6 @@ anything else gets transformers' own SDPA mask, fully built.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -83,13 +82,20 @@ def _structured(padding: Tensor, structure: _Structure) -> Tensor:
     return mask
 
 
-@functools.cache
-def _masking_utils():
-    """transformers' ``masking_utils``, imported on first use (attnkit imports without transformers) and then kept:
-    an import statement in a function is a lookup through the import machinery on every call."""
-    from transformers import masking_utils
+_kept_masking_utils = None
 
-    return masking_utils
+
+def _masking_utils():
+    """transformers' ``masking_utils``, imported on first use (attnkit imports without transformers; ``register()``
+    makes that use) and then kept in a module global: an import statement in a function is a lookup through the
+    import machinery on every call, and torch 2.11's TorchDynamo cannot trace transformers' lazy import (nor a
+    ``functools.cache`` around it) inside a compiled model, where a global it reads as it is."""
+    global _kept_masking_utils
+    if _kept_masking_utils is None:
+        from transformers import masking_utils
+
+        _kept_masking_utils = masking_utils
+    return _kept_masking_utils
 
 
 def _int_offset(value) -> int | None:
