@@ -16,6 +16,7 @@ from torch import Tensor
 
 from . import nan_kernel
 from .checks import Dims
+from .heads import repeat_kv
 from .tracing import traced, transformed
 
 _on = True
@@ -249,10 +250,9 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     if kv_max is None:
         return torch.isnan(q_max)
     # Query head h reads key head h // groups, and the groups are consecutive: the (B, Hkv) maxima repeated per query
-    # head (a copy of B x H elements), then one more maximum is NaN exactly where the query row or its keys and values
-    # hold a NaN. Nothing that carries L is viewed after a broadcast: under torch.export with a dynamic length, torch
-    # 2.11 guards such a view's strides over Min(L, 2 L) and refuses the declared range (torch 2.13 does not;
-    # benchmarks/results/gpu/2026-11-28_thirteenth/export_diag/).
-    if dims.groups > 1:
-        kv_max = kv_max.expand(dims.B, dims.Hkv, dims.groups, 1).reshape(dims.B, dims.H, 1, 1)
+    # head as keys are (a copy of B x H elements), then one more maximum is NaN exactly where the query row or its keys
+    # and values hold a NaN. Nothing that carries L is viewed after a broadcast: under torch.export with a dynamic
+    # length, torch 2.11 guards such a view's strides over Min(L, 2 L) and refuses the declared range (torch 2.13
+    # does not; benchmarks/results/gpu/2026-11-28_thirteenth/export_diag/).
+    kv_max = repeat_kv(kv_max, dims.groups)
     return torch.isnan(torch.maximum(q_max, kv_max))  # without a look first (no device sync) always: 6 or 7 small ops
