@@ -196,6 +196,12 @@ def attention(
         A query row with no allowed key gets zero weights and a zero output, never NaN.
         The returned weights are those before dropout.
     """
+    if (mask is None and bias is None and window is None and scale is None and score_mod is None and sinks is None
+            and attn_mask is None and enable_gqa is None and need_weights is False and dropout_p == 0 and not return_lse
+            and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS and not _any_autocast()):
+        output = _one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
+        if output is not None:
+            return make_output((output, None, None))
     if attn_mask is not None or enable_gqa is not None or unknown:  # SDPA's names, or a wrong one
         if unknown:
             raise unexpected_keywords("attention", unknown, _KEYWORDS)
@@ -416,6 +422,39 @@ def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias,
                       causal_align=causal_align, window=window, dropout_p=float(dropout_p), block_mask=block_mask,
                       score_mod=score_mod, sinks=sinks, device=q.device, dtype=q.dtype)
     return problem, _heads(need_weights, dims.H)
+
+
+def _one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_align) -> Tensor | None:
+    """SDPA's output, with the NaN rule (:func:`.nan.cpu_plain_output`), of a plain uncompiled CPU call whose q
+    (B, H, L, E), k and v (B, H, S, E) share their batch, heads and head dim: self-attention's commonest call and a
+    decoding step's. None for any other call, and where the causal alignment needs a mask. The caller settled that
+    nothing else was asked (no mask, bias, window, scale, score_mod, sinks, dropout, weights or lse). A comparison
+    of k's shape with v's and three of q's sizes stand for :func:`.checks.check_qkv`'s, and SDPA checks the dtypes
+    and devices itself; where it refuses them, ``check_qkv`` names the argument. Not while compiling or exporting,
+    where shapes may be symbols and a comparison a guard. (What it leaves out, check_qkv's other questions and two
+    frames: 1.0-1.8 us of a 16-19 us call, benchmarks/results/overhead_ab_2026-11-28_fourteenth/.)"""
+    try:
+        kshape = k.shape
+        if not q.is_cpu or is_compiling() or kshape != v.shape:  # (compiling first: sizes may be symbols)
+            return None
+        B, H, L, E = q.shape
+        Bk, Hk, S, Ek = kshape
+    except (AttributeError, TypeError, ValueError):  # not tensors, or not of rank 4: check_qkv names it
+        return None
+    if B != Bk or H != Hk or E != Ek or not (B and H and L and S and E):
+        return None
+    if is_causal and causal_align != "top-left":  # bottom-right: top-left where L = S, no mask for one query
+        if causal_align != "bottom-right" or (L != S and L != 1):
+            return None
+        is_causal = L == S
+    elif causal_align != "top-left" and causal_align != "bottom-right":
+        return None  # named by the checked path
+    try:
+        output = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    except (RuntimeError, TypeError, NotImplementedError):
+        check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
+        raise
+    return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
 
 
 def _plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:

@@ -99,6 +99,9 @@ since; benchmarks/results/gpu/2026-11-27_ninth/.)
 Compiling, CUDA-graph capture and ``torch.cuda.set_sync_debug_mode`` never look."""
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the rule settles the common case, no NaN at all, with a look on the host before it acts: always
     on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v outside CUDA-graph
@@ -141,10 +144,29 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
     common case where the rule looks first (:func:`looks_first`; otherwise :func:`with_nan_rows`)."""
     if not _on:
         return output
-    if (looks_first(q, k, v)  # first: traced (compiled, exported) shapes may be symbols, and a test a guard
-            and (not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H  # an empty output has no maximum
-            and dims.S >= (_MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS) if output.is_cpu else PLAIN_LOOK_MIN_KEYS)):
-        return with_nan_rows(q, k, v, dims, output) if holds_nan(output) else output
+    if q.is_cpu and not _is_compiling():  # first: traced (compiled, exported) shapes may be symbols, and a test a guard
+        if dims.Ev and dims.B and dims.H:  # an empty output has no maximum
+            return cpu_plain_output(q, k, v, output, dims.L, dims.S, causal, dims)
+    elif (looks_first(q, k, v) and (not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H
+            and dims.S >= PLAIN_LOOK_MIN_KEYS and not holds_nan(output)):
+        return output
+    return with_nan_rows(q, k, v, dims, output)
+
+
+def cpu_plain_output(q: Tensor, k: Tensor, v: Tensor, output: Tensor, L: int, S: int, causal: bool,
+                     dims: Dims | None) -> Tensor:
+    """:func:`plain_output` on the CPU, uncompiled: SDPA's non-empty ``output`` of a plain call with ``L`` queries
+    and ``S`` keys, and the call's ``dims`` (None: as many key as query heads, values as wide as the queries). One
+    look where a query sees every key and there are :func:`plain_look_min_keys`, unless a torch.func transform is
+    active; else the rows from q, k and v."""
+    if not _on:
+        return output
+    if (not transformed() and (not causal or L >= S) and S >= _MIN_KEYS.get(output.dtype, PLAIN_LOOK_MIN_KEYS)
+            and not holds_nan(output)):
+        return output
+    if dims is None:
+        B, H, _, E = q.shape
+        dims = Dims(B, H, H, L, S, E, E)
     return with_nan_rows(q, k, v, dims, output)
 
 
