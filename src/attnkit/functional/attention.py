@@ -450,7 +450,8 @@ def _one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_ali
     elif causal_align != "top-left" and causal_align != "bottom-right":
         return None  # named by the checked path
     try:
-        output = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        # (a keyword costs SDPA's argument parser 0.27 us: benchmarks/results/overhead_ab_2026-11-28_fourteenth/)
+        output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if is_causal else F.scaled_dot_product_attention(q, k, v)
     except (RuntimeError, TypeError, NotImplementedError):
         check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
         raise
