@@ -432,7 +432,7 @@ def _one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_ali
     of k's shape with v's and three of q's sizes stand for :func:`.checks.check_qkv`'s, and SDPA checks the dtypes
     and devices itself; where it refuses them, ``check_qkv`` names the argument. Not while compiling or exporting,
     where shapes may be symbols and a comparison a guard. (What it leaves out, check_qkv's other questions and two
-    frames: 1.0-1.8 us of a 16-19 us call, benchmarks/results/overhead_ab_2026-11-28_fourteenth/.)"""
+    frames: 1.1-2.2 us of a 16-19 us call, benchmarks/results/overhead_ab_2026-11-28_fourteenth/.)"""
     try:
         kshape = k.shape
         if not q.is_cpu or is_compiling() or kshape != v.shape:  # (compiling first: sizes may be symbols)
@@ -450,7 +450,7 @@ def _one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_ali
     elif causal_align != "top-left" and causal_align != "bottom-right":
         return None  # named by the checked path
     try:
-        # (a keyword costs SDPA's argument parser 0.27 us: benchmarks/results/overhead_ab_2026-11-28_fourteenth/)
+        # (a keyword costs SDPA's argument parser 0.24 us: benchmarks/results/overhead_ab_2026-11-28_fourteenth/pieces.txt)
         output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if is_causal else F.scaled_dot_product_attention(q, k, v)
     except (RuntimeError, TypeError, NotImplementedError):
         check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
