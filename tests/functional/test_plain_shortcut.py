@@ -18,6 +18,7 @@ from attnkit.functional.checks import check_qkv
 from helpers import randn
 
 module = importlib.import_module("attnkit.functional.attention")
+shortcut = importlib.import_module("attnkit.functional.plain")
 
 
 CALLS = [  # (B, H, L, S, E), is_causal, causal_align
@@ -38,7 +39,8 @@ def test_a_call_of_one_head_shape_skips_check_qkv_and_gives_sdpas_numbers_and_th
     """Without check_qkv (it fails the test if asked): the float64 oracle's numbers within the dtype's tolerance
     (the causal mask aligned as asked), and with a NaN in q, k or v (below and above the look's threshold of keys)
     exactly the rule's rows: the query's own row, or every row of the head reading the key or value."""
-    monkeypatch.setattr(module, "check_qkv", lambda *args: pytest.fail("check_qkv was asked"))
+    for where in (module, shortcut):
+        monkeypatch.setattr(where, "check_qkv", lambda *args: pytest.fail("check_qkv was asked"))
     B, H, L, S, E = shape
     generator = torch.Generator().manual_seed(sum(shape))
     q, k, v = (randn(B, H, n, E, dtype=dtype, generator=generator) for n in (L, S, S))
@@ -108,7 +110,7 @@ def test_while_compiling_the_shortcut_asks_no_size(monkeypatch):
     length with k's would tie two dynamic sizes): the checked path runs."""
     asked = []
     monkeypatch.setattr(module, "check_qkv", lambda *args: asked.append(1) or check_qkv(*args))
-    monkeypatch.setattr(module, "is_compiling", lambda: True)
+    monkeypatch.setattr(shortcut, "is_compiling", lambda: True)
     q = torch.randn(1, 2, 12, 8)
     attnkit.attention(q, q, q)
     assert asked == [1]

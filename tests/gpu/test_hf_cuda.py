@@ -49,8 +49,8 @@ def test_bridge_on_cuda_equals_eager_on_fused_kernels(family, monkeypatch):
     chosen = []
     real = attention_module.choose_backend
     monkeypatch.setattr(attention_module, "choose_backend", lambda p: chosen.append(real(p)) or chosen[-1])
-    plain = attention_module._plain  # a plain call (no mask, window or score_mod) goes straight to SDPA
-    monkeypatch.setattr(attention_module, "_plain", lambda *a: chosen.append("sdpa") or plain(*a))
+    plain = attention_module.plain  # a plain call (no mask, window or score_mod) goes straight to SDPA
+    monkeypatch.setattr(attention_module, "plain", lambda *a: chosen.append("sdpa") or plain(*a))
     with torch.no_grad():
         want = eager(input_ids=ids[:1], attention_mask=mask[:1]).logits
         got = ours(input_ids=ids[:1], attention_mask=mask[:1]).logits

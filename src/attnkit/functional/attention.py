@@ -17,10 +17,12 @@ from torch import Tensor
 
 from . import masks as _masks
 from . import nan as _nan
+from . import nested as _nested
 from .backends import BACKENDS, reference, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, whole_structure
 from .block_mask import BlockMask, ScoreMod
-from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, make_dims
+from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, check_window, make_dims
+from .plain import one_head_shape, plain, plain_causal
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
     AUTO_CLASSIFY_MIN_ENTRIES,
     AUTO_TILED_MAX_OCCUPANCY,
@@ -196,10 +198,19 @@ def attention(
         A query row with no allowed key gets zero weights and a zero output, never NaN.
         The returned weights are those before dropout.
     """
+    if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor) and _nested.any_nested(q, k, v):
+        if attn_mask is not None or enable_gqa is not None or unknown:
+            if unknown:
+                raise unexpected_keywords("attention", unknown, _KEYWORDS)
+            check_enable_gqa(enable_gqa, q, k)
+        return _nested.attention(attention, q, k, v, is_causal=is_causal, causal_align=causal_align, window=window,
+                                 options=dict(mask=mask, attn_mask=attn_mask, bias=bias, scale=scale,
+                                              dropout_p=dropout_p, backend=backend, need_weights=need_weights,
+                                              score_mod=score_mod, sinks=sinks, return_lse=return_lse))
     if (mask is None and bias is None and window is None and scale is None and score_mod is None and sinks is None
             and attn_mask is None and enable_gqa is None and need_weights is False and dropout_p == 0 and not return_lse
             and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS and not _any_autocast()):
-        output = _one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
+        output = one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
         if output is not None:
             return make_output((output, None, None))
     if attn_mask is not None or enable_gqa is not None or unknown:  # SDPA's names, or a wrong one
@@ -271,9 +282,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
             and need_weights is False and dropout_p == 0 and backend in _PLAIN_BACKENDS and dims.L and dims.S
             and not return_lse):
         causal = (False if not is_causal and causal_align == "top-left"  # the commonest call, decided inline
-                  else _plain_causal(bool(is_causal), causal_align, dims.L, dims.S))
+                  else plain_causal(bool(is_causal), causal_align, dims.L, dims.S))
         if causal is not None:  # a plain call, what auto hands SDPA anyway: no Problem, no routing, one kernel
-            output = _plain(q, k, v, dims, scale, causal)
+            output = plain(q, k, v, dims, scale, causal)
             return make_output((output, None, None))
     elif (q.is_cpu and bias is None and score_mod is None and sinks is None and need_weights is False and dropout_p == 0
           and backend in _PLAIN_BACKENDS and dims.L and dims.S and dims.Ev and not return_lse
@@ -412,8 +423,7 @@ def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias,
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
     if causal_align not in _masks.ALIGNMENTS:
         raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    check_window(window)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     if bias is not None:
@@ -422,59 +432,3 @@ def _problem(q: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias,
                       causal_align=causal_align, window=window, dropout_p=float(dropout_p), block_mask=block_mask,
                       score_mod=score_mod, sinks=sinks, device=q.device, dtype=q.dtype)
     return problem, _heads(need_weights, dims.H)
-
-
-def _one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_align) -> Tensor | None:
-    """SDPA's output, with the NaN rule (:func:`.nan.cpu_plain_output`), of a plain uncompiled CPU call whose q
-    (B, H, L, E), k and v (B, H, S, E) share their batch, heads and head dim: self-attention's commonest call and a
-    decoding step's. None for any other call, and where the causal alignment needs a mask. The caller settled that
-    nothing else was asked (no mask, bias, window, scale, score_mod, sinks, dropout, weights or lse). A comparison
-    of k's shape with v's and three of q's sizes stand for :func:`.checks.check_qkv`'s, and SDPA checks the dtypes
-    and devices itself; where it refuses them, ``check_qkv`` names the argument. Not while compiling or exporting,
-    where shapes may be symbols and a comparison a guard. (What it leaves out, check_qkv's other questions and two
-    frames: 1.1-2.2 us of a 16-19 us call, benchmarks/results/overhead_ab_2026-11-28_fourteenth/.)"""
-    try:
-        kshape = k.shape
-        if not q.is_cpu or is_compiling() or kshape != v.shape:  # (compiling first: sizes may be symbols)
-            return None
-        B, H, L, E = q.shape
-        Bk, Hk, S, Ek = kshape
-    except (AttributeError, TypeError, ValueError):  # not tensors, or not of rank 4: check_qkv names it
-        return None
-    if B != Bk or H != Hk or E != Ek or not (B and H and L and S and E):
-        return None
-    if is_causal and causal_align != "top-left":  # bottom-right: top-left where L = S, no mask for one query
-        if causal_align != "bottom-right" or (L != S and L != 1):
-            return None
-        is_causal = L == S
-    elif causal_align != "top-left" and causal_align != "bottom-right":
-        return None  # named by the checked path
-    try:
-        # (a keyword costs SDPA's argument parser 0.24 us: benchmarks/results/overhead_ab_2026-11-28_fourteenth/pieces.txt)
-        output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if is_causal else F.scaled_dot_product_attention(q, k, v)
-    except (RuntimeError, TypeError, NotImplementedError):
-        check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
-        raise
-    return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
-
-
-def _plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:
-    """SDPA's output for a plain call, with the NaN rule (:func:`.nan.plain_output`). The commonest call (as many
-    key as query heads, values as wide as the queries, SDPA's own scale) goes to SDPA here, without
-    :func:`.backends.sdpa.plain`'s questions (0.7 us of a 10 us call, benchmarks/overhead.py)."""
-    if dims.H == dims.Hkv and dims.Ev >= dims.E and scale is None:
-        output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if causal else F.scaled_dot_product_attention(q, k, v)
-    else:
-        output = sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
-    return _nan.plain_output(q, k, v, dims, output, causal)
-
-
-def _plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:
-    """The ``is_causal`` SDPA takes for a plain call, or None where the alignment needs a mask: top-left
-    as given; bottom-right is top-left when L = S, and no mask at all for a single query (a decoding
-    step sees every key)."""
-    if not is_causal or causal_align == "top-left":
-        return is_causal if causal_align in _masks.ALIGNMENTS else None  # (a bad alignment: named below)
-    if causal_align == "bottom-right" and (L == S or L == 1):
-        return L == S
-    return None

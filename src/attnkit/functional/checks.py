@@ -117,7 +117,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> Dims:
                 and v.dtype is dtype and q.is_floating_point()
                 and ((q.is_cpu and k.is_cpu and v.is_cpu) or q.device == k.device == v.device)):
             return make_dims((B, H, Hkv, L, S, E, Ev))
-    except (AttributeError, TypeError, ValueError):  # not tensors, or not of rank 4: named below
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # not tensors, not of rank 4, nested: named below
         pass
     return _checked_qkv(q, k, v)
 
@@ -127,6 +127,11 @@ def _checked_qkv(q: Tensor, k: Tensor, v: Tensor) -> Dims:
     check_rank("q", q, 4, "(B, H, L, E)")
     check_rank("k", k, 4, "(B, Hkv, S, E)")
     check_rank("v", v, 4, "(B, Hkv, S, Ev)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.is_nested:
+            raise TypeError(f"{name} is a nested tensor of layout {x.layout}: attention() takes dense tensors, or q, k "
+                            "and v all nested in the jagged layout (torch.nested.nested_tensor(sequences, "
+                            "layout=torch.jagged), docs/api.md)")
     if not q.is_floating_point():
         raise TypeError(f"q must be a floating-point tensor, got dtype {q.dtype}")
     check_same("q", q, k=k, v=v)
@@ -227,6 +232,12 @@ def check_block_mask(mask, dims: Dims, device: torch.device, name: str = "mask")
         )
     if mask.device != device:
         raise TypeError(f"{name}: block mask is on {mask.device} but q is on {device}")
+
+
+def check_window(window) -> None:
+    """A sliding window: a positive int, or None for none."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
 
 
 def check_sinks(sinks: Tensor | None, dims: Dims, q: Tensor) -> None:

@@ -24,6 +24,7 @@ import math
 import torch
 from torch import Tensor
 
+from .nested import any_nested
 from .sdpa_names import SYNONYMS, check_enable_gqa, sdpa_mask, unexpected_keywords
 
 __all__ = ["scaled_dot_product_attention", "sdpa_mask", "check_enable_gqa", "unexpected_keywords", "SYNONYMS"]
@@ -51,6 +52,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             raise ValueError(f"{name} must be a tensor of at least 2 dims (..., L, E), got {got}")
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal=True: pass one (torch's SDPA refuses both as well)")
+    if any_nested(query, key, value):  # jagged sequences, as torch's SDPA takes them (:mod:`.nested`)
+        return attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         scale=scale, enable_gqa=bool(enable_gqa)).output
     query, key, value = _broadcast_batch(query, key, value, bool(enable_gqa))
     lead = tuple(query.shape[:-2])
     Hq = lead[-1] if lead else 1
