@@ -155,3 +155,46 @@ def test_a_wrong_keyword_names_the_right_one(wrong, hint):
     with pytest.raises(TypeError, match="did you mean") as error:
         attnkit.attention(q, k, v, **{wrong: None})
     assert hint in str(error.value) and repr(wrong) in str(error.value)
+
+
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+@pytest.mark.parametrize("L, S", [(7, 9), (6, 6), (9, 4)], ids=str)
+@pytest.mark.parametrize("shape", ["4-D", "3-D", "grouped"])
+def test_torchs_causal_bias_is_a_causal_call_aligned_as_it_says(variant, L, S, shape):
+    """torch.nn.attention.bias's causal_upper_left / causal_lower_right as attn_mask: torch's numbers (forward and
+    the gradients of q, k and v) from the drop-in and from attention(), on every row that has a key; a row with none
+    (lower-right, L > S) is zeros, attnkit's rule, where torch's math kernel gives NaN."""
+    from torch.nn.attention import bias as torch_bias
+
+    causal_bias = getattr(torch_bias, f"causal_{variant}")(L, S)
+    lead = {"4-D": (2, 4), "3-D": (3,), "grouped": (2, 4)}[shape]
+    heads = (2, 2) if shape == "grouped" else lead
+    q = _rand(*lead, L, 8, seed=1).requires_grad_()
+    k, v = (_rand(*heads, S, 8, seed=s).requires_grad_() for s in (2, 3))
+    grouped = dict(enable_gqa=True) if shape == "grouped" else {}
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_bias, **grouped)
+    rows = want.isfinite().all(-1)
+    theirs = torch.autograd.grad(want[rows].sum(), (q, k, v))
+    for got in (attnkit.scaled_dot_product_attention(q, k, v, attn_mask=causal_bias, **grouped),
+                attnkit.attention(q, k, v, attn_mask=causal_bias).output if q.dim() == 4 else None):
+        if got is None:
+            continue
+        torch.testing.assert_close(got[rows], want[rows], rtol=1e-10, atol=1e-10)
+        assert (got[~rows] == 0).all()
+        for mine, torchs in zip(torch.autograd.grad(got[rows].sum(), (q, k, v)), theirs):
+            torch.testing.assert_close(mine, torchs, rtol=1e-10, atol=1e-10)
+
+
+def test_a_causal_bias_beside_is_causal_another_alignment_or_other_lengths_is_refused_by_name():
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k, v = _inputs("4-D")  # L = 7, S = 9
+    with pytest.raises(ValueError, match="pass one"):
+        attnkit.attention(q, k, v, attn_mask=causal_lower_right(7, 9), is_causal=True)
+    with pytest.raises(ValueError, match="pass one"):
+        attnkit.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(7, 9), is_causal=True)
+    with pytest.raises(ValueError, match=r"causal_align='top-left'|LOWER_RIGHT"):
+        attnkit.attention(q, k, v, attn_mask=causal_lower_right(7, 9), causal_align="middle")
+    for call in (attnkit.attention, attnkit.scaled_dot_product_attention):
+        with pytest.raises(ValueError, match="CausalBias for L=7, S=8, but q has L=7 and k has S=9"):
+            call(q, k, v, attn_mask=causal_lower_right(7, 8))

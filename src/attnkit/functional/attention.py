@@ -31,7 +31,7 @@ from .routing import (  # auto's rules (choose_backend and lse_backend re-export
     classified,
     lse_backend,
 )
-from .sdpa_names import check_enable_gqa, sdpa_mask, unexpected_keywords
+from .sdpa_names import CausalBias, causal_bias_alignment, check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 from .torch_block_mask import as_block_mask
 from .tracing import exportable, exporting, one_graph, traced, transformed
@@ -216,6 +216,9 @@ def attention(
     if attn_mask is not None or enable_gqa is not None or unknown:  # SDPA's names, or a wrong one
         if unknown:
             raise unexpected_keywords("attention", unknown, _KEYWORDS)
+        if isinstance(attn_mask, CausalBias):  # torch's causal_upper_left / causal_lower_right
+            causal_align = causal_bias_alignment(attn_mask, is_causal, causal_align, q, k)
+            is_causal, attn_mask = True, None
         if attn_mask is not None:
             mask, bias = sdpa_mask(attn_mask, mask, bias)
         check_enable_gqa(enable_gqa, q, k)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .nested import any_nested
-from .sdpa_names import SYNONYMS, check_enable_gqa, sdpa_mask, unexpected_keywords
+from .sdpa_names import SYNONYMS, CausalBias, causal_bias_alignment, check_enable_gqa, sdpa_mask, unexpected_keywords
 
 __all__ = ["scaled_dot_product_attention", "sdpa_mask", "check_enable_gqa", "unexpected_keywords", "SYNONYMS"]
 
@@ -52,9 +52,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             raise ValueError(f"{name} must be a tensor of at least 2 dims (..., L, E), got {got}")
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal=True: pass one (torch's SDPA refuses both as well)")
+    align = "top-left"
+    if isinstance(attn_mask, CausalBias):  # torch's causal_upper_left / causal_lower_right: a causal call
+        align, is_causal, attn_mask = causal_bias_alignment(attn_mask, False, align, query, key), True, None
     if any_nested(query, key, value):  # jagged sequences, as torch's SDPA takes them (:mod:`.nested`)
         return attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                         scale=scale, enable_gqa=bool(enable_gqa)).output
+                         causal_align=align, scale=scale, enable_gqa=bool(enable_gqa)).output
     query, key, value = _broadcast_batch(query, key, value, bool(enable_gqa))
     lead = tuple(query.shape[:-2])
     Hq = lead[-1] if lead else 1
@@ -74,7 +77,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if attn_mask.is_floating_point() and attn_mask.dtype != query.dtype:  # torch adds it in the query's dtype
             attn_mask = attn_mask.to(query.dtype)
         mask, bias = sdpa_mask(_broadcast_mask(attn_mask, lead, L, S, batch), None, None)
-    out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p).output
+    out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, causal_align=align, scale=scale,
+                    dropout_p=dropout_p).output
     return out.reshape(*lead, L, value.shape[-1])
 
 

@@ -9,8 +9,9 @@ import difflib
 
 import torch
 from torch import Tensor
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
-__all__ = ["SYNONYMS", "unexpected_keywords", "check_enable_gqa", "sdpa_mask"]
+__all__ = ["SYNONYMS", "unexpected_keywords", "check_enable_gqa", "sdpa_mask", "causal_bias_alignment"]
 
 SYNONYMS = {
     # other libraries' names -> what attnkit.attention takes instead
@@ -80,3 +81,22 @@ def sdpa_mask(attn_mask: Tensor, mask, bias) -> tuple[Tensor | None, Tensor | No
     if bias is not None:
         raise ValueError("attn_mask (float) and bias are the same argument: pass one (their sum where you need both)")
     return mask, attn_mask
+
+
+def causal_bias_alignment(attn_mask: CausalBias, is_causal, causal_align: str, q, k) -> str:
+    """torch's ``CausalBias`` as SDPA's ``attn_mask`` (``torch.nn.attention.bias.causal_upper_left(L, S)`` and
+    ``causal_lower_right(L, S)``): a causal call, aligned top-left or bottom-right, which attention() takes as
+    ``is_causal=True`` with that ``causal_align``. Its lengths must be q's and k's; ``is_causal`` or another
+    ``causal_align`` beside it is refused by name, as torch refuses an attn_mask with is_causal."""
+    if is_causal:
+        raise ValueError("attn_mask (torch's CausalBias) and is_causal=True: pass one (torch's SDPA refuses both)")
+    align = "bottom-right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "top-left"
+    if causal_align != "top-left" and causal_align != align:
+        raise ValueError(f"causal_align={causal_align!r} and attn_mask=torch's CausalBias ({attn_mask.variant.name}, "
+                         f"which is {align!r}): pass one")
+    if isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() >= 2 and k.dim() >= 2:
+        L, S = q.shape[-2], k.shape[-2]
+        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (L, S):
+            raise ValueError(f"attn_mask is torch's CausalBias for L={attn_mask.seq_len_q}, S={attn_mask.seq_len_kv}, "
+                             f"but q has L={L} and k has S={S}")
+    return align
