@@ -114,12 +114,17 @@ REFUSALS = {
     "window": (dict(window=0, causal_align="bottom-right"), ValueError, "window must be a positive int"),
     "alignment": (dict(is_causal=True, causal_align="middle"), ValueError, "causal_align must be one of"),
     "keyword": (dict(is_casual=True), TypeError, "is_causal"),
+    "CausalBias": (dict(attn_mask="lower_right"), ValueError, "aligns the causal mask within each sequence"),
 }
 
 
 @pytest.mark.parametrize("case", REFUSALS)
 def test_what_a_nested_call_cannot_take_is_named(case):
     kwargs, error, message = REFUSALS[case]
+    if kwargs.get("attn_mask") == "lower_right":
+        from torch.nn.attention.bias import causal_lower_right
+
+        kwargs = dict(attn_mask=causal_lower_right(7, 7))
     (_, q, _), (_, k, _), (_, v, _) = (_jagged(LENGTHS, 2, 8) for _ in range(3))
     with pytest.raises(error, match=message):
         attnkit.attention(q, k, v, **kwargs)

@@ -202,6 +202,8 @@ def attention(
         if attn_mask is not None or enable_gqa is not None or unknown:
             if unknown:
                 raise unexpected_keywords("attention", unknown, _KEYWORDS)
+            if isinstance(attn_mask, CausalBias):
+                causal_bias_alignment(attn_mask, is_causal, causal_align, q, k)  # (of fixed lengths: named)
             check_enable_gqa(enable_gqa, q, k)
         return _nested.attention(attention, q, k, v, is_causal=is_causal, causal_align=causal_align, window=window,
                                  options=dict(mask=mask, attn_mask=attn_mask, bias=bias, scale=scale,

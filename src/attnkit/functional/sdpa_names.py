@@ -94,6 +94,10 @@ def causal_bias_alignment(attn_mask: CausalBias, is_causal, causal_align: str, q
     if causal_align != "top-left" and causal_align != align:
         raise ValueError(f"causal_align={causal_align!r} and attn_mask=torch's CausalBias ({attn_mask.variant.name}, "
                          f"which is {align!r}): pass one")
+    if isinstance(q, Tensor) and q.is_nested or isinstance(k, Tensor) and k.is_nested:
+        raise ValueError(f"attn_mask is torch's CausalBias, of fixed lengths L={attn_mask.seq_len_q}, "
+                         f"S={attn_mask.seq_len_kv}, and q, k are nested: pass is_causal=True (with causal_align="
+                         f"{align!r}), which aligns the causal mask within each sequence")
     if isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() >= 2 and k.dim() >= 2:
         L, S = q.shape[-2], k.shape[-2]
         if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (L, S):
