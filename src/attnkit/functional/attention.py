@@ -153,7 +153,9 @@ def attention(
         q: (B, H, L, E) queries.
         k: (B, Hkv, S, E) keys. Each group of H / Hkv consecutive query heads shares one key head;
             no copies are made where the backend can avoid them.
-        v: (B, Hkv, S, Ev) values.
+        v: (B, Hkv, S, Ev) values. q, k and v may instead be jagged nested tensors (``torch.nested``,
+            layout=torch.jagged, ragged in the length), as torch's SDPA takes them: each sequence is attended
+            as it would be alone and the output keeps q's offsets (:mod:`attnkit.functional.nested`).
         mask: boolean, True = may attend; shape (L, S) or (B|1, H|1, L|1, S). Nothing else is
             broadcast. Or a :class:`~attnkit.masks.BlockMask` (from a ``mask_mod``, e.g. a
             Longformer or document pattern): the tiled backend skips its empty tiles and does no
@@ -188,7 +190,8 @@ def attention(
             backend; gradients reach the sinks. The returned lse includes the sink; a row with no
             allowed key still gets a zero output (its lse is the sink).
         attn_mask, enable_gqa: PyTorch SDPA's names, with its meaning (:mod:`.sdpa_names`): a boolean
-            ``attn_mask`` is ``mask`` (True = may attend), a float one ``bias``; ``enable_gqa=False``
+            ``attn_mask`` is ``mask`` (True = may attend), a float one ``bias``, torch's ``CausalBias``
+            (``causal_upper_left`` / ``causal_lower_right``) ``is_causal=True`` with its alignment; ``enable_gqa=False``
             refuses fewer key than query heads (None, the default, and True take them).
         return_lse: the lse is returned whatever the backend: ``auto`` picks one that computes it
             (tiled on the CPU, flex on CUDA where it fits) instead of SDPA; ``backend="sdpa"`` is refused.
