@@ -34,7 +34,7 @@ from .routing import (  # auto's rules (choose_backend and lse_backend re-export
 from .sdpa_names import CausalBias, causal_bias_alignment, check_enable_gqa, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 from .torch_block_mask import as_block_mask
-from .tracing import exportable, exporting, one_graph, traced, transformed
+from .tracing import exportable, exporting, is_compiling, one_graph, traced, transformed
 
 __all__ = ["AttentionOutput", "make_output", "attention", "attention_trusted", "attend", "choose_backend", "lse_backend",
            "BACKEND_NAMES"]
@@ -380,11 +380,6 @@ def _direct_mask(q: Tensor, dims: Dims, mask, is_causal, causal_align: str, wind
     return _GENERAL
 """Backends under which a plain call (no mask, bias, window, score_mod, sinks, weights or dropout) goes
 straight to SDPA: ``auto`` picks it for such a call on every device."""
-
-
-is_compiling = torch.compiler.is_compiling
-"""Whether torch.compile or torch.export traces: :func:`_direct_mask` then hands SDPA a mask or a block mask
-without looking at it (a mask's tiles, a block mask's occupancy: host reads, a graph break each) or asking a size."""
 
 
 def _default_scale(E: int) -> float:

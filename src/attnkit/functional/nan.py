@@ -17,7 +17,7 @@ from torch import Tensor
 from . import nan_kernel
 from .checks import Dims
 from .heads import repeat_kv
-from .tracing import traced, transformed
+from .tracing import is_compiling, traced, transformed
 
 _on = True
 
@@ -99,9 +99,6 @@ since; benchmarks/results/gpu/2026-11-27_ninth/.)
 Compiling, CUDA-graph capture and ``torch.cuda.set_sync_debug_mode`` never look."""
 
 
-_is_compiling = torch.compiler.is_compiling
-
-
 def looks_first(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the rule settles the common case, no NaN at all, with a look on the host before it acts: always
     on the CPU, on CUDA for calls of at least :data:`DEVICE_LOOK_MIN_BYTES` of q, k and v outside CUDA-graph
@@ -144,7 +141,7 @@ def plain_output(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, ca
     common case where the rule looks first (:func:`looks_first`; otherwise :func:`with_nan_rows`)."""
     if not _on:
         return output
-    if q.is_cpu and not _is_compiling():  # first: traced (compiled, exported) shapes may be symbols, and a test a guard
+    if q.is_cpu and not is_compiling():  # first: traced (compiled, exported) shapes may be symbols, and a test a guard
         if dims.Ev and dims.B and dims.H:  # an empty output has no maximum
             return cpu_plain_output(q, k, v, output, dims.L, dims.S, causal, dims)
     elif (looks_first(q, k, v) and (not causal or dims.L >= dims.S) and dims.Ev and dims.B and dims.H

@@ -5,7 +5,6 @@ anyway), and settles the NaN rule with one look at the output where that is exac
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -13,10 +12,9 @@ from . import nan as _nan
 from .backends import sdpa
 from .checks import Dims, check_qkv
 from .mask_mods import ALIGNMENTS
+from .tracing import is_compiling
 
 __all__ = ["one_head_shape", "plain", "plain_causal"]
-
-is_compiling = torch.compiler.is_compiling
 
 
 def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_align) -> Tensor | None:

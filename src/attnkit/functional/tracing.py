@@ -26,10 +26,17 @@ import torch
 
 from .devices import device_type
 
-__all__ = ["traced", "transformed", "exporting", "one_graph", "refuse_in_one_graph", "may_keep", "exportable"]
+__all__ = ["traced", "transformed", "is_compiling", "exporting", "one_graph", "refuse_in_one_graph", "may_keep", "exportable"]
 
 transformed = torch._C._are_functorch_transforms_active
 """Whether a torch.func transform is active (0.04 us a call)."""
+
+
+is_compiling = torch.compiler.is_compiling
+"""Whether torch.compile or torch.export traces (bound once: a module global is read where attnkit asks per call).
+Then attnkit compares no sizes (they may be symbols, and a comparison a guard) and looks at no value (a host read
+is a graph break): the plain call's shortcut steps aside (:mod:`.plain`), the NaN rule reads no output, and
+``attention()``'s direct path hands SDPA a mask or a block mask without looking at it."""
 
 
 _compiler = torch.compiler
