@@ -3,6 +3,7 @@ task (the training and command-line tests). Helpers live in helpers.py."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -49,6 +50,15 @@ def pytest_runtest_setup(item):
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: two workers with two threads each would oversubscribe 2 cores.
     torch.set_num_threads(1)
+
+
+@pytest.fixture(params=[pytest.param("compiled", marks=pytest.mark.requires("compiled")), "python"])
+def plain_path(request, monkeypatch):
+    """Each of attention()'s two paths for a plain CPU call: the compiled one (attnkit.functional.compiled, where it
+    was built) and the Python one (plain.one_head_shape), which runs where it was not."""
+    if request.param == "python":
+        monkeypatch.setattr(importlib.import_module("attnkit.functional.attention"), "_compiled_plain", None)
+    return request.param
 
 
 @pytest.fixture

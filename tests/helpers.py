@@ -128,6 +128,8 @@ DEPENDENCIES = {
     "chromium": (lambda: Path("/usr/bin/chromium").exists() or shutil.which("chromium") is not None,
                  "apt-get install chromium chromium-driver (make test does)"),
     "playwright": (lambda: find_spec("playwright") is not None, "pip install playwright"),
+    "compiled": (lambda: __import__("attnkit.functional.compiled").functional.compiled.loaded(),
+                 "attnkit build-ext (the Makefile's set-up runs it)"),
 }
 
 

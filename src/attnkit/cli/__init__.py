@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     language_models.add_generate_parser(commands)
     tools.add_bench_parser(commands)
     inspection.add_inspect_parser(commands)
+    tools.add_build_ext_parser(commands)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""Seeing and measuring attention: ``tour`` and ``bench`` (``inspect`` is in inspection.py)."""
+"""Seeing and measuring attention: ``tour`` and ``bench`` (``inspect`` is in inspection.py); ``build-ext``, the
+compiled plain call."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .arguments import (
     seed,
 )
 
-__all__ = ["add_tour_parser", "add_bench_parser"]
+__all__ = ["add_tour_parser", "add_bench_parser", "add_build_ext_parser"]
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -42,6 +43,36 @@ def add_tour_parser(commands) -> None:
     tour.add_argument("--out", type=output_dir, default=Path("out/tour"), help="folder for the PNGs (default out/tour)")
     tour.add_argument("--seed", type=seed, default=0, help="seed of the word vectors")
     tour.set_defaults(run=_tour)
+
+
+def _build_ext(args: argparse.Namespace) -> int:
+    from ..functional import compiled
+
+    if args.status:
+        path = compiled.library()
+        state = "switched off (ATTNKIT_COMPILED=0)" if os.environ.get(compiled.SWITCH_VARIABLE) == "0" else (
+            "loaded" if compiled.loaded() else "built, not loaded" if path.is_file() else "not built")
+        print(f"{path}: {state}")
+        return 0
+    print(f"compiling {compiled.SOURCE.name} with torch's extension builder (a C++ compiler and ninja; "
+          "about 30 s on 2 cores)...", flush=True)
+    try:
+        path = compiled.build(verbose=args.verbose)
+    except (RuntimeError, OSError, ImportError) as error:  # no compiler, no ninja, a compile error
+        raise UsageError(f"build-ext: the compiled plain call did not build ({error}); attention() keeps its "
+                         "Python path. --verbose shows the compiler's output") from error
+    print(f"built {path}: attention() loads it from the next import on")
+    return 0
+
+
+def add_build_ext_parser(commands) -> None:
+    """The ``build-ext`` sub-command's arguments."""
+    build = commands.add_parser("build-ext", help="compile attention()'s plain CPU call (optional C++: less "
+                                                  "host time per call; docs/performance.md)")
+    build.add_argument("--verbose", action="store_true", help="show the compiler's commands and output")
+    build.add_argument("--status", action="store_true", help="say where the library is and whether it loads; build "
+                                                             "nothing")
+    build.set_defaults(run=_build_ext)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import compiled
 from . import masks as _masks
 from . import nan as _nan
 from . import nested as _nested
@@ -22,7 +23,8 @@ from .backends import BACKENDS, reference, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, whole_structure
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, check_window, make_dims
-from .plain import one_head_shape, plain, plain_causal
+from .devices import under_autocast
+from .plain import compiled_rest, one_head_shape, plain, plain_causal
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
     AUTO_CLASSIFY_MIN_ENTRIES,
     AUTO_TILED_MAX_OCCUPANCY,
@@ -201,7 +203,8 @@ def attention(
         A query row with no allowed key gets zero weights and a zero output, never NaN.
         The returned weights are those before dropout.
     """
-    if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor) and _nested.any_nested(q, k, v):
+    tensors = type(q) is Tensor and type(k) is Tensor and type(v) is Tensor  # (not a subclass, nested or not)
+    if not tensors and _nested.any_nested(q, k, v):
         if attn_mask is not None or enable_gqa is not None or unknown:
             if unknown:
                 raise unexpected_keywords("attention", unknown, _KEYWORDS)
@@ -214,10 +217,23 @@ def attention(
                                               score_mod=score_mod, sinks=sinks, return_lse=return_lse))
     if (mask is None and bias is None and window is None and scale is None and score_mod is None and sinks is None
             and attn_mask is None and enable_gqa is None and need_weights is False and dropout_p == 0 and not return_lse
-            and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS and not _any_autocast()):
-        output = one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
-        if output is not None:
-            return make_output((output, None, None))
+            and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS):
+        if (_compiled_plain is not None and tensors and causal_align == "top-left" and q.is_cpu and _nan._on
+                and not is_compiling()):
+            try:
+                output = _compiled_plain(q, k, v, is_causal)  # plain.cpp: one_head_shape's twin, settled in C++
+            except (RuntimeError, TypeError, NotImplementedError):
+                check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
+                raise
+            if type(output) is Tensor:
+                return make_output((output, None, None))
+            if output is not None:  # (output, nan_seen): the rule's rows from q, k and v
+                return make_output((compiled_rest(q, k, v, is_causal, *output), None, None))
+            # (None: autocast, a transform, a function mode or another shape: the checked path below)
+        elif not _any_autocast():
+            output = one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
+            if output is not None:
+                return make_output((output, None, None))
     if attn_mask is not None or enable_gqa is not None or unknown:  # SDPA's names, or a wrong one
         if unknown:
             raise unexpected_keywords("attention", unknown, _KEYWORDS)
@@ -228,7 +244,7 @@ def attention(
             mask, bias = sdpa_mask(attn_mask, mask, bias)
         check_enable_gqa(enable_gqa, q, k)
     if _any_autocast():
-        return _autocast(attention, q, k, v, bias, dict(
+        return under_autocast(attention, q, k, v, bias, dict(
             mask=mask, is_causal=is_causal, causal_align=causal_align, window=window, scale=scale, dropout_p=dropout_p,
             backend=backend, need_weights=need_weights, score_mod=score_mod, sinks=sinks, return_lse=return_lse))
     return _attention(q, k, v, check_qkv(q, k, v), mask, is_causal, causal_align, window, bias, scale, dropout_p,
@@ -241,24 +257,8 @@ _KEYWORDS = tuple(name for name, parameter in inspect.signature(attention).param
 
 
 _any_autocast = torch._C._is_any_autocast_enabled  # one flag read per call (0.2 us; a device's flag takes 0.4)
-
-
-def _autocast(function, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, options: dict) -> AttentionOutput:
-    """``function`` under ``torch.autocast`` as PyTorch's SDPA runs there: where autocast is on for q's
-    device, q, k, v and a float bias of any dtype but float64 are cast to its dtype (the casts autocast
-    applies to SDPA's inputs, differentiable back to the float32 originals), and the call itself runs
-    with autocast off, so that the backends keep their float32 accumulation."""
-    device = q.device.type
-    if not torch.is_autocast_enabled(device):
-        with torch.autocast(device, enabled=False):  # on for another device only: leave the call alone
-            return function(q, k, v, bias=bias, **options)
-    dtype = torch.get_autocast_dtype(device)
-
-    def cast(x):
-        return x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64 else x
-
-    with torch.autocast(device, enabled=False):
-        return function(cast(q), cast(k), cast(v), bias=cast(bias), **options)
+_compiled_plain = compiled.plain
+"""The compiled plain call (:mod:`.compiled`), or None: the Python path (:func:`.plain.one_head_shape`)."""
 
 
 def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask | None = None,
@@ -272,7 +272,7 @@ def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask 
     microseconds, and keywords a quarter of one each). Under ``torch.autocast``, :func:`attention`'s
     casts (the layer's projections and rotary embeddings may leave q, k and v in two dtypes there)."""
     if _any_autocast():
-        return _autocast(attention, q, k, v, bias, dict(
+        return under_autocast(attention, q, k, v, bias, dict(
             mask=mask, is_causal=is_causal, causal_align=causal_align, window=window, scale=scale, dropout_p=dropout_p,
             backend=backend, need_weights=need_weights, score_mod=score_mod, sinks=sinks))
     B, H, L, E = q.shape

@@ -14,7 +14,7 @@ from .checks import Dims, check_qkv
 from .mask_mods import ALIGNMENTS
 from .tracing import is_compiling
 
-__all__ = ["one_head_shape", "plain", "plain_causal"]
+__all__ = ["compiled_rest", "one_head_shape", "plain", "plain_causal"]
 
 
 def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_align) -> Tensor | None:
@@ -47,6 +47,17 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
     except (RuntimeError, TypeError, NotImplementedError):
         check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
         raise
+    return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
+
+
+def compiled_rest(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, output: Tensor, nan_seen: bool) -> Tensor:
+    """SDPA's ``output`` of the compiled plain call (:mod:`.compiled`) where its look did not settle the NaN rule:
+    with the poisoned rows where it saw a NaN, else as :func:`.nan.cpu_plain_output` decides (fewer keys than
+    :func:`.nan.plain_look_min_keys`, a causal call with L < S, another dtype)."""
+    B, H, L, E = q.shape
+    S = k.shape[2]
+    if nan_seen:
+        return _nan.with_nan_rows(q, k, v, Dims(B, H, H, L, S, E, E), output)
     return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
 
 

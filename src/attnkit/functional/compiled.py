@@ -1,0 +1,130 @@
+"""attnkit's one compiled piece: the plain CPU call (``plain.cpp``), built on demand and loaded where it was built.
+
+A tiny CPU call of :func:`attnkit.attention` is mostly host time around SDPA's kernel: the checks of its
+arguments and the NaN rule's one look (:mod:`.nan`). In Python they cost 1.44-1.46x SDPA on a 16-token call, in
+C++ about 1.2x (benchmarks/results/overhead_ab_2026-11-28_fifteenth/), so the commonest call (q (B, H, L, E), k and v
+(B, H, S, E), nothing else asked but ``is_causal``) has a compiled twin of :func:`.plain.one_head_shape`. It is
+optional: without it (no C++ compiler, not built yet, ``ATTNKIT_COMPILED=0``) the same call takes the Python path,
+with the same numbers, errors and NaN rows (tests/functional/test_compiled.py holds the two together).
+
+``attnkit build-ext`` (or :func:`build`) compiles it with PyTorch's own extension builder (a C++ compiler and
+ninja), once per torch build, Python and source: it lands in ``$ATTNKIT_EXT_DIR`` or ``~/.cache/attnkit/ext``
+under a tag of those, so a library built for another torch is never loaded. attnkit loads it at import when it is
+there and never compiles anything by itself. The Makefile's set-up builds it (with the ``compiled`` extra's ninja).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["SOURCE", "build", "directory", "library", "load", "loaded", "plain"]
+
+SOURCE = Path(__file__).with_name("plain.cpp")
+"""The C++ source, shipped with the package."""
+
+DIRECTORY_VARIABLE = "ATTNKIT_EXT_DIR"
+SWITCH_VARIABLE = "ATTNKIT_COMPILED"
+
+
+def _tag() -> str:
+    """What the built library depends on: the source, torch's build, the C++ ABI, Python and the platform."""
+    parts = [SOURCE.read_bytes(), torch.__version__.encode(), str(torch.version.git_version).encode(),
+             str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), sys.implementation.cache_tag.encode(),
+             sysconfig.get_platform().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def _name() -> str:
+    return f"attnkit_plain_{_tag()}"
+
+
+def directory() -> Path:
+    """Where :func:`build` puts the library and :func:`load` looks for it."""
+    root = os.environ.get(DIRECTORY_VARIABLE) or Path.home() / ".cache" / "attnkit" / "ext"
+    return Path(root)
+
+
+def library() -> Path:
+    """The built library's path for this source, torch and Python (it may not exist)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[-1]  # ".so" on Linux and macOS, what torch's builder writes
+    return directory() / f"{_name()}{suffix}"
+
+
+def _configure(module: ModuleType) -> ModuleType:
+    from . import nan  # (the thresholds' one home)
+
+    dtypes = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+    module.configure([nan.plain_look_min_keys(dtype) for dtype in dtypes],
+                     [nan._SCANNED_UP_TO.get(dtype, 0) for dtype in dtypes])
+    return module
+
+
+def load() -> ModuleType | None:
+    """The built module, or None where it is switched off (``ATTNKIT_COMPILED=0``) or not built. A library that is
+    there but does not load is a warning naming it (rebuild with ``attnkit build-ext``), and the Python path runs."""
+    switch = os.environ.get(SWITCH_VARIABLE, "1")
+    if switch not in ("0", "1"):
+        raise ValueError(f"{SWITCH_VARIABLE} takes 0 or 1, got {switch!r}")
+    path = library()
+    if switch == "0" or not path.is_file():
+        return None
+    name = path.name.split(".")[0]
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError) as error:
+        warnings.warn(f"attnkit's compiled plain call at {path} does not load ({error}); the Python path runs. "
+                      "Rebuild it with `attnkit build-ext`", RuntimeWarning, stacklevel=2)
+        return None
+    sys.modules[name] = module
+    return _configure(module)
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile ``plain.cpp`` with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) and put the library in
+    :func:`directory`; its path. The build runs in a temporary folder beside it and the library is moved into place
+    in one rename, so a crash or Ctrl-C leaves either no library or a whole one."""
+    from torch.utils import cpp_extension
+
+    target = library()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = os.environ.get("PATH", "")
+    # torch's builder runs `ninja` from PATH: the ninja package installed beside this Python comes first
+    os.environ["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), path])
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as folder:
+            cpp_extension.load(_name(), [str(SOURCE)], extra_cflags=["-O2"], build_directory=folder, verbose=verbose,
+                               is_python_module=True)
+            os.replace(Path(folder) / target.name, target)
+    finally:
+        os.environ["PATH"] = path
+    return target
+
+
+def loaded() -> bool:
+    """Whether attention() calls the compiled plain call in this process."""
+    return plain is not None
+
+
+def _plain():
+    module = load()
+    return None if module is None else module.plain
+
+
+plain = _plain()
+"""The compiled plain call (q, k, v, is_causal) -> None, the output, or (output, nan_seen); None when not loaded."""

@@ -1,0 +1,246 @@
+"""attnkit's compiled plain call (attnkit.functional.compiled, plain.cpp): SDPA's own numbers, the NaN rule's rows,
+gradients and errors exactly as the Python path gives them; its guards (autocast, a torch.func transform, a torch
+function mode) agreeing with torch's own answers; and its loader and builder (switched off, missing, corrupt,
+another torch, an interrupted build)."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnkit
+from attnkit.functional import compiled
+
+module = importlib.import_module("attnkit.functional.attention")
+needs_compiled = pytest.mark.requires("compiled")
+
+
+def both_paths(monkeypatch, call):
+    """``call()`` with the compiled plain call, then with the Python path."""
+    first = call()
+    monkeypatch.setattr(module, "_compiled_plain", None)
+    second = call()
+    monkeypatch.undo()
+    return first, second
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_random_calls_with_nans_give_the_python_paths_outputs_bit_for_bit(dtype, monkeypatch):
+    """Random shapes (1 to 20 keys: below and above the look's threshold), causal or not, with no NaN or a NaN at a
+    random place of q, k or v: the same output as the Python path, NaN for NaN, bit for bit; and SDPA's own output
+    where there is no NaN."""
+    generator = torch.Generator().manual_seed(20261128)
+    for case in range(60):
+        B, H, E = (int(torch.randint(1, n, (), generator=generator)) for n in (3, 4, 17))
+        L, S = (int(torch.randint(1, 21, (), generator=generator)) for _ in range(2))
+        is_causal = bool(case % 2)
+        q, k, v = (torch.randn(B, H, n, E, generator=generator).to(dtype) for n in (L, S, S))
+        where = case % 4
+        if where:
+            target = (q, k, v)[where - 1]
+            place = tuple(int(torch.randint(0, n, (), generator=generator)) for n in target.shape)
+            target[place] = float("nan")
+        got, want = both_paths(monkeypatch, lambda: attnkit.attention(q, k, v, is_causal=is_causal).output)
+        assert torch.equal(got.isnan(), want.isnan()), (case, B, H, L, S, E, is_causal, where)
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), case
+        if not where:
+            assert torch.equal(got, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+
+
+@needs_compiled
+def test_gradients_are_the_python_paths():
+    """The compiled call runs torch's own op under autograd: the same gradients for q, k and v."""
+    generator = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(2, 3, 12, 8, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    grads = []
+    for compiled_plain in (module._compiled_plain, None):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(module, "_compiled_plain", compiled_plain)
+            out = attnkit.attention(*inputs, is_causal=True).output
+            grads.append(torch.autograd.grad(out.square().sum(), inputs))
+    for got, want in zip(*grads):
+        assert torch.equal(got, want)
+
+
+class Seen(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.functions = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.functions.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+class OpsSeen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _guards_answer(q) -> tuple[bool, bool]:
+    """(whether the compiled call stepped aside, whether torch says autocast, a transform or a function mode is on)."""
+    torch_says = (torch._C._is_any_autocast_enabled() or torch._C._are_functorch_transforms_active()
+                  or torch._C._is_torch_function_mode_enabled())
+    return compiled.plain(q, q, q, False) is None, torch_says
+
+
+@needs_compiled
+@pytest.mark.parametrize("context", ["none", "autocast", "autocast off", "function mode", "device", "dispatch mode",
+                                     "vmap", "grad", "jvp", "functionalize"])
+def test_the_compiled_guards_answer_as_torch_does(context):
+    """Under autocast, a torch.func transform or a torch function mode (torch.device's among them) the compiled
+    call steps aside, exactly where torch._C says one is on; a dispatch mode (which sees the ops either way) and
+    autocast switched off leave it in place."""
+    q = torch.randn(1, 2, 16, 8)
+    answers = []
+
+    def look(x):
+        answers.append(_guards_answer(x))
+        return x.sin()
+
+    if context in ("vmap", "grad", "jvp", "functionalize"):
+        transform = {"vmap": lambda: torch.func.vmap(look)(q[None]),
+                     "grad": lambda: torch.func.grad(lambda x: look(x).sum())(q),
+                     "jvp": lambda: torch.func.jvp(look, (q,), (q,)),
+                     "functionalize": lambda: torch.func.functionalize(look)(q)}[context]
+        transform()
+    else:
+        manager = {"none": lambda: torch.autocast("cpu", enabled=False), "autocast off": lambda: torch.autocast(
+            "cpu", enabled=False), "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+                   "function mode": Seen, "device": lambda: torch.device("cpu"),
+                   "dispatch mode": OpsSeen}[context]()
+        if context == "none":
+            answers.append(_guards_answer(q))
+        else:
+            with manager:
+                answers.append(_guards_answer(q))
+        if context == "dispatch mode":  # the compiled call's ops went through the dispatcher, and the mode saw them
+            assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in manager.ops
+    stepped_aside, torch_says = answers[0]
+    assert stepped_aside == torch_says
+    assert stepped_aside == (context not in ("none", "autocast off", "dispatch mode"))
+
+
+@needs_compiled
+def test_a_function_mode_still_sees_sdpa_and_autocast_and_vmap_give_the_python_paths_outputs(monkeypatch):
+    """Where the compiled call steps aside the checked path runs: a TorchFunctionMode sees F.sdpa as before, and
+    calls under autocast and vmap equal the Python path's."""
+    q, k, v = (torch.randn(2, 2, 16, 8) for _ in range(3))
+    with Seen() as seen:
+        attnkit.attention(q, k, v)
+    assert F.scaled_dot_product_attention in seen.functions
+
+    def under_autocast():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return attnkit.attention(q, k, v, is_causal=True).output
+
+    got, want = both_paths(monkeypatch, under_autocast)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    queries = torch.randn(3, 2, 2, 16, 8)
+    got, want = both_paths(monkeypatch, lambda: torch.func.vmap(lambda x: attnkit.attention(x, k, v).output)(queries))
+    assert torch.equal(got, want)
+
+
+@needs_compiled
+def test_other_head_shapes_step_aside_for_the_checked_path(monkeypatch):
+    """Fewer key than query heads, another batch, another value width, rank 3 or an empty size: None from the
+    compiled call, and attention() answers as the Python path does (numbers or the named error)."""
+    r = torch.randn
+    cases = {"gqa": (r(1, 4, 6, 8), r(1, 2, 6, 8), r(1, 2, 6, 8)), "Ev": (r(1, 2, 6, 8), r(1, 2, 6, 8), r(1, 2, 6, 4)),
+             "batch": (r(2, 2, 6, 8), r(1, 2, 6, 8), r(1, 2, 6, 8)), "rank 3": (r(2, 6, 8),) * 3,
+             "empty": (r(0, 2, 6, 8),) * 3}
+    for name, (q, k, v) in cases.items():
+        assert compiled.plain(q, k, v, False) is None, name
+
+        def call(q=q, k=k, v=v):
+            try:
+                return attnkit.attention(q, k, v).output
+            except (TypeError, ValueError) as error:
+                return f"{type(error).__name__}: {error}"
+
+        got, want = both_paths(monkeypatch, call)
+        assert (got == want) if isinstance(want, str) else torch.equal(got, want), name
+
+
+def test_switched_off_missing_or_corrupt_it_is_not_loaded_and_says_why(tmp_path, monkeypatch):
+    """ATTNKIT_COMPILED=0 and a library not built give None; a bad switch is named; a library that does not load is
+    a RuntimeWarning naming it (the Python path runs)."""
+    monkeypatch.setenv(compiled.DIRECTORY_VARIABLE, str(tmp_path))
+    assert compiled.load() is None  # not built there
+    monkeypatch.setenv(compiled.SWITCH_VARIABLE, "yes")
+    with pytest.raises(ValueError, match="ATTNKIT_COMPILED takes 0 or 1, got 'yes'"):
+        compiled.load()
+    monkeypatch.setenv(compiled.SWITCH_VARIABLE, "1")
+    compiled.library().write_bytes(b"not a shared library")
+    monkeypatch.delitem(compiled.sys.modules, compiled.library().name.split(".")[0], raising=False)  # (loaded here)
+    with pytest.warns(RuntimeWarning, match="does not load.*attnkit build-ext"):
+        assert compiled.load() is None
+    monkeypatch.setenv(compiled.SWITCH_VARIABLE, "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compiled.load() is None
+
+
+def test_a_library_built_for_another_torch_is_never_looked_for(monkeypatch):
+    """The library's name carries a tag of the source, torch's build and Python: another torch, another name."""
+    here = compiled.library()
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert compiled.library() != here and compiled.library().parent == here.parent
+
+
+def test_the_build_moves_a_whole_library_into_place_or_nothing(tmp_path, monkeypatch):
+    """The build runs in a temporary folder and the library lands in one rename; a failed build leaves no library
+    and no folder behind, and PATH as it was."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv(compiled.DIRECTORY_VARIABLE, str(tmp_path))
+    path = compiled.library()
+    seen = {}
+
+    def fake_load(name, sources, build_directory, **options):
+        seen["PATH"] = compiled.os.environ["PATH"]
+        (compiled.Path(build_directory) / path.name).write_bytes(b"library")
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    before = compiled.os.environ["PATH"]
+    assert compiled.build() == path and path.read_bytes() == b"library"
+    assert seen["PATH"].startswith(compiled.sysconfig.get_path("scripts")) and compiled.os.environ["PATH"] == before
+    path.unlink()
+
+    def failing_load(name, sources, build_directory, **options):
+        (compiled.Path(build_directory) / path.name).write_bytes(b"half")
+        raise RuntimeError("Error building extension")
+
+    monkeypatch.setattr(cpp_extension, "load", failing_load)
+    with pytest.raises(RuntimeError, match="Error building extension"):
+        compiled.build()
+    assert list(tmp_path.iterdir()) == [] and compiled.os.environ["PATH"] == before
+
+
+def test_build_ext_status_and_a_failed_build_are_one_line(tmp_path, monkeypatch, capsys):
+    """`attnkit build-ext --status` says where the library is and whether it loads; a failed build is a named
+    error with exit status 2 (attention() keeps its Python path)."""
+    from attnkit.cli import main
+
+    monkeypatch.setenv(compiled.DIRECTORY_VARIABLE, str(tmp_path))
+    assert main(["build-ext", "--status"]) == 0
+    assert capsys.readouterr().out.strip().endswith(("not built", "loaded"))
+
+    def failing_build(verbose):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(compiled, "build", failing_build)
+    assert main(["build-ext"]) == 2
+    assert "did not build (Ninja is required" in capsys.readouterr().err
