@@ -33,25 +33,32 @@ def both_paths(monkeypatch, call):
 @needs_compiled
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_random_calls_with_nans_give_the_python_paths_outputs_bit_for_bit(dtype, monkeypatch):
-    """Random shapes (1 to 20 keys: below and above the look's threshold), causal or not, with no NaN or a NaN at a
-    random place of q, k or v: the same output as the Python path, NaN for NaN, bit for bit; and SDPA's own output
-    where there is no NaN."""
+    """Random shapes (1 to 20 keys: below and above the look's threshold; one query among them, a decoding step),
+    causal or not, aligned top-left or bottom-right, with no NaN or a NaN at a random place of q, k or v: the same
+    output as the Python path, NaN for NaN, bit for bit; and the float64 oracle's where there is no NaN."""
     generator = torch.Generator().manual_seed(20261128)
     for case in range(60):
         B, H, E = (int(torch.randint(1, n, (), generator=generator)) for n in (3, 4, 17))
         L, S = (int(torch.randint(1, 21, (), generator=generator)) for _ in range(2))
+        L = 1 if case % 5 == 0 else S if case % 5 == 1 else L
         is_causal = bool(case % 2)
+        causal_align = ("top-left", "bottom-right")[case % 3 == 0]
         q, k, v = (torch.randn(B, H, n, E, generator=generator).to(dtype) for n in (L, S, S))
         where = case % 4
         if where:
             target = (q, k, v)[where - 1]
             place = tuple(int(torch.randint(0, n, (), generator=generator)) for n in target.shape)
             target[place] = float("nan")
-        got, want = both_paths(monkeypatch, lambda: attnkit.attention(q, k, v, is_causal=is_causal).output)
-        assert torch.equal(got.isnan(), want.isnan()), (case, B, H, L, S, E, is_causal, where)
+        got, want = both_paths(monkeypatch, lambda: attnkit.attention(q, k, v, is_causal=is_causal,
+                                                                      causal_align=causal_align).output)
+        assert torch.equal(got.isnan(), want.isnan()), (case, B, H, L, S, E, is_causal, causal_align, where)
         assert torch.equal(got.nan_to_num(), want.nan_to_num()), case
         if not where:
-            assert torch.equal(got, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+            offset = S - L if causal_align == "bottom-right" else 0
+            allowed = torch.arange(S) <= torch.arange(L)[:, None] + offset if is_causal else None
+            oracle = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=allowed)
+            tolerance = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-2)
+            torch.testing.assert_close(got.double().nan_to_num(), oracle.nan_to_num(), rtol=tolerance, atol=tolerance)
 
 
 @needs_compiled
@@ -93,7 +100,7 @@ def _guards_answer(q) -> tuple[bool, bool]:
     """(whether the compiled call stepped aside, whether torch says autocast, a transform or a function mode is on)."""
     torch_says = (torch._C._is_any_autocast_enabled() or torch._C._are_functorch_transforms_active()
                   or torch._C._is_torch_function_mode_enabled())
-    return compiled.plain(q, q, q, False) is None, torch_says
+    return compiled.plain(q, q, q, False, "top-left") is None, torch_says
 
 
 @needs_compiled
@@ -154,6 +161,29 @@ def test_a_function_mode_still_sees_sdpa_and_autocast_and_vmap_give_the_python_p
 
 
 @needs_compiled
+@pytest.mark.parametrize("L, is_causal, causal_align, steps_aside", [
+    (6, True, "top-left", False), (6, True, "bottom-right", False), (1, True, "bottom-right", False),
+    (4, True, "bottom-right", True), (4, False, "bottom-right", False), (4, True, "bottom", True),
+    (4, False, None, True)], ids=str)
+def test_the_alignment_is_settled_in_cpp_as_plain_causal_settles_it(L, is_causal, causal_align, steps_aside,
+                                                                      monkeypatch):
+    """Bottom-right is top-left where L = S and no mask for one query; a bottom-right causal call with 1 < L < S needs
+    a mask and steps aside, and so does an alignment that is not one (the checked path names it): the same numbers
+    or error as the Python path."""
+    q, k, v = torch.randn(1, 2, L, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    assert (compiled.plain(q, k, v, is_causal, causal_align) is None) == steps_aside
+
+    def call():
+        try:
+            return attnkit.attention(q, k, v, is_causal=is_causal, causal_align=causal_align).output
+        except (TypeError, ValueError) as error:
+            return f"{type(error).__name__}: {error}"
+
+    got, want = both_paths(monkeypatch, call)
+    assert (got == want) if isinstance(want, str) else torch.equal(got, want)
+
+
+@needs_compiled
 def test_other_head_shapes_step_aside_for_the_checked_path(monkeypatch):
     """Fewer key than query heads, another batch, another value width, rank 3 or an empty size: None from the
     compiled call, and attention() answers as the Python path does (numbers or the named error)."""
@@ -162,7 +192,7 @@ def test_other_head_shapes_step_aside_for_the_checked_path(monkeypatch):
              "batch": (r(2, 2, 6, 8), r(1, 2, 6, 8), r(1, 2, 6, 8)), "rank 3": (r(2, 6, 8),) * 3,
              "empty": (r(0, 2, 6, 8),) * 3}
     for name, (q, k, v) in cases.items():
-        assert compiled.plain(q, k, v, False) is None, name
+        assert compiled.plain(q, k, v, False, "top-left") is None, name
 
         def call(q=q, k=k, v=v):
             try:

@@ -61,7 +61,7 @@ PLAIN_CALLS = [(shape, causal) for shape in SHAPES for causal in (False, True) i
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape, is_causal", PLAIN_CALLS, ids=[f"{s}-{'causal' if c else 'full'}" for s, c in PLAIN_CALLS])
-def test_a_plain_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtype, shape, is_causal):
+def test_a_plain_calls_output_carries_every_nan_and_the_rule_gives_its_rows(dtype, shape, is_causal, plain_path):
     """The premise of the one-look NaN rule of a plain call (no mask; not causal, or causal with L >= S;
     at least plain_look_min_keys(dtype) keys): SDPA's CPU kernels carry any NaN of q, k or v into the output;
     and attention() then poisons exactly the rule's rows, at every length (decoding steps with one key
@@ -218,7 +218,7 @@ def test_the_masked_looks_premise_holds_at_every_position(capability):
         assert done.stdout.startswith("AVX2 ")
 
 
-def test_causal_with_fewer_queries_than_keys_reads_the_inputs():
+def test_causal_with_fewer_queries_than_keys_reads_the_inputs(plain_path):
     """A NaN at a key no query of a causal top-left call sees (L < S): the output shows nothing, the
     rule (which reads q, k, v there) still poisons the key head's rows."""
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
@@ -444,7 +444,7 @@ def test_a_padded_self_attention_call_gives_the_rules_rows_through_its_packed_pr
 
 
 @pytest.mark.parametrize("kind", ["plain", "causal", "padding", "window"])
-def test_the_one_look_takes_an_empty_batch(kind):
+def test_the_one_look_takes_an_empty_batch(kind, plain_path):
     """The look reads a maximum of the output, which an empty one has not (amax raised on AVX2 machines, where a
     6-key float64 call is long enough to look; 64 keys here reach it on AVX-512 too): a batch of 0 gives torch's
     empty result."""

@@ -218,18 +218,17 @@ def attention(
     if (mask is None and bias is None and window is None and scale is None and score_mod is None and sinks is None
             and attn_mask is None and enable_gqa is None and need_weights is False and dropout_p == 0 and not return_lse
             and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS):
-        if (_compiled_plain is not None and tensors and causal_align == "top-left" and q.is_cpu and _nan._on
-                and not is_compiling()):
+        if _compiled_plain is not None and tensors and q.is_cpu and _nan._on and not is_compiling():
             try:
-                output = _compiled_plain(q, k, v, is_causal)  # plain.cpp: one_head_shape's twin, settled in C++
+                output = _compiled_plain(q, k, v, is_causal, causal_align)  # plain.cpp: one_head_shape's twin, settled in C++
             except (RuntimeError, TypeError, NotImplementedError):
                 check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
                 raise
             if type(output) is Tensor:
                 return make_output((output, None, None))
-            if output is not None:  # (output, nan_seen): the rule's rows from q, k and v
-                return make_output((compiled_rest(q, k, v, is_causal, *output), None, None))
-            # (None: autocast, a transform, a function mode or another shape: the checked path below)
+            if output is not None:  # (output, nan_seen, causal): the rule's rows from q, k and v
+                return make_output((compiled_rest(q, k, v, *output), None, None))
+            # (None: autocast, a transform, a function mode, another shape or alignment: the checked path below)
         elif not _any_autocast():
             output = one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
             if output is not None:

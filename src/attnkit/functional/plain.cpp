@@ -2,7 +2,7 @@
 // common case, so that a tiny CPU call pays for its checks and the NaN rule's look in C++ rather than in Python
 // (benchmarks/results/overhead_ab_2026-11-28_fifteenth/). Built by attnkit.functional.compiled (`attnkit build-ext`);
 // attention() calls it only for a plain CPU call of plain tensors, uncompiled, under the NaN rule (nothing asked but
-// q, k, v and is_causal with the top-left alignment); it answers None under autocast, a torch.func transform or a
+// q, k, v, is_causal and causal_align); it answers None under autocast, a torch.func transform or a
 // torch function mode (the questions torch._C answers for Python, asked here in nanoseconds), and
 // tests/functional/test_compiled.py holds the two to the same outputs, errors and NaN rows.
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -46,10 +46,17 @@ bool clean(const at::Tensor& output, int64_t L, int64_t S, bool is_causal) {
 
 }  // namespace
 
-// None under autocast, a transform or a function mode, and where q (B, H, L, E), k and v (B, H, S, E) do not share
-// batch, heads and head dim or a size is zero (the checked path decides); else SDPA's output where the look settles the rule, or (output, nan_seen) where Python
-// must finish it (a NaN seen: the poisoned rows; or the look does not apply: nan.cpu_plain_output).
-py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal) {
+// Whether `text` is the Python string `expected`.
+bool is(py::handle text, const char* expected) {
+  return PyUnicode_Check(text.ptr()) && PyUnicode_CompareWithASCIIString(text.ptr(), expected) == 0;
+}
+
+// None under autocast, a transform or a function mode, where q (B, H, L, E), k and v (B, H, S, E) do not share batch,
+// heads and head dim or a size is zero, and where the causal alignment needs a mask or is not one (the checked path
+// decides: plain.py's plain_causal); else SDPA's output where the look settles the rule, or (output, nan_seen,
+// causal) where Python must finish it (a NaN seen: the poisoned rows; or the look does not apply:
+// nan.cpu_plain_output).
+py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal, py::handle causal_align) {
   const auto tls = c10::impl::tls_local_dispatch_key_set();
   if (!tls.excluded_.isSupersetOf(c10::autocast_dispatch_keyset) ||  // torch._C._is_any_autocast_enabled()
       tls.included_.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||  // _are_functorch_transforms_active()
@@ -65,6 +72,10 @@ py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
       qs[3] == 0) {
     return py::none();
   }
+  if (!is(causal_align, "top-left")) {  // bottom-right: top-left where L = S, no mask for one query
+    if (!is(causal_align, "bottom-right") || (is_causal && qs[2] != ks[2] && qs[2] != 1)) return py::none();
+    is_causal = is_causal && qs[2] == ks[2];
+  }
   at::Tensor output;
   bool settled;
   {
@@ -75,11 +86,11 @@ py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   if (settled) return py::cast(output);
   const int slot = dtype_slot(output.scalar_type());
   const bool looked = slot >= 0 && !(is_causal && qs[2] < ks[2]) && ks[2] >= min_keys[slot];
-  return py::make_tuple(output, looked);
+  return py::make_tuple(output, looked, is_causal);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure, "the NaN rule's look thresholds per dtype (float64, float32, bfloat16, float16)");
   m.def("plain", &plain, "a plain CPU call's SDPA output with the NaN rule's look", py::arg("q"), py::arg("k"),
-        py::arg("v"), py::arg("is_causal"));
+        py::arg("v"), py::arg("is_causal"), py::arg("causal_align"));
 }

@@ -50,10 +50,10 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
     return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
 
 
-def compiled_rest(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, output: Tensor, nan_seen: bool) -> Tensor:
-    """SDPA's ``output`` of the compiled plain call (:mod:`.compiled`) where its look did not settle the NaN rule:
-    with the poisoned rows where it saw a NaN, else as :func:`.nan.cpu_plain_output` decides (fewer keys than
-    :func:`.nan.plain_look_min_keys`, a causal call with L < S, another dtype)."""
+def compiled_rest(q: Tensor, k: Tensor, v: Tensor, output: Tensor, nan_seen: bool, is_causal: bool) -> Tensor:
+    """SDPA's ``output`` of the compiled plain call (:mod:`.compiled`; ``is_causal`` as SDPA got it) where its look
+    did not settle the NaN rule: with the poisoned rows where it saw a NaN, else as :func:`.nan.cpu_plain_output`
+    decides (fewer keys than :func:`.nan.plain_look_min_keys`, a causal call with L < S, another dtype)."""
     B, H, L, E = q.shape
     S = k.shape[2]
     if nan_seen:
