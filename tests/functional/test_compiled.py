@@ -6,6 +6,7 @@ another torch, an interrupted build)."""
 from __future__ import annotations
 
 import importlib
+import math
 import warnings
 
 import pytest
@@ -274,3 +275,46 @@ def test_build_ext_status_and_a_failed_build_are_one_line(tmp_path, monkeypatch,
     monkeypatch.setattr(compiled, "build", failing_build)
     assert main(["build-ext"]) == 2
     assert "did not build (Ninja is required" in capsys.readouterr().err
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_the_compiled_scan_finds_every_nan_and_nothing_else(dtype):
+    """nan.holds_nan's compiled scan (the elements' bits, SSE2 lanes and the rest one by one): True exactly where a
+    NaN is, of either sign and any payload, at every position of tensors of 1 to 37 elements (whole lanes and tails)
+    and at the ends of larger ones on both sides of the size where the maximum takes over, contiguous, transposed,
+    a view with an offset and a strided view (read through the maximum); infinities, the largest finite values and
+    subnormals are no NaN; an empty tensor holds none."""
+    from attnkit.functional import nan
+
+    assert nan._scan is compiled.holds_nan
+    info = torch.finfo(dtype)
+    specials = [math.inf, -math.inf, info.max, -info.max, info.tiny / 2, -0.0]
+    bits = {torch.float64: torch.int64, torch.float32: torch.int32}.get(dtype, torch.int16)
+    exponent = {torch.float64: 0x7FF0000000000000, torch.float32: 0x7F800000, torch.bfloat16: 0x7F80,
+                torch.float16: 0x7C00}[dtype]
+    nans = [torch.tensor([exponent | 1], dtype=bits).view(dtype), torch.tensor([-1], dtype=bits).view(dtype),
+            torch.tensor([float("nan")], dtype=dtype)]  # the least payload, a negative NaN with every bit set, torch's
+    for n in (*range(1, 38), 2048, 2049, 16384, 16385, 70000):
+        x = torch.linspace(-3, 3, n).to(dtype)
+        assert not compiled.holds_nan(x), n
+        for index in (range(n) if n < 38 else (0, n // 2, n - 1)):
+            for nan_value in nans:
+                y = x.clone()
+                y[index] = nan_value[0]
+                assert compiled.holds_nan(y), (n, index)
+            for special in specials:
+                y = x.clone()
+                y[index] = special
+                assert not compiled.holds_nan(y), (n, index, special)
+    grid = torch.randn(6, 40).to(dtype)
+    views = {"transposed": lambda t: t.t(), "offset": lambda t: t[1:], "strided": lambda t: t[:, ::2]}
+    for name, view in views.items():
+        assert not compiled.holds_nan(view(grid)), name
+        poisoned = grid.clone()
+        view(poisoned)[-1, -1] = math.nan
+        assert compiled.holds_nan(view(poisoned)), name
+    outside = grid.clone()
+    outside[0, 1] = math.nan  # a NaN the strided view does not hold
+    assert not compiled.holds_nan(outside[:, ::2])
+    assert not compiled.holds_nan(torch.empty(0, dtype=dtype))

@@ -2,8 +2,9 @@
 
 A tiny CPU call of :func:`attnkit.attention` is mostly host time around SDPA's kernel: the checks of its
 arguments and the NaN rule's one look (:mod:`.nan`). In Python they cost 1.44-1.46x SDPA on a 16-token call, in
-C++ about 1.2x (benchmarks/results/overhead_ab_2026-11-28_fifteenth/), so the commonest call (q (B, H, L, E), k and v
-(B, H, S, E), nothing else asked but ``is_causal``) has a compiled twin of :func:`.plain.one_head_shape`. It is
+C++ less (benchmarks/results/overhead_ab_2026-11-28_fifteenth/), so the commonest call (q (B, H, L, E), k and v
+(B, H, S, E), nothing else asked but ``is_causal`` and ``causal_align``) has a compiled twin of
+:func:`.plain.one_head_shape`, and the rule's look at a CPU tensor (:func:`.nan.holds_nan`) a compiled scan. It is
 optional: without it (no C++ compiler, not built yet, ``ATTNKIT_COMPILED=0``) the same call takes the Python path,
 with the same numbers, errors and NaN rows (tests/functional/test_compiled.py holds the two together).
 
@@ -28,7 +29,7 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["SOURCE", "build", "directory", "library", "load", "loaded", "plain"]
+__all__ = ["SOURCE", "build", "directory", "holds_nan", "library", "load", "loaded", "module", "plain"]
 
 SOURCE = Path(__file__).with_name("plain.cpp")
 """The C++ source, shipped with the package."""
@@ -61,15 +62,6 @@ def library() -> Path:
     return directory() / f"{_name()}{suffix}"
 
 
-def _configure(module: ModuleType) -> ModuleType:
-    from . import nan  # (the thresholds' one home)
-
-    dtypes = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-    module.configure([nan.plain_look_min_keys(dtype) for dtype in dtypes],
-                     [nan._SCANNED_UP_TO.get(dtype, 0) for dtype in dtypes])
-    return module
-
-
 def load() -> ModuleType | None:
     """The built module, or None where it is switched off (``ATTNKIT_COMPILED=0``) or not built. A library that is
     there but does not load is a warning naming it (rebuild with ``attnkit build-ext``), and the Python path runs."""
@@ -92,7 +84,7 @@ def load() -> ModuleType | None:
                       "Rebuild it with `attnkit build-ext`", RuntimeWarning, stacklevel=2)
         return None
     sys.modules[name] = module
-    return _configure(module)
+    return module
 
 
 def build(verbose: bool = False) -> Path:
@@ -118,13 +110,13 @@ def build(verbose: bool = False) -> Path:
 
 def loaded() -> bool:
     """Whether attention() calls the compiled plain call in this process."""
-    return plain is not None
+    return module is not None
 
 
-def _plain():
-    module = load()
-    return None if module is None else module.plain
+module = load()
+"""The loaded module, or None. Its ``plain(q, k, v, is_causal, causal_align)`` answers None, the output, or (output,
+nan_seen, causal) (attention.py); ``holds_nan(x)`` is :func:`.nan.holds_nan`'s scan; ``configure(min_keys)`` takes the
+NaN rule's thresholds, which :mod:`.nan` gives it when it loads (until then no look settles a call)."""
 
-
-plain = _plain()
-"""The compiled plain call (q, k, v, is_causal) -> None, the output, or (output, nan_seen); None when not loaded."""
+plain = None if module is None else module.plain
+holds_nan = None if module is None else module.holds_nan

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import nan_kernel
+from . import compiled, nan_kernel
 from .checks import Dims
 from .heads import repeat_kv
 from .tracing import is_compiling, traced, transformed
@@ -128,9 +128,15 @@ def holds_nan(x: Tensor) -> bool:
     answers a Python bool, where a reduction builds a 0-dim tensor and ``item`` reads it in a second dispatch.
     A larger one, or one on a device, takes the vectorised maximum, which propagates NaN and never overflows
     (``amax``, not ``Tensor.max()``: max() is 0.2 us faster on a contiguous tensor but 1.3 us slower on the
-    transposed output a layer's SDPA returns, benchmarks/results/overhead_ab_2026-11-27_fifth/look_layout.txt)."""
-    if x.numel() <= _SCANNED_UP_TO.get(x.dtype, 0) and x.is_cpu:
-        return not x.equal(x)
+    transposed output a layer's SDPA returns, benchmarks/results/overhead_ab_2026-11-27_fifth/look_layout.txt).
+    Where the compiled module is built (:mod:`.compiled`), a CPU tensor's look is its ``holds_nan``: a scan of the
+    elements' bits, 0.57 us for 4,096 float32 where their maximum takes 1.8 (plain.cpp; scan_sizes.txt in
+    benchmarks/results/overhead_ab_2026-11-28_fifteenth/)."""
+    if x.is_cpu:
+        if _scan is not None:  # compiled: a scan of the elements' bits, or the maximum for large ones
+            return _scan(x)
+        if x.numel() <= _SCANNED_UP_TO.get(x.dtype, 0):
+            return not x.equal(x)
     return math.isnan(x.amax().item())
 
 
@@ -275,3 +281,15 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims) -> Tensor | None:
     # does not; benchmarks/results/gpu/2026-11-28_thirteenth/export_diag/).
     kv_max = repeat_kv(kv_max, dims.groups)
     return torch.isnan(torch.maximum(q_max, kv_max))  # without a look first (no device sync) always: 6 or 7 small ops
+
+
+def _compiled_scan():
+    """The compiled module's holds_nan, with the thresholds it needs given to it (:mod:`.compiled`), or None."""
+    if compiled.module is None:
+        return None
+    compiled.module.configure([plain_look_min_keys(dtype) for dtype in
+                               (torch.float64, torch.float32, torch.bfloat16, torch.float16)])
+    return compiled.module.holds_nan
+
+
+_scan = _compiled_scan()

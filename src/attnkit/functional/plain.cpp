@@ -1,6 +1,7 @@
 // attnkit's plain call, compiled: the twin of plain.py's one_head_shape and nan.py's cpu_plain_output for their
 // common case, so that a tiny CPU call pays for its checks and the NaN rule's look in C++ rather than in Python
-// (benchmarks/results/overhead_ab_2026-11-28_fifteenth/). Built by attnkit.functional.compiled (`attnkit build-ext`);
+// (benchmarks/results/overhead_ab_2026-11-28_fifteenth/); and nan.py's holds_nan, a scan of the elements' bits
+// where torch.equal(x, x) spent 1.7 us of setting up for 2,048 of them. Built by attnkit.functional.compiled (`attnkit build-ext`);
 // attention() calls it only for a plain CPU call of plain tensors, uncompiled, under the NaN rule (nothing asked but
 // q, k, v, is_causal and causal_align); it answers None under autocast, a torch.func transform or a
 // torch function mode (the questions torch._C answers for Python, asked here in nanoseconds), and
@@ -10,14 +11,18 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <climits>
 #include <cmath>
+#include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace {
 
-// plain_look_min_keys(dtype) and _SCANNED_UP_TO[dtype] from nan.py, for float64, float32, bfloat16 and float16
-// (set once by configure(); another dtype is left to Python).
-std::array<int64_t, 4> min_keys{-1, -1, -1, -1};
-std::array<int64_t, 4> scanned_up_to{0, 0, 0, 0};
+// plain_look_min_keys(dtype) from nan.py for float64, float32, bfloat16 and float16, set by configure() when nan.py
+// loads this module; until then no look settles anything (the Python side decides every call).
+std::array<int64_t, 4> min_keys{INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
 
 int dtype_slot(at::ScalarType dtype) {
   switch (dtype) {
@@ -29,19 +34,89 @@ int dtype_slot(at::ScalarType dtype) {
   }
 }
 
-void configure(std::vector<int64_t> keys, std::vector<int64_t> scanned) {
-  TORCH_CHECK(keys.size() == 4 && scanned.size() == 4, "configure takes four min_keys and four scanned_up_to");
+void configure(std::vector<int64_t> keys) {
+  TORCH_CHECK(keys.size() == 4, "configure takes four min_keys (float64, float32, bfloat16, float16), got ",
+              keys.size());
   std::copy(keys.begin(), keys.end(), min_keys.begin());
-  std::copy(scanned.begin(), scanned.end(), scanned_up_to.begin());
 }
 
-// Whether a look at SDPA's output settles the NaN rule, and it shows no NaN (nan.py: cpu_plain_output's first
-// branch, with holds_nan's equal(x, x) scan for small tensors and the NaN-carrying maximum for larger ones).
+// Whether the n elements from data, floats of `bytes` bytes (8, 4 or 2 with `bfloat` for bfloat16), hold a NaN:
+// every element's bits compared as integers (a NaN's exponent is all ones and its mantissa not zero), SSE2 lanes
+// on x86-64 and one element at a time elsewhere; no floating-point compare, so no flag or trap is raised.
+bool scan_for_nan(const void* data, int64_t n, int bytes, bool bfloat) {
+  const char* at = static_cast<const char*>(data);
+  int64_t i = 0;
+  if (bytes == 4) {
+#if defined(__SSE2__)
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
+    __m128i seen = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+      const __m128i word = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 4 * i));
+      seen = _mm_or_si128(seen, _mm_cmpgt_epi32(_mm_and_si128(word, magnitude), infinity));
+    }
+    if (_mm_movemask_epi8(seen)) return true;
+#endif
+    for (; i < n; ++i) {
+      int32_t word;
+      std::memcpy(&word, at + 4 * i, 4);
+      if ((word & 0x7fffffff) > 0x7f800000) return true;
+    }
+    return false;
+  }
+  if (bytes == 2) {
+    const int16_t infinity = bfloat ? 0x7f80 : 0x7c00;
+#if defined(__SSE2__)
+    const __m128i magnitude = _mm_set1_epi16(0x7fff), limit = _mm_set1_epi16(infinity);
+    __m128i seen = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+      const __m128i word = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * i));
+      seen = _mm_or_si128(seen, _mm_cmpgt_epi16(_mm_and_si128(word, magnitude), limit));
+    }
+    if (_mm_movemask_epi8(seen)) return true;
+#endif
+    for (; i < n; ++i) {
+      int16_t word;
+      std::memcpy(&word, at + 2 * i, 2);
+      if ((word & 0x7fff) > infinity) return true;
+    }
+    return false;
+  }
+  for (; i < n; ++i) {  // float64: 2 lanes of SSE2 would gain little at these sizes
+    int64_t word;
+    std::memcpy(&word, at + 8 * i, 8);
+    if ((word & 0x7fffffffffffffffLL) > 0x7ff0000000000000LL) return true;
+  }
+  return false;
+}
+
+// The most elements of each dtype scanned rather than reduced with the (threaded, vectorised) maximum: where the two
+// cost the same (float32 16K, float64 2K elements); the 16-bit types' scan was faster at every size measured, up to
+// 1M (benchmarks/results/overhead_ab_2026-11-28_fifteenth/scan_sizes.txt).
+int64_t scan_limit(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return 16384;
+    case at::kDouble: return 2048;
+    case at::kBFloat16:
+    case at::kHalf: return INT64_MAX;
+    default: return -1;
+  }
+}
+
+// nan.py's holds_nan for a CPU tensor: its elements scanned where they lie densely (in any order of dimensions) and
+// there are few enough, else the maximum, which carries any NaN.
+bool holds_nan(const at::Tensor& x) {
+  if (x.is_cpu() && x.numel() <= scan_limit(x.scalar_type()) && x.is_non_overlapping_and_dense()) {
+    return scan_for_nan(x.const_data_ptr(), x.numel(), static_cast<int>(x.element_size()),
+                        x.scalar_type() == at::kBFloat16);
+  }
+  return std::isnan(x.amax().item<double>());
+}
+
+// Whether a look at SDPA's output settles the NaN rule, and it shows no NaN (nan.py: cpu_plain_output's first branch).
 bool clean(const at::Tensor& output, int64_t L, int64_t S, bool is_causal) {
   const int slot = dtype_slot(output.scalar_type());
   if (slot < 0 || (is_causal && L < S) || S < min_keys[slot]) return false;
-  if (output.numel() <= scanned_up_to[slot]) return at::equal(output, output);
-  return !std::isnan(output.amax().item<double>());
+  return !holds_nan(output);
 }
 
 }  // namespace
@@ -91,6 +166,7 @@ py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure, "the NaN rule's look thresholds per dtype (float64, float32, bfloat16, float16)");
+  m.def("holds_nan", &holds_nan, "whether a non-empty CPU tensor holds a NaN (nan.holds_nan)", py::arg("x"));
   m.def("plain", &plain, "a plain CPU call's SDPA output with the NaN rule's look", py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("is_causal"), py::arg("causal_align"));
 }
