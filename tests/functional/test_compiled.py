@@ -318,3 +318,24 @@ def test_the_compiled_scan_finds_every_nan_and_nothing_else(dtype):
     outside[0, 1] = math.nan  # a NaN the strided view does not hold
     assert not compiled.holds_nan(outside[:, ::2])
     assert not compiled.holds_nan(torch.empty(0, dtype=dtype))
+
+
+@needs_compiled
+def test_the_scan_reads_only_tensors_in_cpu_memory(monkeypatch):
+    """A FakeTensor (a Python subclass whose storage is meta: no memory to read) goes to torch's own maximum, which
+    raises torch's data-dependent error as the Python path's look did, and never to the scan (it read address 0
+    there before this was asked)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.randn(4, 8)
+        with pytest.raises(torch._subclasses.fake_tensor.DataDependentOutputException):
+            compiled.holds_nan(x)
+
+        def call():
+            try:
+                return attnkit.attention(x[None, None], x[None, None], x[None, None]).output
+            except torch._subclasses.fake_tensor.DataDependentOutputException as error:
+                return type(error).__name__
+
+        assert both_paths(monkeypatch, call) == ("DataDependentOutputException",) * 2

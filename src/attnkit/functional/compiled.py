@@ -1,8 +1,9 @@
-"""attnkit's one compiled piece: the plain CPU call (``plain.cpp``), built on demand and loaded where it was built.
+"""attnkit's one compiled piece (``plain.cpp``): the plain CPU call and the NaN rule's look, built on demand and
+loaded where it was built.
 
 A tiny CPU call of :func:`attnkit.attention` is mostly host time around SDPA's kernel: the checks of its
-arguments and the NaN rule's one look (:mod:`.nan`). In Python they cost 1.44-1.46x SDPA on a 16-token call, in
-C++ less (benchmarks/results/overhead_ab_2026-11-28_fifteenth/), so the commonest call (q (B, H, L, E), k and v
+arguments and the NaN rule's one look (:mod:`.nan`). In Python a 16-token call costs 1.45-1.48x SDPA, in C++
+1.12-1.16x (benchmarks/results/overhead_ab_2026-11-28_fifteenth/), so the commonest call (q (B, H, L, E), k and v
 (B, H, S, E), nothing else asked but ``is_causal`` and ``causal_align``) has a compiled twin of
 :func:`.plain.one_head_shape`, and the rule's look at a CPU tensor (:func:`.nan.holds_nan`) a compiled scan. It is
 optional: without it (no C++ compiler, not built yet, ``ATTNKIT_COMPILED=0``) the same call takes the Python path,

@@ -1,11 +1,13 @@
-// attnkit's plain call, compiled: the twin of plain.py's one_head_shape and nan.py's cpu_plain_output for their
-// common case, so that a tiny CPU call pays for its checks and the NaN rule's look in C++ rather than in Python
-// (benchmarks/results/overhead_ab_2026-11-28_fifteenth/); and nan.py's holds_nan, a scan of the elements' bits
-// where torch.equal(x, x) spent 1.7 us of setting up for 2,048 of them. Built by attnkit.functional.compiled (`attnkit build-ext`);
-// attention() calls it only for a plain CPU call of plain tensors, uncompiled, under the NaN rule (nothing asked but
-// q, k, v, is_causal and causal_align); it answers None under autocast, a torch.func transform or a
-// torch function mode (the questions torch._C answers for Python, asked here in nanoseconds), and
-// tests/functional/test_compiled.py holds the two to the same outputs, errors and NaN rows.
+// attnkit's one compiled piece (attnkit.functional.compiled builds it: `attnkit build-ext`), two things:
+// - plain(): the twin of plain.py's one_head_shape and nan.py's cpu_plain_output for their common case, so that a
+//   tiny CPU call pays for its checks and the NaN rule's look in C++ rather than in Python. attention() calls it only
+//   for a plain CPU call of plain tensors, uncompiled, under the NaN rule (nothing asked but q, k, v, is_causal and
+//   causal_align); it answers None under autocast, a torch.func transform or a torch function mode (torch._C's
+//   questions for Python, asked here in nanoseconds);
+// - holds_nan(): nan.py's look at a CPU tensor, a scan of the elements' bits, where torch.equal(x, x) spent 1.7 us
+//   setting up for 2,048 of them.
+// Measured: benchmarks/results/overhead_ab_2026-11-28_fifteenth/. tests/functional/test_compiled.py holds both to the
+// Python path's outputs, errors and NaN rows.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/extension.h>
@@ -102,10 +104,18 @@ int64_t scan_limit(at::ScalarType dtype) {
   }
 }
 
+// Whether x's elements lie in CPU memory this code may read: not a Python subclass (FakeTensor, whose storage is
+// meta, among them), a functorch wrapper or a tensor without storage, which go through torch's own ops.
+bool readable(const at::Tensor& x) {
+  return x.is_cpu() && !x.key_set().has(c10::DispatchKey::Python) && !x.key_set().has_any(c10::functorch_transforms_ks)
+         && x.has_storage() && x.const_data_ptr() != nullptr;
+}
+
 // nan.py's holds_nan for a CPU tensor: its elements scanned where they lie densely (in any order of dimensions) and
 // there are few enough, else the maximum, which carries any NaN.
 bool holds_nan(const at::Tensor& x) {
-  if (x.is_cpu() && x.numel() <= scan_limit(x.scalar_type()) && x.is_non_overlapping_and_dense()) {
+  if (x.numel() == 0) return false;  // (nothing to hold a NaN, and no maximum)
+  if (x.numel() <= scan_limit(x.scalar_type()) && x.is_non_overlapping_and_dense() && readable(x)) {
     return scan_for_nan(x.const_data_ptr(), x.numel(), static_cast<int>(x.element_size()),
                         x.scalar_type() == at::kBFloat16);
   }
