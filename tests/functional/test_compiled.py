@@ -197,8 +197,9 @@ def test_other_head_shapes_step_aside_for_the_checked_path(monkeypatch):
 
 
 def test_switched_off_missing_or_corrupt_it_is_not_loaded_and_says_why(tmp_path, monkeypatch):
-    """ATTNKIT_COMPILED=0 and a library not built give None; a bad switch is named; a library that does not load is
-    a RuntimeWarning naming it (the Python path runs)."""
+    """ATTNKIT_COMPILED=0 and a library not built give None; a bad switch is named; a library that does not load, and
+    one built for another source or torch where none is for this one, are a RuntimeWarning naming it (the Python
+    path runs)."""
     monkeypatch.setenv(compiled.DIRECTORY_VARIABLE, str(tmp_path))
     assert compiled.load() is None  # not built there
     monkeypatch.setenv(compiled.SWITCH_VARIABLE, "yes")
@@ -212,6 +213,11 @@ def test_switched_off_missing_or_corrupt_it_is_not_loaded_and_says_why(tmp_path,
     monkeypatch.setenv(compiled.SWITCH_VARIABLE, "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        assert compiled.load() is None
+    monkeypatch.setenv(compiled.SWITCH_VARIABLE, "1")
+    stale = compiled.library().with_name("attnkit_plain_0123456789abcdef.so")
+    compiled.library().rename(stale)  # a build for another source or torch, none for this one
+    with pytest.warns(RuntimeWarning, match="built for another source or torch .*attnkit_plain_0123456789abcdef"):
         assert compiled.load() is None
 
 

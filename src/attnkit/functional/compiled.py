@@ -65,12 +65,20 @@ def library() -> Path:
 
 def load() -> ModuleType | None:
     """The built module, or None where it is switched off (``ATTNKIT_COMPILED=0``) or not built. A library that is
-    there but does not load is a warning naming it (rebuild with ``attnkit build-ext``), and the Python path runs."""
+    there but does not load, and one built for another source or torch where none is built for this one, are a
+    warning naming them (rebuild with ``attnkit build-ext``), and the Python path runs."""
     switch = os.environ.get(SWITCH_VARIABLE, "1")
     if switch not in ("0", "1"):
         raise ValueError(f"{SWITCH_VARIABLE} takes 0 or 1, got {switch!r}")
     path = library()
-    if switch == "0" or not path.is_file():
+    if switch == "0":
+        return None
+    if not path.is_file():
+        others = sorted(other.name for other in path.parent.glob("attnkit_plain_*") if other.name != path.name)
+        if others:  # built before, for another source or torch: say so rather than run slower unseen
+            warnings.warn(f"attnkit's compiled plain call in {path.parent} is built for another source or torch "
+                          f"({', '.join(others)}), not for this one; the Python path runs. Build it with "
+                          "`attnkit build-ext` (or set ATTNKIT_COMPILED=0)", RuntimeWarning, stacklevel=2)
         return None
     name = path.name.split(".")[0]
     if name in sys.modules:
