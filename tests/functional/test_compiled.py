@@ -97,7 +97,8 @@ def _guards_answer(q) -> tuple[bool, bool]:
 
 @needs_compiled
 @pytest.mark.parametrize("context", ["none", "autocast", "autocast off", "function mode", "device", "dispatch mode",
-                                     "vmap", "grad", "jvp", "functionalize"])
+                                     "vmap", "grad", pytest.param("jvp", marks=pytest.mark.slow),  # (0.3 s: first jvp)
+                                     "functionalize"])
 def test_the_compiled_guards_answer_as_torch_does(context):
     """Under autocast, a torch.func transform or a torch function mode (torch.device's among them) the compiled
     call steps aside, exactly where torch._C says one is on; a dispatch mode (which sees the ops either way) and
@@ -336,3 +337,32 @@ def test_the_scan_reads_only_tensors_in_cpu_memory(monkeypatch):
                 return type(error).__name__
 
         assert both_paths(monkeypatch, call) == ("DataDependentOutputException",) * 2
+
+
+@needs_compiled
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad", "views", "threads"])
+def test_inference_mode_no_grad_views_and_threads_give_the_python_paths_outputs(mode, monkeypatch):
+    """Under inference_mode and no_grad, on q, k and v that are transposed views of one packed projection (as the
+    layers make them), and from four threads at once (the C++ call lets go of the GIL around SDPA): the Python
+    path's outputs, bit for bit."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    generator = torch.Generator().manual_seed(11)
+    packed = torch.randn(2, 24, 3 * 4 * 16, generator=generator)
+    q, k, v = (x.contiguous() for x in packed.view(2, 24, 3, 4, 16).permute(2, 0, 3, 1, 4))
+    if mode == "views":
+        q, k, v = packed.view(2, 24, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        assert not q.is_contiguous()
+    context = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad}.get(mode, contextlib.nullcontext)
+
+    def call():
+        with context():
+            if mode != "threads":
+                return attnkit.attention(q, k, v, is_causal=True).output
+            with ThreadPoolExecutor(4) as pool:
+                outputs = list(pool.map(lambda i: attnkit.attention(q, k, v, is_causal=bool(i % 2)).output, range(64)))
+            return torch.stack(outputs)
+
+    got, want = both_paths(monkeypatch, call)
+    assert torch.equal(got, want)
