@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 import warnings
 
 import pytest
@@ -244,7 +245,8 @@ def test_the_build_moves_a_whole_library_into_place_or_nothing(tmp_path, monkeyp
 
     monkeypatch.setattr(cpp_extension, "load", fake_load)
     before = compiled.os.environ["PATH"]
-    assert compiled.build() == path and path.read_bytes() == b"library"
+    assert compiled.build(progress=True) == path and path.read_bytes() == b"library"
+    assert not any(thread.name == "attnkit build-ext ticker" for thread in threading.enumerate())  # (it has ended)
     assert seen["PATH"].startswith(compiled.sysconfig.get_path("scripts")) and compiled.os.environ["PATH"] == before
     path.unlink()
 
@@ -267,7 +269,7 @@ def test_build_ext_status_and_a_failed_build_are_one_line(tmp_path, monkeypatch,
     assert main(["build-ext", "--status"]) == 0
     assert capsys.readouterr().out.strip().endswith(("not built", "loaded"))
 
-    def failing_build(verbose):
+    def failing_build(verbose, progress):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setattr(compiled, "build", failing_build)

@@ -57,7 +57,7 @@ def _build_ext(args: argparse.Namespace) -> int:
     print(f"compiling {compiled.SOURCE.name} with torch's extension builder (a C++ compiler and ninja; "
           "about 30 s on 2 cores)...", flush=True)
     try:
-        path = compiled.build(verbose=args.verbose)
+        path = compiled.build(verbose=args.verbose, progress=not args.quiet)
     except (RuntimeError, OSError, ImportError) as error:  # no compiler, no ninja, a compile error
         raise UsageError(f"build-ext: the compiled plain call did not build ({error}); attention() keeps its "
                          "Python path. --verbose shows the compiler's output") from error
@@ -70,6 +70,7 @@ def add_build_ext_parser(commands) -> None:
     build = commands.add_parser("build-ext", help="compile attention()'s plain CPU call (optional C++: less "
                                                   "host time per call; docs/performance.md)")
     build.add_argument("--verbose", action="store_true", help="show the compiler's commands and output")
+    build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.add_argument("--status", action="store_true", help="say where the library is and whether it loads; build "
                                                              "nothing")
     build.set_defaults(run=_build_ext)

@@ -17,6 +17,7 @@ there and never compiles anything by itself. The Makefile's set-up builds it (wi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -24,6 +25,7 @@ import os
 import sys
 import sysconfig
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -96,10 +98,29 @@ def load() -> ModuleType | None:
     return module
 
 
-def build(verbose: bool = False) -> Path:
+@contextlib.contextmanager
+def _ticking(show: bool, description: str):
+    """A progress bar that shows the time elapsed while the block runs (one step of unknown length), when ``show``."""
+    from .._progress import progress_bar
+
+    bar = progress_bar(total=None, progress=show, desc=description, bar_format="{desc}: {elapsed}")
+    stop = threading.Event()
+    ticker = threading.Thread(target=lambda: [bar.refresh() for _ in iter(lambda: stop.wait(0.5), True)], daemon=True,
+                              name="attnkit build-ext ticker")
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+
+def build(verbose: bool = False, progress: bool = False) -> Path:
     """Compile ``plain.cpp`` with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) and put the library in
     :func:`directory`; its path. The build runs in a temporary folder beside it and the library is moved into place
-    in one rename, so a crash or Ctrl-C leaves either no library or a whole one."""
+    in one rename, so a crash or Ctrl-C leaves either no library or a whole one. ``progress`` shows the time elapsed
+    (not with ``verbose``, whose compiler output would run through it)."""
     from torch.utils import cpp_extension
 
     target = library()
@@ -108,7 +129,8 @@ def build(verbose: bool = False) -> Path:
     # torch's builder runs `ninja` from PATH: the ninja package installed beside this Python comes first
     os.environ["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), path])
     try:
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as folder:
+        with (tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as folder,
+              _ticking(progress and not verbose, f"compiling {SOURCE.name}")):
             cpp_extension.load(_name(), [str(SOURCE)], extra_cflags=["-O2"], build_directory=folder, verbose=verbose,
                                is_python_module=True)
             os.replace(Path(folder) / target.name, target)
