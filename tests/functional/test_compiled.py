@@ -260,23 +260,6 @@ def test_the_build_moves_a_whole_library_into_place_or_nothing(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == [] and compiled.os.environ["PATH"] == before
 
 
-def test_build_ext_status_and_a_failed_build_are_one_line(tmp_path, monkeypatch, capsys):
-    """`attnkit build-ext --status` says where the library is and whether it loads; a failed build is a named
-    error with exit status 2 (attention() keeps its Python path)."""
-    from attnkit.cli import main
-
-    monkeypatch.setenv(compiled.DIRECTORY_VARIABLE, str(tmp_path))
-    assert main(["build-ext", "--status"]) == 0
-    assert capsys.readouterr().out.strip().endswith(("not built", "loaded"))
-
-    def failing_build(verbose, progress):
-        raise RuntimeError("Ninja is required to load C++ extensions")
-
-    monkeypatch.setattr(compiled, "build", failing_build)
-    assert main(["build-ext"]) == 2
-    assert "did not build (Ninja is required" in capsys.readouterr().err
-
-
 @needs_compiled
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_the_compiled_scan_finds_every_nan_and_nothing_else(dtype):

@@ -49,6 +49,7 @@ def _build_ext(args: argparse.Namespace) -> int:
     from ..functional import compiled
 
     if args.status:
+        refuse_unused(args, ["verbose", "quiet"], "builds; --status says where the library is and builds nothing")
         path = compiled.library()
         state = "switched off (ATTNKIT_COMPILED=0)" if os.environ.get(compiled.SWITCH_VARIABLE) == "0" else (
             "loaded" if compiled.loaded() else "built, not loaded" if path.is_file() else "not built")
