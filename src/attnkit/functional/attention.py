@@ -226,7 +226,7 @@ def attention(
                 raise
             if type(output) is Tensor:
                 return make_output((output, None, None))
-            if output is not None:  # (output, nan_seen, causal): the rule's rows from q, k and v
+            if output is not None:  # (output, causal): the rule's rows from q, k and v
                 return make_output((compiled_rest(q, k, v, *output), None, None))
             # (None: autocast, a transform, a function mode, another shape or alignment: the checked path below)
         elif not _any_autocast():

@@ -72,9 +72,9 @@ def load() -> ModuleType | None:
     switch = os.environ.get(SWITCH_VARIABLE, "1")
     if switch not in ("0", "1"):
         raise ValueError(f"{SWITCH_VARIABLE} takes 0 or 1, got {switch!r}")
-    path = library()
     if switch == "0":
         return None
+    path = library()
     if not path.is_file():
         others = sorted(other.name for other in path.parent.glob("attnkit_plain_*") if other.name != path.name)
         if others:  # built before, for another source or torch: say so rather than run slower unseen
@@ -146,7 +146,7 @@ def loaded() -> bool:
 
 module = load()
 """The loaded module, or None. Its ``plain(q, k, v, is_causal, causal_align)`` answers None, the output, or (output,
-nan_seen, causal) (attention.py); ``holds_nan(x)`` is :func:`.nan.holds_nan`'s scan; ``configure(min_keys)`` takes the
+causal) (attention.py); ``holds_nan(x)`` is :func:`.nan.holds_nan`'s scan; ``configure(min_keys)`` takes the
 NaN rule's thresholds, which :mod:`.nan` gives it when it loads (until then no look settles a call)."""
 
 plain = None if module is None else module.plain

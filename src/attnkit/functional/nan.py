@@ -289,7 +289,7 @@ def _compiled_scan():
         return None
     compiled.module.configure([plain_look_min_keys(dtype) for dtype in
                                (torch.float64, torch.float32, torch.bfloat16, torch.float16)])
-    return compiled.module.holds_nan
+    return compiled.holds_nan
 
 
 _scan = _compiled_scan()

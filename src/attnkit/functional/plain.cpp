@@ -138,9 +138,8 @@ bool is(py::handle text, const char* expected) {
 
 // None under autocast, a transform or a function mode, where q (B, H, L, E), k and v (B, H, S, E) do not share batch,
 // heads and head dim or a size is zero, and where the causal alignment needs a mask or is not one (the checked path
-// decides: plain.py's plain_causal); else SDPA's output where the look settles the rule, or (output, nan_seen,
-// causal) where Python must finish it (a NaN seen: the poisoned rows; or the look does not apply:
-// nan.cpu_plain_output).
+// decides: plain.py's plain_causal); else SDPA's output where the look settles the rule, or (output, causal) where
+// nan.cpu_plain_output must finish it (a NaN seen, or a call the look does not settle).
 py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal, py::handle causal_align) {
   const auto tls = c10::impl::tls_local_dispatch_key_set();
   if (!tls.excluded_.isSupersetOf(c10::autocast_dispatch_keyset) ||  // torch._C._is_any_autocast_enabled()
@@ -169,9 +168,7 @@ py::object plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
     settled = clean(output, qs[2], ks[2], is_causal);
   }
   if (settled) return py::cast(output);
-  const int slot = dtype_slot(output.scalar_type());
-  const bool looked = slot >= 0 && !(is_causal && qs[2] < ks[2]) && ks[2] >= min_keys[slot];
-  return py::make_tuple(output, looked, is_causal);
+  return py::make_tuple(output, is_causal);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -50,15 +50,12 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
     return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
 
 
-def compiled_rest(q: Tensor, k: Tensor, v: Tensor, output: Tensor, nan_seen: bool, is_causal: bool) -> Tensor:
+def compiled_rest(q: Tensor, k: Tensor, v: Tensor, output: Tensor, is_causal: bool) -> Tensor:
     """SDPA's ``output`` of the compiled plain call (:mod:`.compiled`; ``is_causal`` as SDPA got it) where its look
-    did not settle the NaN rule: with the poisoned rows where it saw a NaN, else as :func:`.nan.cpu_plain_output`
-    decides (fewer keys than :func:`.nan.plain_look_min_keys`, a causal call with L < S, another dtype)."""
-    B, H, L, E = q.shape
-    S = k.shape[2]
-    if nan_seen:
-        return _nan.with_nan_rows(q, k, v, Dims(B, H, H, L, S, E, E), output)
-    return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
+    did not settle the NaN rule, as :func:`.nan.cpu_plain_output` settles it: the poisoned rows where a NaN shows
+    (looked at once more: a call with a NaN only), or the rows from q, k and v (fewer keys than
+    :func:`.nan.plain_look_min_keys`, a causal call with L < S, another dtype)."""
+    return _nan.cpu_plain_output(q, k, v, output, q.shape[2], k.shape[2], is_causal, None)
 
 
 def plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:
