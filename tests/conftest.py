@@ -3,7 +3,6 @@ task (the training and command-line tests). Helpers live in helpers.py."""
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
@@ -52,13 +51,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-@pytest.fixture(params=[pytest.param("compiled", marks=pytest.mark.requires("compiled")), "python"])
-def plain_path(request, monkeypatch):
-    """Each of attention()'s two paths for a plain CPU call: the compiled one (attnkit.functional.compiled, where it
-    was built) and the Python one (plain.one_head_shape), which runs where it was not."""
-    if request.param == "python":
-        monkeypatch.setattr(importlib.import_module("attnkit.functional.attention"), "_compiled_plain", None)
-    return request.param
+@pytest.fixture
+def nan_rule_on():
+    """The NaN rule switched on for the test (attnkit.nan_rule(True)), restored after it: the rule is off by default."""
+    import attnkit
+
+    with attnkit.nan_rule(True):
+        yield
+
+
+@pytest.fixture(params=[False, True], ids=["nan_rule_off", "nan_rule_on"])
+def nan_rule_setting(request):
+    """Each test run twice, with the NaN rule off (the default) and on: what holds for finite inputs holds both ways."""
+    import attnkit
+
+    with attnkit.nan_rule(request.param):
+        yield request.param
 
 
 @pytest.fixture

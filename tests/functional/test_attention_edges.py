@@ -108,7 +108,7 @@ def test_empty_queries_or_keys_give_zeros(backend, L, S):
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v"])
-def test_nan_propagates_the_same_way_in_every_backend(where, rng, small_tiles):
+def test_nan_propagates_the_same_way_in_every_backend(where, rng, small_tiles, nan_rule_on):
     q, k, v = randn(2, 4, 9, 8, generator=rng), randn(2, 2, 11, 8, generator=rng), randn(2, 2, 11, 8, generator=rng)
     mask = torch.ones(2, 1, 9, 11, dtype=torch.bool)
     mask[:, :, :, 6] = False  # the NaN key/value is masked: it poisons all the same (documented)
@@ -126,25 +126,60 @@ def test_nan_propagates_the_same_way_in_every_backend(where, rng, small_tiles):
         assert torch.equal(result.output.isnan(), result.output.isnan().any(-1, keepdim=True).expand_as(result.output))
 
 
-def test_nan_rule_false_skips_the_check_and_restores_it_on_exit(rng):
-    """Without the rule no maxima are taken and a NaN in a masked key changes nothing; the rule
-    is back after the block, also when the block raises; a non-bool is refused by name."""
+def test_the_nan_rule_is_off_by_default_on_when_asked_and_restored_on_exit(rng):
+    """By default no maxima are taken and a NaN in a masked key changes nothing; nan_rule(True) poisons the key's
+    head; the setting is back after the block, also when the block raises; a non-bool is refused by name."""
     q, k, v = randn(1, 2, 3, 4, generator=rng), randn(1, 2, 5, 4, generator=rng), randn(1, 2, 5, 4, generator=rng)
     k[0, 0, 4, 1] = float("nan")
     mask = torch.tensor([True, True, True, True, False]).expand(3, 5)
-    with attnkit.nan_rule(False), OpsSeen() as ops:
+    with OpsSeen() as ops:
         free = attnkit.attention(q, k, v, mask=mask, backend="reference").output
-    assert not any("_foreach_max" in op or "isnan" in op for op in ops.seen)  # the rule's look (the backend's lse takes its own amax)
-    with OpsSeen() as ruled:
-        attnkit.attention(q, k, v, mask=mask, backend="reference")
-    assert any("_foreach_max" in op for op in ruled.seen)  # what the rule does when on
+    assert not any("isnan" in op for op in ops.seen)  # (the backend's lse takes its own amax)
     assert not free.isnan().any()
     torch.testing.assert_close(free, attnkit.attention(q, k[:, :, :4], v[:, :, :4], backend="reference").output)
-    with pytest.raises(RuntimeError, match="inside"), attnkit.nan_rule(False):
+    with attnkit.nan_rule(True), OpsSeen() as ruled:
+        assert attnkit.attention(q, k, v, mask=mask, backend="reference").output[0, 0].isnan().all()
+    assert any("isnan" in op for op in ruled.seen)  # what the rule does when on
+    with pytest.raises(RuntimeError, match="inside"), attnkit.nan_rule(True):
         raise RuntimeError("inside")
-    assert attnkit.attention(q, k, v, mask=mask, backend="reference").output[0, 0].isnan().all()  # the rule is back
-    with pytest.raises(TypeError, match="nan_rule.*True or False.*int 0"), attnkit.nan_rule(0):
-        pass
+    assert not attnkit.attention(q, k, v, mask=mask, backend="reference").output.isnan().any()  # off again
+    with pytest.raises(TypeError, match="nan_rule.*True or False.*int 1"):
+        attnkit.nan_rule(1)
+
+
+_SWITCH = "import attnkit; from attnkit.functional import nan; print(nan.on())"
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), (" 1 ", True), (None, False)])
+def test_the_environment_switches_the_rule_on_for_the_process(value, on):
+    """ATTNKIT_NAN_RULE=1 turns the rule on from import on; 0, empty or unset leave it off."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: val for key, val in os.environ.items() if key != "ATTNKIT_NAN_RULE"}
+    if value is not None:
+        env["ATTNKIT_NAN_RULE"] = value
+    done = subprocess.run([sys.executable, "-c", _SWITCH], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(on)
+
+
+def test_a_value_the_switch_does_not_take_is_refused_in_one_line():
+    """ATTNKIT_NAN_RULE=yes: import raises attnkit's InputError naming the variable and the values it takes; the
+    command line says it in one line with exit status 2 (--version and --help included)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATTNKIT_NAN_RULE": "yes"}
+    done = subprocess.run([sys.executable, "-c", _SWITCH], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "InputError: ATTNKIT_NAN_RULE='yes': expected 1" in done.stderr
+    for flag in ("--version", "--help"):
+        cli = subprocess.run([sys.executable, "-c", "import sys, _attnkit_entry; sys.exit(_attnkit_entry.main())",
+                              flag], env=env, capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 2, cli.stderr
+        assert cli.stderr == "attnkit: ATTNKIT_NAN_RULE='yes': expected 1 (the NaN rule on), 0 or empty (off)\n"
 
 
 @pytest.mark.slow
@@ -156,10 +191,10 @@ def test_a_compiled_call_follows_the_nan_rule_setting(rng):
     torch._dynamo.reset()
     compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask, backend="reference").output,
                              backend="eager")
-    assert compiled(q, k, v)[0, 0].isnan().all()
-    with attnkit.nan_rule(False):
-        assert not compiled(q, k, v).isnan().any()
-    assert compiled(q, k, v)[0, 0].isnan().all()
+    assert not compiled(q, k, v).isnan().any()
+    with attnkit.nan_rule(True):
+        assert compiled(q, k, v)[0, 0].isnan().all()
+    assert not compiled(q, k, v).isnan().any()
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), "0.5", True])

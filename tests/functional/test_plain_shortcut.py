@@ -1,7 +1,7 @@
 """attention()'s shortcut for a plain call whose q, k and v share batch, heads and head dim (self-attention's and a
-decoding step's; nothing else asked, on the CPU, uncompiled): SDPA's output with the NaN rule, without check_qkv,
+decoding step's; nothing else asked, on the CPU, uncompiled, the NaN rule off): SDPA's output, without check_qkv,
 whose questions a few comparisons of sizes and SDPA's own checks stand for. Held to the long way's numbers and
-errors, on both of its paths (the compiled one, plain.cpp, and the Python one: the plain_path fixture)."""
+errors; with the NaN rule on, the checked path gives the rule's rows."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ CALLS = [  # (B, H, L, S, E), is_causal, causal_align
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape, is_causal, causal_align", CALLS, ids=str)
 def test_a_call_of_one_head_shape_skips_check_qkv_and_gives_sdpas_numbers_and_the_rules_rows(
-        shape, is_causal, causal_align, dtype, monkeypatch, plain_path):
+        shape, is_causal, causal_align, dtype, monkeypatch):
     """Without check_qkv (it fails the test if asked): the float64 oracle's numbers within the dtype's tolerance
-    (the causal mask aligned as asked), and with a NaN in q, k or v (below and above the look's threshold of keys)
-    exactly the rule's rows: the query's own row, or every row of the head reading the key or value."""
+    (the causal mask aligned as asked); with the NaN rule on and a NaN in q, k or v (below and above a vector's width
+    of keys) exactly the rule's rows: the query's own row, or every row of the head reading the key or value."""
     for where in (module, shortcut):
         monkeypatch.setattr(where, "check_qkv", lambda *args: pytest.fail("check_qkv was asked"))
     B, H, L, S, E = shape
@@ -51,6 +51,7 @@ def test_a_call_of_one_head_shape_skips_check_qkv_and_gives_sdpas_numbers_and_th
     tolerance = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-2)
     torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
 
+    monkeypatch.undo()  # the rule's calls take the checked path
     for where in "qkv":
         x, y, z = (t.clone() for t in (q, k, v))
         target = {"q": x, "k": y, "v": z}[where]
@@ -60,7 +61,8 @@ def test_a_call_of_one_head_shape_skips_check_qkv_and_gives_sdpas_numbers_and_th
             rows[-1, -1, L // 2] = True
         else:
             rows[-1, -1] = True  # every row of the head reading the key or value, whether it sees it or not
-        out = attnkit.attention(x, y, z, is_causal=is_causal, causal_align=causal_align).output
+        with attnkit.nan_rule(True):
+            out = attnkit.attention(x, y, z, is_causal=is_causal, causal_align=causal_align).output
         assert torch.equal(out.isnan().any(-1), rows), where
         assert torch.equal(out.isnan().all(-1), rows), where  # a poisoned row is NaN throughout
         torch.testing.assert_close(out[~rows], got[~rows], rtol=0, atol=0)
@@ -78,7 +80,7 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", REFUSED)
-def test_an_input_the_shortcut_cannot_take_gets_check_qkvs_named_error(case, plain_path):
+def test_an_input_the_shortcut_cannot_take_gets_check_qkvs_named_error(case):
     """Where SDPA refuses q, k and v of one shape (a dtype, a device) or the shortcut does not apply (another rank,
     not tensors), the error is check_qkv's, naming the argument, and not SDPA's."""
     q, k, v = REFUSED[case]()
@@ -91,7 +93,7 @@ def test_an_input_the_shortcut_cannot_take_gets_check_qkvs_named_error(case, pla
 @pytest.mark.parametrize("kwargs, L", [({"scale": 0.5}, 12), ({"is_causal": 1}, 12), ({"backend": "reference"}, 12),
                                        ({"need_weights": True}, 12), ({"is_causal": True, "causal_align": "bottom-right"}, 5)],
                          ids=str)
-def test_any_other_call_takes_the_checked_path(kwargs, L, monkeypatch, plain_path):
+def test_any_other_call_takes_the_checked_path(kwargs, L, monkeypatch):
     """The shortcut is the default call's: a scale, a causal flag that is not a bool, another backend, weights, or
     a bottom-right causal call with 1 < L < S (it needs a mask) go through check_qkv, with the same numbers."""
     asked = []
@@ -105,7 +107,7 @@ def test_any_other_call_takes_the_checked_path(kwargs, L, monkeypatch, plain_pat
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_while_compiling_the_shortcut_asks_no_size(monkeypatch, plain_path):
+def test_while_compiling_the_shortcut_asks_no_size(monkeypatch):
     """Under torch.compile or torch.export the shortcut steps aside before comparing shapes (a comparison of q's
     length with k's would tie two dynamic sizes): the checked path runs."""
     asked = []

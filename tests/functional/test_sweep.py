@@ -3,7 +3,9 @@ held to a float64 oracle written here and in :mod:`attnkit.reference` (NumPy), n
 backend: so that the next per-call cut cannot drop a rule (the NaN rule, empty rows, masked keys
 after a score_mod, huge bias rows) without a case here failing.
 
-Every case is drawn from its own seed (its id is the seed): a failure reproduces alone.
+Every case runs twice: with the NaN rule on (its NaN placements, the rule's rows expected), and with the rule off,
+the default, on the same inputs without their NaN (a backend's own NaN is its kernel's, nothing to compare).
+Every case is drawn from its own seed (its id is the seed and the rule's setting): a failure reproduces alone.
 """
 
 from __future__ import annotations
@@ -206,9 +208,11 @@ def _check(got: torch.Tensor, want: np.ndarray, dtype, what: str) -> None:
 # (test_flex.py's oracle cases stay in the quick tier).
 @pytest.mark.parametrize("seed", [slow(seed) if BACKENDS[seed % len(BACKENDS)] == "flex" else seed
                                   for seed in range(CASES)])
-def test_sweep_against_the_float64_oracle(seed, monkeypatch):
+def test_sweep_against_the_float64_oracle(seed, nan_rule_setting, monkeypatch):
     monkeypatch.setattr(flex, "COMPILE_ON_CPU", False)  # flex's eager CPU path: the semantics, no compile time
     case = _case(seed)
+    if not nan_rule_setting:
+        case["nan"] = None
     generator = torch.Generator().manual_seed(seed)
     q, k, v, kwargs, np_kwargs = _inputs(case, generator)
     dtype = case["dtype"]

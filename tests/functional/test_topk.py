@@ -138,7 +138,7 @@ def test_weights_of_chosen_heads_are_those_heads_of_all_weights(rng, strategy):
         topk_attention(q, k, v, indices, need_weights=[4])
 
 
-def test_the_nan_rule_holds(rng, strategy):
+def test_the_nan_rule_holds(rng, strategy, nan_rule_on):
     q, k, v, indices = _case(rng, per_head=False)
     k[0, 1, 12, 0] = math.nan  # a key no query may select still poisons its key head's query heads
     out = topk_attention(q, k, v, indices.clamp(max=11)).output

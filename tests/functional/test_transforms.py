@@ -109,8 +109,8 @@ def test_auto_leaves_the_tiled_loop_out_under_vmap_and_an_explicit_tiled_or_flex
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v", "masked key"])
-def test_the_nan_rule_gives_its_rows_under_vmap(where):
-    """The rule without its look: a NaN in one sample's query row poisons that row; in a key or value, every row
+def test_the_nan_rule_gives_its_rows_under_vmap(where, nan_rule_on):
+    """The rule on, under vmap: a NaN in one sample's query row poisons that row; in a key or value, every row
     of the query heads reading it, a key no query may attend included; the other samples stay finite."""
     generator = torch.Generator().manual_seed(7)
     q, k, v = _inputs(generator)

@@ -1,7 +1,6 @@
 """Generation on CUDA (marker ``gpu``): at most one read from the device per step (the new tokens
-and which rows stopped), counted with ``torch.cuda.set_sync_debug_mode("warn")`` (in which the NaN rule does
-not look first: outside it, attention calls of ``nan.DEVICE_LOOK_MIN_BYTES`` or more add one wait each); the
-same greedy tokens as on the CPU in float32, batched with left padding."""
+and which rows stopped), counted with ``torch.cuda.set_sync_debug_mode("warn")``; the same greedy tokens as on the
+CPU in float32, batched with left padding."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Seeing and measuring attention: ``tour`` and ``bench`` (``inspect`` is in inspection.py); ``build-ext``, the
-compiled plain call."""
+"""Seeing and measuring attention: ``tour`` and ``bench`` (``inspect`` is in inspection.py); ``build-ext``, a
+retired command that says it is gone."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from .arguments import (
@@ -46,34 +47,17 @@ def add_tour_parser(commands) -> None:
 
 
 def _build_ext(args: argparse.Namespace) -> int:
-    from ..functional import compiled
-
-    if args.status:
-        refuse_unused(args, ["verbose", "quiet"], "builds; --status says where the library is and builds nothing")
-        path = compiled.library()
-        state = "switched off (ATTNKIT_COMPILED=0)" if os.environ.get(compiled.SWITCH_VARIABLE) == "0" else (
-            "loaded" if compiled.loaded() else "built, not loaded" if path.is_file() else "not built")
-        print(f"{path}: {state}")
-        return 0
-    print(f"compiling {compiled.SOURCE.name} with torch's extension builder (a C++ compiler and ninja; "
-          "about 30 s on 2 cores)...", flush=True)
-    try:
-        path = compiled.build(verbose=args.verbose, progress=not args.quiet)
-    except (RuntimeError, OSError, ImportError) as error:  # no compiler, no ninja, a compile error
-        raise UsageError(f"build-ext: the compiled plain call did not build ({error}); attention() keeps its "
-                         "Python path. --verbose shows the compiler's output") from error
-    print(f"built {path}: attention() loads it from the next import on")
+    print("attnkit build-ext is gone: attnkit compiles nothing, and attention() needs no compiled piece "
+          "(docs/performance.md); remove this step", file=sys.stderr)
     return 0
 
 
 def add_build_ext_parser(commands) -> None:
-    """The ``build-ext`` sub-command's arguments."""
-    build = commands.add_parser("build-ext", help="compile attention()'s plain CPU call (optional C++: less "
-                                                  "host time per call; docs/performance.md)")
-    build.add_argument("--verbose", action="store_true", help="show the compiler's commands and output")
-    build.add_argument("--quiet", action="store_true", help="no progress bar")
-    build.add_argument("--status", action="store_true", help="say where the library is and whether it loads; build "
-                                                             "nothing")
+    """The retired ``build-ext`` sub-command: kept one release so that set-up scripts that run it say why it is
+    gone instead of failing; it takes its old flags and does nothing."""
+    build = commands.add_parser("build-ext", help="gone: attnkit compiles nothing (says so, and does nothing)")
+    for flag in ("--verbose", "--quiet", "--status"):
+        build.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     build.set_defaults(run=_build_ext)
 
 

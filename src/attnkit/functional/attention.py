@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
 from . import masks as _masks
 from . import nan as _nan
 from . import nested as _nested
@@ -24,7 +23,7 @@ from .backends._common import Problem, apply_sinks, head_weights, whole_structur
 from .block_mask import BlockMask, ScoreMod
 from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, check_window, make_dims
 from .devices import under_autocast
-from .plain import compiled_rest, one_head_shape, plain, plain_causal
+from .plain import one_head_shape, plain, plain_causal
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
     AUTO_CLASSIFY_MIN_ENTRIES,
     AUTO_TILED_MAX_OCCUPANCY,
@@ -218,18 +217,7 @@ def attention(
     if (mask is None and bias is None and window is None and scale is None and score_mod is None and sinks is None
             and attn_mask is None and enable_gqa is None and need_weights is False and dropout_p == 0 and not return_lse
             and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS):
-        if _compiled_plain is not None and tensors and q.is_cpu and _nan._on and not is_compiling():
-            try:
-                output = _compiled_plain(q, k, v, is_causal, causal_align)  # plain.cpp: one_head_shape's twin, settled in C++
-            except (RuntimeError, TypeError, NotImplementedError):
-                check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
-                raise
-            if type(output) is Tensor:
-                return make_output((output, None, None))
-            if output is not None:  # (output, causal): the rule's rows from q, k and v
-                return make_output((compiled_rest(q, k, v, *output), None, None))
-            # (None: autocast, a transform, a function mode, another shape or alignment: the checked path below)
-        elif not _any_autocast():
+        if not _nan._on and not _any_autocast():
             output = one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
             if output is not None:
                 return make_output((output, None, None))
@@ -256,8 +244,6 @@ _KEYWORDS = tuple(name for name, parameter in inspect.signature(attention).param
 
 
 _any_autocast = torch._C._is_any_autocast_enabled  # one flag read per call (0.2 us; a device's flag takes 0.4)
-_compiled_plain = compiled.plain
-"""The compiled plain call (:mod:`.compiled`), or None: the Python path (:func:`.plain.one_head_shape`)."""
 
 
 def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask | None = None,
@@ -303,11 +289,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
                     and sdpa.cpu_returns_masked_rows_as_zeros(q.dtype)):
                 output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale,
                                                         enable_gqa=dims.H != dims.Hkv)
-                return make_output((_nan.masked_output(q, k, v, dims, output), None, None))
+                return make_output((_nan.with_nan_rows(q, k, v, dims, output), None, None))
             options = {"dropout_p": 0.0, "scale": _default_scale(dims.E) if scale is None else scale,
                        "enable_gqa": dims.H != dims.Hkv}
             output = sdpa.masked(q, k, v, direct, None, options)
-            return make_output((_nan.applied(q, k, v, dims, output, None, None, None)[0], None, None))
+            return make_output((_nan.with_nan_rows(q, k, v, dims, output), None, None))
     if scale is None:
         scale = _default_scale(dims.E)
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,

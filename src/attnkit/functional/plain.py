@@ -1,6 +1,6 @@
 """The plain call: no mask, bias, window, score_mod, sinks, dropout, weights or lse. :func:`attnkit.attention`
 hands it to SDPA as it is, without a :class:`~.backends._common.Problem` or routing (what ``auto`` would choose
-anyway), and settles the NaN rule with one look at the output where that is exact (:mod:`.nan`).
+anyway); the NaN rule, where it is on, is :mod:`.nan`'s.
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ from .checks import Dims, check_qkv
 from .mask_mods import ALIGNMENTS
 from .tracing import is_compiling
 
-__all__ = ["compiled_rest", "one_head_shape", "plain", "plain_causal"]
+__all__ = ["one_head_shape", "plain", "plain_causal"]
 
 
 def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_align) -> Tensor | None:
-    """SDPA's output, with the NaN rule (:func:`.nan.cpu_plain_output`), of a plain uncompiled CPU call whose q
+    """SDPA's output, as it returns it, of a plain uncompiled CPU call whose q
     (B, H, L, E), k and v (B, H, S, E) share their batch, heads and head dim: self-attention's commonest call and a
     decoding step's. None for any other call, and where the causal alignment needs a mask. The caller settled that
     nothing else was asked (no mask, bias, window, scale, score_mod, sinks, dropout, weights or lse). A comparison
     of k's shape with v's and three of q's sizes stand for :func:`.checks.check_qkv`'s, and SDPA checks the dtypes
     and devices itself; where it refuses them, ``check_qkv`` names the argument. Not while compiling or exporting,
-    where shapes may be symbols and a comparison a guard. (What it leaves out, check_qkv's other questions and two
-    frames: 1.1-2.2 us of a 16-19 us call, benchmarks/results/overhead_ab_2026-11-28_fourteenth/.)"""
+    where shapes may be symbols and a comparison a guard. The caller settled that the NaN rule is off."""
     try:
         kshape = k.shape
         if not q.is_cpu or is_compiling() or kshape != v.shape:  # (compiling first: sizes may be symbols)
@@ -42,31 +41,23 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
             return None
         is_causal = causal
     try:
-        # (a keyword costs SDPA's argument parser 0.24 us: benchmarks/results/overhead_ab_2026-11-28_fourteenth/pieces.txt)
-        output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if is_causal else F.scaled_dot_product_attention(q, k, v)
+        if is_causal:  # (a keyword costs SDPA's argument parser a quarter of a microsecond: only where needed)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v)
     except (RuntimeError, TypeError, NotImplementedError):
         check_qkv(q, k, v)  # a dtype or a device attnkit refuses: named (SDPA's own message otherwise)
         raise
-    return _nan.cpu_plain_output(q, k, v, output, L, S, is_causal, None)
-
-
-def compiled_rest(q: Tensor, k: Tensor, v: Tensor, output: Tensor, is_causal: bool) -> Tensor:
-    """SDPA's ``output`` of the compiled plain call (:mod:`.compiled`; ``is_causal`` as SDPA got it) where its look
-    did not settle the NaN rule, as :func:`.nan.cpu_plain_output` settles it: the poisoned rows where a NaN shows
-    (looked at once more: a call with a NaN only), or the rows from q, k and v (fewer keys than
-    :func:`.nan.plain_look_min_keys`, a causal call with L < S, another dtype)."""
-    return _nan.cpu_plain_output(q, k, v, output, q.shape[2], k.shape[2], is_causal, None)
 
 
 def plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:
-    """SDPA's output for a plain call, with the NaN rule (:func:`.nan.plain_output`). The commonest call (as many
-    key as query heads, values as wide as the queries, SDPA's own scale) goes to SDPA here, without
-    :func:`.backends.sdpa.plain`'s questions (0.7 us of a 10 us call, benchmarks/overhead.py)."""
+    """SDPA's output for a plain call, with the NaN rule's rows where it is on (:mod:`.nan`). The commonest call (as
+    many key as query heads, values as wide as the queries, SDPA's own scale) goes to SDPA here, without
+    :func:`.backends.sdpa.plain`'s questions."""
     if dims.H == dims.Hkv and dims.Ev >= dims.E and scale is None:
         output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if causal else F.scaled_dot_product_attention(q, k, v)
     else:
         output = sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
-    return _nan.plain_output(q, k, v, dims, output, causal)
+    return _nan.with_nan_rows(q, k, v, dims, output) if _nan._on else output
 
 
 def plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:

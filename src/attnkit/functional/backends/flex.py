@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import nan
 from ..block_mask import length_bucket
-from ..tracing import refuse_in_one_graph, traced
+from ..tracing import refuse_in_one_graph
 from . import flex_tables, reference
 from ._common import BackendResult, Problem, compute_dtype, lse_unresolved, needs_grad, score_mod_needs_grad
 from .flex_tables import BLOCK
@@ -319,19 +320,17 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
     else:
         out, lse = result, None
     out = out[:, :, :L]
-    if problem.bias is not None:  # FlexAttention's kernels drop a NaN score; attnkit's rule keeps it
+    if problem.bias is not None and nan.on():  # FlexAttention's kernels drop a NaN score; the NaN rule keeps it
         out, lse = _nan_bias_rows(out, lse, problem)
     return BackendResult(output=out, lse=lse)
 
 
 def _nan_bias_rows(out: Tensor, lse: Tensor | None, problem: Problem) -> tuple[Tensor, Tensor | None]:
-    """A NaN in ``bias`` at an allowed key makes its row NaN (at a masked key it changes nothing), as
-    in every other backend. On the CPU one look settles the common case, a bias without NaN; on an
-    accelerator the mask is materialised (the bias already is) and the rows filled without a look."""
+    """With the NaN rule on: a NaN in ``bias`` at an allowed key makes its row NaN (at a masked key it changes
+    nothing), as in every other backend. The mask is materialised (the bias already is) and the rows filled
+    without a look."""
     assert problem.bias is not None  # called for calls with a bias only
     nan_keys = torch.isnan(problem.bias)
-    if out.is_cpu and not traced() and not bool(nan_keys.any()):
-        return out, lse
     allowed = problem.dense_mask(out.device)
     rows = (nan_keys if allowed is None else nan_keys & allowed).any(dim=-1)  # (L,) or (B|1, H|1, L|1)
     out = torch.where(rows[..., None], math.nan, out)
