@@ -287,9 +287,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
             # what sdpa.masked would call, as it is (compiled, it fills empty rows: the probe is no graph's)
             if (dims.Ev >= dims.E and not torch.compiler.is_compiling() and not transformed()  # traced(), inline
                     and sdpa.cpu_returns_masked_rows_as_zeros(q.dtype)):
-                output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale,
-                                                        enable_gqa=dims.H != dims.Hkv)
-                return make_output((_nan.with_nan_rows(q, k, v, dims, output), None, None))
+                if dims.H == dims.Hkv:  # (a keyword costs SDPA's argument parser a quarter of a microsecond)
+                    output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale)
+                else:
+                    output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale, enable_gqa=True)
+                return make_output((_nan.with_nan_rows(q, k, v, dims, output) if _nan._on else output, None, None))
             options = {"dropout_p": 0.0, "scale": _default_scale(dims.E) if scale is None else scale,
                        "enable_gqa": dims.H != dims.Hkv}
             output = sdpa.masked(q, k, v, direct, None, options)
