@@ -5,7 +5,7 @@ Each case times attnkit as it is by default (the NaN rule off), attnkit with the
 ``--calls`` calls each, the best round's mean per call (microseconds), and counts the aten ops one call
 dispatches (a ``TorchDispatchMode``: on the CPU each is a kernel launch or a view). Before timing, attnkit's
 result is asserted equal to the baseline's. ``--before FILE`` copies each case's ratio from an earlier run's
-JSON into this one's (``before_ratio``), and its machine and commit (``before``).
+JSON into this one's (``before_ratio``), and that run's machine and commit (``before``).
 
     attention()      dense, causal, padding mask, causal window, BlockMask, score_mod, sinks,
                      a decoding step (L = 1) and a short prefill, against F.scaled_dot_product_attention
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
               "nan_rule": "off (the default); on in its own column (nan_rule_on_us, nan_rule_on_ratio)",
               "calls": args.calls, "rounds": args.rounds, "shape": {"B": B, "H": H, "L": L, "E": E}, "results": rows}
     if before is not None:
-        report["before"] = {"file": str(args.before), "machine": before.get("machine")}
+        report["before"] = before.get("machine")  # (its commit among them)
     mismatched = []
     for case in cases:  # the NaN rule on, and off in a column
         try:

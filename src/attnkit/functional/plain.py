@@ -35,8 +35,8 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
         return None
     if B != Bk or H != Hk or E != Ek or not (B and H and L and S and E):
         return None
-    if causal_align != "top-left":  # (the commonest alignment decided inline)
-        causal = plain_causal(is_causal, causal_align, L, S)
+    if causal_align != "top-left":  # (the commonest alignment, and a decoding step's, decided inline)
+        causal = False if L == 1 and causal_align == "bottom-right" else plain_causal(is_causal, causal_align, L, S)
         if causal is None:  # a mask is needed, or the alignment is wrong (named by the checked path)
             return None
         is_causal = causal
