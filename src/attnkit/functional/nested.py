@@ -3,7 +3,7 @@
 q (B, H, j, E), k (B, Hkv, j', E) and v (B, Hkv, j', Ev) are jagged nested tensors whose ragged dim is the length:
 ``torch.nested.nested_tensor([...], layout=torch.jagged)`` of (L_b, H, E) sequences, transposed to put the heads
 first, as torch's SDPA tutorial builds them. :func:`attention` pads each sequence to the longest, masks the padded
-keys, runs :func:`attnkit.attention` on the padded tensors (every backend, the NaN rule, gradients) and returns the
+keys, runs :func:`attnkit.attention` on the padded tensors (every backend, the NaN rule where it is on, gradients) and returns the
 output as a jagged tensor with q's own offsets (so that ``x + output`` works on q's sequences). A causal call or a
 window is aligned within each sequence (top-left, or bottom-right at S_b - L_b), which torch's own CPU kernels for
 nested tensors do not take. A mask or a bias (padded shapes would be ambiguous), weights and the lse (ragged in two

@@ -42,7 +42,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     or float (added, in the query's dtype as torch adds it). ``scale``: any finite number (0 and negative
     ones too). ``is_causal``: top-left causal, not with an attn_mask (torch refuses both). ``dropout_p``
     applies whenever given, as torch's functional call does. Differences from torch (module docstring):
-    zeros for a row with no allowed key, additive masks of finfo.min read as masked keys, attnkit's NaN rule.
+    zeros for a row with no allowed key, additive masks of finfo.min read as masked keys, attnkit's NaN rule where it is on.
     """
     from .attention import attention
 

@@ -1,14 +1,13 @@
 """Whether attnkit may read a tensor's values on the host now.
 
-Some per-call shortcuts read a value on the host: the NaN rule's one look, a mask's look for rows with no
-allowed key, a bias's look for masked keys. That is not possible, or not wanted, in two cases:
+Some per-call shortcuts read a value on the host: a mask's look for rows with no allowed key, a bias's look for
+masked keys. That is not possible, or not wanted, in two cases:
 
 - while ``torch.compile`` or ``torch.export`` traces, where a read would break the graph (export has no breaks);
 - under a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ...). Under ``vmap`` a tensor holds no single
   value to read. The other transforms take the same path, so that they nest with ``vmap`` in any order.
 
-In both cases attnkit takes the paths that read nothing. The NaN rule finds its rows without a look, and masks are
-filled rather than looked at. Under a transform, ``auto`` also leaves out the tiled loop and flex. The tiled loop
+In both cases attnkit takes the paths that read nothing: masks are filled rather than looked at. Under a transform, ``auto`` also leaves out the tiled loop and flex. The tiled loop
 looks at its tiles, and its autograd.Function has no functorch rule. PyTorch traces flex_attention with TorchDynamo,
 which does not take a transform's tensors. Under ``torch.export`` ``auto`` does the same and also asks no size
 (:func:`one_graph`): with dynamic shapes a size is a symbol, and a comparison with a routing threshold would be a
@@ -35,7 +34,7 @@ transformed = torch._C._are_functorch_transforms_active
 is_compiling = torch.compiler.is_compiling
 """Whether torch.compile or torch.export traces (bound once: a module global is read where attnkit asks per call).
 Then attnkit compares no sizes (they may be symbols, and a comparison a guard) and looks at no value (a host read
-is a graph break): the plain call's shortcut steps aside (:mod:`.plain`), the NaN rule reads no output, and
+is a graph break): the plain call's shortcut steps aside (:mod:`.plain`), and
 ``attention()``'s direct path hands SDPA a mask or a block mask without looking at it."""
 
 
