@@ -193,6 +193,134 @@ def test_a_padded_token_leaves_the_state_untouched(decay, rng):
     assert (got.output[1, :, :7] == 0).all()
 
 
+@pytest.mark.parametrize("form", ["gated linear attention", "implicit attention", "gated delta rule"])
+@pytest.mark.parametrize("decay", DECAYS)
+def test_padding_writes_nothing_and_its_nan_reaches_nothing(form, decay, rng):
+    """Two left pads in row 1 (gated linear attention and implicit_attention without beta too, whose padded tokens
+    wrote k v^T into the state): the real tokens' outputs equal the row run alone, in the chunked and the
+    recurrent form; a NaN or inf in a padded token's q, k, v, g or beta reaches no real output (padding selects,
+    it does not multiply by 0)."""
+    q, k, v, g, beta = _inputs(rng, decay=decay, L=20)
+    real = torch.ones(2, 20, dtype=torch.bool)
+    real[1, :2] = False
+
+    def run(q, k, v, g, beta, key_mask=None, chunk_size=8):
+        if form == "gated linear attention":
+            return gated_linear_attention(q, k, v, g, key_mask=key_mask, chunk_size=chunk_size, check_values=False).output
+        if form == "implicit attention":  # (v is not its input: the clean values read its matrix)
+            clean = v if key_mask is None else torch.where(key_mask[:, None, :, None], v, 0.0)
+            return implicit_attention(q, k, g, None, key_mask=key_mask, num_heads=v.shape[1], chunk_size=chunk_size) @ clean
+        return gated_delta_rule(q, k, v, g, beta, key_mask=key_mask, chunk_size=chunk_size, check_values=False).output
+
+    alone = run(q[1:, :, 2:], k[1:, :, 2:], v[1:, :, 2:], None if g is None else g[1:, :, 2:], beta[1:, :, 2:])
+    for chunk_size in (1, 8):
+        got = run(q, k, v, g, beta, real, chunk_size)
+        torch.testing.assert_close(got[1, :, 2:], alone[0], rtol=1e-10, atol=1e-10)
+        assert (got[1, :, :2] == 0).all()
+    poisoned = [None if x is None else x.clone() for x in (q, k, v, g, beta)]
+    for x in poisoned:
+        if x is not None:
+            x[1, :, 0] = float("nan")
+            x[1, :, 1] = float("inf")
+    got = run(*poisoned, real)
+    assert not got.isnan().any() and not got.isinf().any()
+    torch.testing.assert_close(got[1, :, 2:], alone[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("decay", ["per-head", "per-channel"])
+def test_training_scale_decays_give_finite_gradients_equal_to_float64s(decay, dtype, rng):
+    """Decays of -1.5 a token over chunks of 64 (a chunk's total decay of ~96, past float32's exp range; a fresh
+    GatedDeltaNet's are of that size): the chunked form's gradients are finite and equal float64's within the
+    dtype's tolerance (an upper-triangle exp overflowed to inf and gave NaN gradients)."""
+    B, Hk, H, L, K, V = 1, 2, 2, 128, 16, 16
+    q, k = (torch.randn(B, Hk, L, K, generator=rng, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, H, L, V, generator=rng, dtype=torch.float64)
+    shape = (B, H, L) if decay == "per-head" else (B, H, L, K)
+    g = -1.5 - 0.5 * torch.rand(*shape, generator=rng, dtype=torch.float64)
+    beta = torch.rand(B, H, L, generator=rng, dtype=torch.float64)
+    grads = {}
+    for name, cast in (("float64", torch.float64), ("low", dtype)):
+        leaves = [x.to(cast).detach().requires_grad_() for x in (q, k, v, g, beta)]
+        out = gated_delta_rule(*leaves, use_qk_l2norm=True, chunk_size=64).output
+        out.double().square().sum().backward()
+        grads[name] = [x.grad.double() for x in leaves]
+    tolerance = 2e-4 if dtype == torch.float32 else 5e-2
+    for name, low, high in zip(["q", "k", "v", "g", "beta"], grads["low"], grads["float64"]):
+        assert torch.isfinite(low).all(), name
+        assert (low - high).abs().max() <= tolerance * max(1.0, high.abs().max()), name
+
+
+def test_a_full_reset_is_refused_by_name_and_a_large_finite_decay_resets(rng):
+    """g = -inf (a full reset) and NaN in g or beta are refused by name (the chunked form cannot take -inf:
+    -inf - -inf is NaN); -100 resets as the recurrence's -inf does, in every form, within float32's rounding of
+    the chunk's running log-decay past -100 (5e-5)."""
+    q, k, v, g, beta = _inputs(rng, L=40, dtype=torch.float32)
+    for bad, name in ((-torch.inf, "g must be finite"), (float("nan"), "g must be finite")):
+        worse = g.clone()
+        worse[0, 1, 20] = bad
+        with pytest.raises(ValueError, match=name):
+            gated_delta_rule(q, k, v, worse, beta)
+    nan_beta = beta.clone()
+    nan_beta[0, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\], got nan"):
+        gated_delta_rule(q, k, v, g, nan_beta)
+    reset, large = g.clone(), g.clone()
+    reset[:, :, 20], large[:, :, 20] = -torch.inf, -100.0
+    want = gated_delta_rule(q, k, v, reset, beta, chunk_size=1, check_values=False).output  # the recurrence
+    assert torch.isfinite(want).all()
+    for chunk_size in (1, 16, 64):
+        got = gated_delta_rule(q, k, v, large, beta, chunk_size=chunk_size).output
+        torch.testing.assert_close(got, want, rtol=5e-5, atol=5e-5)
+
+
+@pytest.mark.parametrize("case", ["int v", "complex g", "K = 0", "scale 'x'", "scale inf", "list v", "int q"])
+def test_inputs_of_another_kind_are_named(case, rng):
+    q, k, v, g, beta = _inputs(rng, L=6)
+    kwargs = {}
+    if case == "int v":
+        v, match = v.long(), "v must be a real floating-point tensor, got torch.int64"
+    elif case == "int q":
+        q, match = q.long(), "q must be a real floating-point tensor"
+    elif case == "complex g":
+        g, match = g.to(torch.complex128), "g must be a real floating-point tensor"
+    elif case == "K = 0":
+        q, k, match = q[..., :0], k[..., :0], "key dim K >= 1"
+    elif case == "list v":
+        v, match = v.tolist(), "v must be a 4-D tensor"
+    else:
+        kwargs["scale"], match = {"scale 'x'": "x", "scale inf": float("inf")}[case], "scale must be a finite number"
+    error = TypeError if "floating" in match else ValueError
+    for call in (lambda: gated_delta_rule(q, k, v, g, beta, **kwargs),
+                 lambda: gated_linear_attention(q, k, v, g, **kwargs)):
+        with pytest.raises(error, match=match):
+            call()
+
+
+def test_no_token_keeps_the_output_in_the_graph(rng):
+    """L = 0: the empty output and the state are in the inputs' graph (a backward gives zero gradients, as an
+    empty attention() output does, not "does not require grad")."""
+    q, k, v, g, beta = (None if x is None else x.requires_grad_() for x in _inputs(rng, L=0))
+    out = gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    assert out.output.requires_grad and out.final_state.requires_grad
+    (out.output.sum() + out.final_state.sum()).backward()
+    assert v.grad is not None and q.grad is not None and not v.grad.any()
+
+
+def test_linear_attention_refuses_a_chunk_below_one_and_selects_its_padding(rng):
+    from attnkit.functional.linear import elu_feature_map, linear_attention
+
+    phi_q, phi_k = (elu_feature_map(torch.randn(1, 2, 6, 4, generator=rng, dtype=torch.float64)) for _ in range(2))
+    v = torch.randn(1, 2, 6, 3, generator=rng, dtype=torch.float64)
+    with pytest.raises(ValueError, match="chunk must be a positive int"):
+        linear_attention(phi_q, phi_k, v, is_causal=True, chunk=0)
+    real = torch.tensor([[True] * 5 + [False]])
+    want = linear_attention(phi_q, phi_k, v, key_mask=real)
+    phi_k, v = phi_k.clone(), v.clone()
+    phi_k[0, :, 5], v[0, :, 5] = float("nan"), float("inf")
+    torch.testing.assert_close(linear_attention(phi_q, phi_k, v, key_mask=real), want)
+
+
 @pytest.mark.parametrize("decay", DECAYS)
 def test_the_implicit_attention_matrix_reproduces_the_output(decay, rng):
     q, k, v, g, beta = _inputs(rng, decay=decay, L=30)
@@ -244,7 +372,7 @@ def test_no_token_gives_an_empty_output_and_leaves_the_state_as_it_was(chunk_siz
 
 def test_wrong_input_is_named(rng):
     q, k, v, g, beta = _inputs(rng)
-    with pytest.raises(ValueError, match="g must be <= 0"):
+    with pytest.raises(ValueError, match="g must be finite and <= 0"):
         gated_delta_rule(q, k, v, -g + 0.1, beta)
     with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
         gated_delta_rule(q, k, v, g, beta + 2)

@@ -64,3 +64,36 @@ def test_a_decoding_steps_convolution_is_the_convolutions_last_output(dtype, tol
     steps += [causal_convolution(mixed[..., t:t + 1], weight, cache) for t in (5, 6)]
     torch.testing.assert_close(torch.cat(steps, dim=-1), whole, rtol=tol, atol=tol)
     torch.testing.assert_close(cache.conv, mixed[..., -3:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_fresh_layer_trains_in_float32_with_finite_gradients(name):
+    """A freshly initialised layer at training length (float32, L = 128, chunks of 64): every parameter's gradient
+    is finite (per-head decays whose chunk total passed float32's exp range gave NaN in A_log, dt_bias and
+    in_proj_ba)."""
+    torch.manual_seed(0)
+    layer = LAYERS[name]()
+    x = torch.randn(2, 128, 32)
+    layer(x).output.square().mean().backward()
+    for parameter_name, parameter in layer.named_parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), parameter_name
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_padded_tokens_nan_reaches_no_real_token_and_the_cache_counts_its_numbers(name):
+    """Left padding whose input holds NaN and inf: the real tokens' outputs equal the unpadded row's (the padded
+    input is selected away before the convolution, not multiplied by 0); the cache counts what it holds per
+    sequence (the state, and the convolution's tail where the layer has one)."""
+    torch.manual_seed(0)
+    layer = LAYERS[name]().double().eval()
+    x = torch.randn(1, 7, 32, dtype=torch.float64)
+    padded = torch.cat([torch.full((1, 2, 32), float("nan"), dtype=torch.float64), x], dim=1)
+    padded[0, 1] = float("inf")
+    key_mask = torch.tensor([[False, False] + [True] * 7])
+    with torch.no_grad():
+        want = layer(x).output
+        cache = LinearStateCache()
+        got = layer(padded, key_mask=key_mask, cache=cache).output
+    torch.testing.assert_close(got[:, 2:], want, rtol=1e-10, atol=1e-10)
+    expected = cache.state[0].numel() + (0 if cache.conv is None else cache.conv[0].numel())
+    assert cache.numbers() == expected > 0

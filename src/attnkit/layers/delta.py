@@ -95,9 +95,7 @@ class LinearStateCache:
 
     def numbers(self) -> int:
         """Numbers held per sequence (not per token: it does not grow)."""
-        if self.conv is None or self.state is None:
-            return 0
-        return (self.conv[0].numel() + self.state[0].numel())
+        return sum(x[0].numel() for x in (self.conv, self.state) if x is not None and x.shape[0])
 
     def check_batch(self, B: int) -> None:
         if self.state is not None and self.state.shape[0] != B:
@@ -107,7 +105,8 @@ class LinearStateCache:
 
 def _checked_input(x: Tensor, d_model: int, key_mask: Tensor | None, cache: LinearStateCache | None) -> Tensor:
     """x (B, L, D) checked with the call's key_mask (B, L) and cache; a padded token's input made zeros (as
-    transformers makes it: with no update and no decay in the rule, it leaves the state untouched)."""
+    transformers makes it: with no update and no decay in the rule, it leaves the state untouched), whatever it
+    held."""
     check_rank("x", x, 3, "(B, L, D)")
     if x.shape[-1] != d_model:
         raise ValueError(f"x must have last dim d_model={d_model}, got shape {tuple(x.shape)}")
@@ -121,7 +120,7 @@ def _checked_input(x: Tensor, d_model: int, key_mask: Tensor | None, cache: Line
     if not isinstance(key_mask, Tensor) or tuple(key_mask.shape) != (B, L) or key_mask.is_floating_point():
         got = (key_mask.dtype, tuple(key_mask.shape)) if isinstance(key_mask, Tensor) else type(key_mask).__name__
         raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)} (the call's own tokens), got {got}")
-    return x * key_mask.to(x.dtype)[..., None]
+    return torch.where(key_mask.bool()[..., None], x, 0.0)  # selected: a padded token's NaN reaches no real one
 
 
 def _rule_through_cache(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cache: LinearStateCache | None,

@@ -109,9 +109,7 @@ def gated_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, *,
     no delta. ``g`` (B, H, L) one log-decay per head and token (a constant per head is lightning attention),
     (B, H, L, K) per key channel (GLA), or None (the Linear Transformer's running sum, unnormalised). The
     other arguments as :func:`gated_delta_rule`'s."""
-    B, H, L = v.shape[:3]
-    ones = v.new_ones(B, H, L)
-    return _run(q, k, v, g, ones, delta=False, scale=scale, initial_state=initial_state,
+    return _run(q, k, v, g, None, delta=False, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=False,
                 key_mask=key_mask, check_values=check_values)
 
@@ -138,7 +136,9 @@ def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | No
 # ----------------------------------------------------------------------------------- the shared machinery
 def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm,
          key_mask, check_values: bool = True) -> LinearAttentionOutput:
-    B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values, delta)
+    B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values, delta, scale)
+    if beta is None:  # gated linear attention: the update is the value itself
+        beta = v.new_ones(B, H, L)
     out_dtype = v.dtype
     acc = accumulation_dtype(q.dtype)
     groups = H // Hk
@@ -151,14 +151,17 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
         q = q * scale
     v, beta = v.to(acc), beta.to(acc)
     g = None if g is None else g.to(acc)
-    if key_mask is not None:  # a padded token: no update (beta 0), no decay (g 0), a zero output
-        real = key_mask.to(device=v.device, dtype=torch.bool)[:, None, :]  # (B, 1, L)
-        beta = beta * real
+    if key_mask is not None:  # a padded token: no write (k, v and beta 0), no decay (g 0), a zero output
+        real = key_mask.to(device=v.device, dtype=torch.bool)[:, None, :, None]  # (B, 1, L, 1)
+        # selected, not multiplied: a NaN or inf in a padded token's inputs reaches nothing (NaN x 0 is NaN)
+        q, k, v = (torch.where(real, x, 0.0) for x in (q, k, v))
+        beta = torch.where(real[..., 0], beta, 0.0)
         if g is not None:
-            g = g * (real if g.dim() == 3 else real[..., None])
+            g = torch.where(real[..., 0] if g.dim() == 3 else real, g, 0.0)
     state = None if initial_state is None else initial_state.to(acc)
-    if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output)
-        out, state = v.new_zeros(B, H, 0, V), q.new_zeros(B, H, K, V) if state is None else state
+    if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output), both
+        out = v * 0.0  # in the inputs' graph (a backward through them gives zero gradients, not an error)
+        state = q.new_zeros(B, H, K, V) + (q.sum() + k.sum()) * 0.0 if state is None else state
     elif L == 1:  # a decoding step: the recurrence's one step in five small products (_step)
         out, state = _step(q, k, v, g, beta, state, delta)
     elif chunk_size == 1:
@@ -166,7 +169,7 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
     else:
         out, state = _chunked(q, k, v, g, beta, state, delta, chunk_size)
     if key_mask is not None:
-        out = out * real[..., None]
+        out = torch.where(real, out, 0.0)
     return LinearAttentionOutput(out.to(out_dtype), state if output_final_state else None)
 
 
@@ -228,7 +231,9 @@ def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
     rows = cols = end = None  # the decays as scalings: of a chunk's rows (outputs), of the state's keys
     if g is not None and g.dim() == 3:  # one decay a head: exp(gamma_i - gamma_j) on the C x C matrices
         gamma = g.reshape(B, H, N, C).cumsum(dim=-1)  # running log-decay inside each chunk
-        decay = (gamma[..., :, None] - gamma[..., None, :]).exp().tril()  # kept j <= i: exponents <= 0
+        causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        # j <= i kept before the exp: an upper entry's exponent is > 0 and may overflow (inf, and NaN gradients)
+        decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, -math.inf).exp()
         qk = qk * decay  # (in place only where autograd keeps no operand: below)
         kk = None if kk is None else kk * decay
         rows = gamma.exp()  # (B, H, N, C): exp(gamma_i), the state's decay at token i
@@ -299,16 +304,20 @@ PAIR_ELEMENTS = 1 << 24
 once (64 MB in float32)."""
 
 
-def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values: bool = True, delta: bool = True):
+def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values: bool = True, delta: bool = True,
+           scale=None):
     """Sizes (B, Hk, L, K, H, V), every argument checked (the values of g and beta where ``check_values``); each
     error names the argument, what it should be and what it is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{name} must be a 4-D tensor, (B, H, L, K) for q and k, (B, H, L, V) for v, got {got}")
-    if not q.is_floating_point():
-        raise TypeError(f"q must be floating point, got {q.dtype}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
+        if isinstance(x, Tensor) and not x.is_floating_point():  # (an int v would come back truncated; complex: no)
+            raise TypeError(f"{name} must be a real floating-point tensor, got {x.dtype}")
     B, Hk, L, K = q.shape
+    if K == 0:
+        raise ValueError(f"q and k must have a key dim K >= 1, got q of shape {tuple(q.shape)}")
     if tuple(k.shape) != (B, Hk, L, K):
         raise ValueError(f"k must have q's shape (B, Hk, L, K) = {(B, Hk, L, K)}, got {tuple(k.shape)}")
     if v.shape[0] != B or v.shape[2] != L:
@@ -317,7 +326,7 @@ def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values: 
     if Hk == 0 or H % Hk:
         raise ValueError(f"v's heads H={H} must be a multiple of q's and k's heads Hk={Hk} (each key head serves "
                          "H / Hk value heads)")
-    if not isinstance(beta, Tensor) or tuple(beta.shape) != (B, H, L):
+    if (delta or beta is not None) and (not isinstance(beta, Tensor) or tuple(beta.shape) != (B, H, L)):
         got = tuple(beta.shape) if isinstance(beta, Tensor) else type(beta).__name__
         raise ValueError(f"beta must have shape (B, H, L) = {(B, H, L)}, got {got}")
     if g is not None and (not isinstance(g, Tensor) or tuple(g.shape) not in ((B, H, L), (B, H, L, K))):
@@ -333,12 +342,23 @@ def _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values: 
         raise ValueError(f"key_mask must be boolean (or 0/1) of shape (B, L) = {(B, L)}, True at real tokens, got {found}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1 (1: the token-by-token recurrence), got {chunk_size!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number (or None for 1/sqrt(K)), got {scale!r}")
     if not isinstance(check_values, bool):
         raise TypeError(f"check_values must be True or False, got {type(check_values).__name__} {check_values!r}")
-    if check_values and not torch.compiler.is_compiling():  # a look at the values (a host sync on a GPU): refused by name
-        if g is not None and g.numel() and bool((g > 0).any()):
-            raise ValueError(f"g must be <= 0 (log-decays: the state is multiplied by exp(g) <= 1), got a maximum "
-                             f"of {float(g.max()):.4g}")
-        if delta and beta.numel() and bool(((beta < 0) | (beta > 2)).any()):  # (gated linear attention's are ones)
-            raise ValueError(f"beta must lie in [0, 2], got values in [{float(beta.min()):.4g}, {float(beta.max()):.4g}]")
+    # A look at the values (a host sync on a GPU), refused by name. Not while compiling, where a look would break the
+    # graph: a compiled call takes g and beta as they are (docs/linear.md).
+    if check_values and not torch.compiler.is_compiling():
+        if key_mask is not None:  # a padded token's g and beta are ignored: only the real tokens' are looked at
+            real = key_mask.to(device=beta.device if beta is not None else v.device, dtype=torch.bool)[:, None]
+            g = None if g is None else torch.where(real if g.dim() == 3 else real[..., None], g, 0.0)
+            beta = None if beta is None else torch.where(real, beta, 0.0)
+        if g is not None and g.numel() and not bool(((g <= 0) & (g > -math.inf)).all()):  # (NaN fails both)
+            bad = g[~((g <= 0) & (g > -math.inf))]
+            raise ValueError(f"g must be finite and <= 0 (log-decays: the state is multiplied by exp(g) <= 1), got "
+                             f"{float(bad[0]):.4g}; for a full reset give a large finite negative value such as -100 "
+                             "(exp(-100) is 0 to float32's precision): the chunked form cannot take -inf")
+        if delta and beta is not None and beta.numel() and not bool(((beta >= 0) & (beta <= 2)).all()):  # (gated linear attention's: ones)
+            bad = beta[~((beta >= 0) & (beta <= 2))]
+            raise ValueError(f"beta must lie in [0, 2], got {float(bad[0]):.4g}")
     return B, Hk, L, K, H, V

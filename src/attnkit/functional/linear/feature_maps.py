@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..._deprecated import UNSET, renamed
-from ..checks import check_rank
+from ..checks import check_int, check_rank
 
 __all__ = ["elu_feature_map", "favor_features", "orthogonal_projection", "linear_attention", "causal_linear_step"]
 
@@ -90,11 +90,12 @@ def linear_attention(
         raise ValueError(
             f"shapes do not fit: phi_q {tuple(phi_q.shape)}, phi_k {tuple(phi_k.shape)}, v {tuple(v.shape)}"
         )
+    check_int("chunk", chunk, 1)
     if key_mask is not None:
         if tuple(key_mask.shape) != (phi_k.shape[0], phi_k.shape[2]):
             raise ValueError(f"key_mask must have shape (B, S) = {(phi_k.shape[0], phi_k.shape[2])}, got {tuple(key_mask.shape)}")
-        keep = key_mask[:, None, :, None].to(phi_k.dtype)
-        phi_k, v = phi_k * keep, v * keep
+        keep = key_mask[:, None, :, None].bool()  # selected, not multiplied: a padded key's NaN reaches nothing
+        phi_k, v = torch.where(keep, phi_k, 0.0), torch.where(keep, v, 0.0)
     if not is_causal:
         kv = phi_k.transpose(-2, -1) @ v  # (B, H, M, Ev)
         z = phi_k.sum(-2)  # (B, H, M)
