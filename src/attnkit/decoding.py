@@ -221,9 +221,8 @@ def _growing_steps(model, input_ids: Tensor, attention_mask: Tensor | None, use_
     def run(ids: Tensor) -> Tensor:
         kwargs = {}
         full_mask, positions = state["mask"], state["positions"]
-        if full_mask is not None and positions is not None:
-            held = ids.shape[1] + (0 if cache is None else cache[0].length)
-            kwargs = {"attention_mask": full_mask[:, -held:], "position_ids": positions[:, -ids.shape[1]:]}
+        if full_mask is not None and positions is not None:  # the tokens so far: each layer reads what its cache attends
+            kwargs = {"attention_mask": full_mask, "position_ids": positions[:, -ids.shape[1]:]}
         return model(ids, cache=cache, last_only=True, **kwargs).logits[:, -1]
 
     def advance(token: Tensor | None) -> Tensor:

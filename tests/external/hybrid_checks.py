@@ -121,3 +121,29 @@ def assert_same_greedy_tokens(ours, theirs, *, seed: int = 2, new: int = 12) -> 
         want = theirs.generate(prompt, generation_config=config, max_new_tokens=new, do_sample=False)[0, prompt.shape[1]:]
     assert len(want) == new
     assert torch.equal(generate(ours, prompt, max_new_tokens=new).tokens[0, :new], want)
+
+
+def assert_same_padded_greedy_tokens(ours, theirs, *, seed: int = 4, new: int = 8, theirs_padded: bool = True) -> None:
+    """A left-padded batch of three prompts (7, 3 and 5 tokens) generated greedily: the same ``new`` tokens as
+    transformers' ``generate`` on the same padded batch (``theirs_padded``; else on each prompt alone, for a family
+    whose padded decoding in transformers differs from its rows alone), and each row the tokens of its prompt
+    alone."""
+    from attnkit.decoding import pad_prompts
+
+    tokens = ids(seed, batch=1, length=15)[0].tolist()
+    prompts = [tokens[:7], tokens[7:10], tokens[10:15]]
+    padded, mask = pad_prompts(prompts)
+    config = copy.deepcopy(theirs.generation_config)
+    config.eos_token_id, config.pad_token_id = None, 0
+    with torch.no_grad():
+        if theirs_padded:
+            want = theirs.generate(padded, attention_mask=mask, generation_config=config, max_new_tokens=new,
+                                   do_sample=False)[:, padded.shape[1]:]
+        else:
+            want = torch.stack([theirs.generate(torch.tensor([prompt]), generation_config=config, max_new_tokens=new,
+                                                do_sample=False)[0, len(prompt):] for prompt in prompts])
+    got = generate(ours, padded, attention_mask=mask, max_new_tokens=new).tokens[:, :new]
+    assert torch.equal(got, want), (got, want)
+    for row, prompt in enumerate(prompts):
+        alone = generate(ours, torch.tensor([prompt]), max_new_tokens=new).tokens[0, :new]
+        assert torch.equal(got[row], alone), row

@@ -67,7 +67,7 @@ def test_fixed_cache_refusals():
     cache = model.new_cache(capacity=4)
     with pytest.raises(ValueError, match="exceed this FixedKVCache's capacity=4"):
         model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, S\) = \(1, 4\)"):
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, S\) with B = 1, S = 4"):
         model(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), cache=model.new_cache(capacity=4))
     with pytest.raises(ValueError, match="is_causal=True"):
         model.layers[0].self_attn(torch.zeros(1, 1, 32, dtype=torch.float64), cache=FixedKVCache(4))

@@ -97,6 +97,11 @@ class LinearStateCache:
         """Numbers held per sequence (not per token: it does not grow)."""
         return sum(x[0].numel() for x in (self.conv, self.state) if x is not None and x.shape[0])
 
+    def attended_length(self, new: int) -> int:
+        """The columns of a model's attention mask a call of ``new`` tokens reads: its own (the state stands for
+        the rest)."""
+        return new
+
     def check_batch(self, B: int) -> None:
         if self.state is not None and self.state.shape[0] != B:
             raise ValueError(f"cache holds {self.state.shape[0]} sequences, the call has B={B}: a cache serves the "

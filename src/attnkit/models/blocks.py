@@ -1,4 +1,4 @@
-"""Pieces the model families share: feed-forward networks, norms, parameter counting.
+"""Pieces the model families share: feed-forward networks, norms, parameter counting, each layer's key mask.
 
     FFN(x) = act(x W_1 + b_1) W_2 + b_2                 (Vaswani et al. 2017, eq. 2; BERT, GPT-2)
     GLU(x) = down(act(gate(x)) * up(x))                  (Shazeer 2020; SwiGLU in Llama)
@@ -18,7 +18,7 @@ from ..functional.backends._common import accumulation_dtype
 from ..layers._linear import called, hookless, project_by_name
 
 __all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k", "routed_experts",
-           "make_norm", "normalised", "count_parameters"]
+           "make_norm", "normalised", "count_parameters", "layer_key_masks"]
 
 ACTIVATIONS = {
     "relu": torch.relu,
@@ -161,3 +161,28 @@ def normalised(norm: nn.Module | None, x: Tensor) -> Tensor:
 def count_parameters(module: nn.Module) -> int:
     """Number of distinct parameters (tied weights count once)."""
     return sum(p.numel() for p in module.parameters())
+
+
+def layer_key_masks(attention_mask: Tensor | None, B: int, L: int, caches) -> list[Tensor] | None:
+    """Each layer's key mask (B, S_i) from a model's ``attention_mask`` (B, W), True (or 1) at real tokens, for a
+    call of L new tokens through ``caches`` (one per layer, or None): layer i reads the last S_i columns, S_i =
+    ``caches[i].attended_length(L)`` (what a growing cache holds and the new tokens; a rolling cache's window and
+    the new tokens; a linear layer's own L; a fixed-size cache's capacity), so that layers whose caches hold
+    different lengths (sliding windows on some layers, linear layers beside softmax ones) each get theirs.
+
+    W is the tokens so far, cached and new (as transformers' ``attention_mask``), or any width from the longest
+    S_i on; without caches, L. Layers of one S share one mask (what a layer keeps beside it serves them all). None
+    without a mask; a mask of another shape is refused by name."""
+    if attention_mask is None:
+        return None
+    lengths = [L] if caches is None else [cache.attended_length(L) for cache in caches]
+    least = max(lengths)
+    widest = least if caches is None else max([least, *(getattr(cache, "position", 0) + L for cache in caches)])
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != B or not least <= attention_mask.shape[1] <= widest:
+        span = f"S = {least}" if least == widest else f"{least} <= S <= {widest}"
+        raise ValueError(f"attention_mask must have shape (B, S) with B = {B}, {span} (the tokens so far: cached and "
+                         f"new), got {tuple(attention_mask.shape)}")
+    key_mask = attention_mask.bool()
+    W = key_mask.shape[1]
+    by_length = {S: key_mask if S == W else key_mask[:, W - S:] for S in set(lengths)}
+    return [by_length[S] for S in lengths]

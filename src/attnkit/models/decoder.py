@@ -26,7 +26,7 @@ from ..functional.checks import check_int, check_rank
 from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
 from ..layers._linear import called, project_by_name
 from ..layers.attending import Attending, Cache
-from .blocks import Dropout, FeedForward, GatedFeedForward, make_norm, normalised
+from .blocks import Dropout, FeedForward, GatedFeedForward, layer_key_masks, make_norm, normalised
 from .config import DecoderConfig
 from .outputs import LMOutput
 
@@ -199,8 +199,9 @@ class DecoderLM(nn.Module):
         """Logits for input_ids (B, L).
 
         Args:
-            attention_mask: (B, S) True (or 1) at real tokens, S = cached (held) + new positions
-                (with fixed-size caches: S = their capacity); padded positions are never attended to.
+            attention_mask: (B, S) True (or 1) at real tokens, S = the tokens so far, cached and new (or, with
+                fixed-size caches, their capacity); each layer reads the columns its cache attends
+                (:func:`~attnkit.models.blocks.layer_key_masks`); padded positions are never attended to.
             position_ids: (B, L) the positions of the new tokens, per row (after left padding:
                 the count of real tokens before each); default: the cache's position onwards,
                 from 0 at the first column.
@@ -233,15 +234,7 @@ class DecoderLM(nn.Module):
                                  f"{document_ids.dtype} {tuple(document_ids.shape)}")
         position_ids, rotary_positions, offset = self._positions(input_ids, first, position_ids, document_ids,
                                                                  context_parallel)
-        key_mask = None
-        if attention_mask is not None:
-            S = L if first is None else first.attended_length(L)
-            if tuple(attention_mask.shape) != (B, S):
-                raise ValueError(
-                    f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            key_mask = attention_mask.bool()  # (B, S)
+        key_masks = layer_key_masks(attention_mask, B, L, cache)  # (B, S_i) per layer
         mask = None if document_ids is None else document_block_mask(document_ids)  # closed form: no pass over L x L
         x = self.tokens(input_ids)
         if self.positions is not None:
@@ -249,6 +242,7 @@ class DecoderLM(nn.Module):
         x = self.dropout(x)
         attentions: list[Tensor] | None = [] if need_weights else None
         for i, layer in enumerate(self.layers):
+            key_mask = None if key_masks is None else key_masks[0 if cache is None else i]
             x, weights = called(layer)(x, mask, key_mask=key_mask, cache=None if cache is None else cache[i],
                                        need_weights=need_weights,
                                        positions=rotary_positions, context_parallel=context_parallel)

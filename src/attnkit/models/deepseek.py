@@ -28,7 +28,7 @@ from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
 from ..layers._linear import called
-from .blocks import GatedFeedForward, routed_experts
+from .blocks import GatedFeedForward, layer_key_masks, routed_experts
 from .config import DeepSeekConfig
 from .outputs import LMOutput
 
@@ -158,22 +158,17 @@ class DeepSeekLM(nn.Module):
     @kept.per_call
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list[LatentCache] | None = None,
                 position_ids: Tensor | None = None, need_weights: bool = False, last_only: bool = False) -> LMOutput:
-        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = cached + new;
+        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = the tokens so far, cached and new;
         ``position_ids`` (B, L) (default: the cache's position onwards); ``cache`` from :meth:`new_cache`."""
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
-        key_mask = None
-        if attention_mask is not None:
-            S = L + (0 if cache is None else cache[0].length)
-            if tuple(attention_mask.shape) != (B, S):
-                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {S}) (cached + new positions), "
-                                 f"got {tuple(attention_mask.shape)}")
-            key_mask = attention_mask.bool()
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache must hold one LatentCache per layer ({len(self.layers)}), got {len(cache)}")
+        key_masks = layer_key_masks(attention_mask, B, L, cache)  # (B, S) per layer
         x = self.tokens(input_ids)
         attentions: list[Tensor] | None = [] if need_weights else None
         for i, layer in enumerate(self.layers):
+            key_mask = None if key_masks is None else key_masks[0 if cache is None else i]
             x, weights = layer(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i],
                                need_weights=need_weights)
             if attentions is not None and weights is not None:

@@ -13,7 +13,7 @@ from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
 from ..layers._linear import called, project_by_name
-from .blocks import normalised
+from .blocks import layer_key_masks, normalised
 from .hf_config import UnsupportedConfigError
 from .outputs import LMOutput
 
@@ -90,23 +90,18 @@ class HybridLM(nn.Module):
     @kept.per_call
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
                 position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
-        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = what the softmax layers'
-        caches hold + new; ``position_ids`` (B, L) the new tokens' positions (default: the caches' onwards)."""
+        """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = the tokens so far, cached
+        and new (each layer reads the columns its cache attends: :func:`.blocks.layer_key_masks`);
+        ``position_ids`` (B, L) the new tokens' positions (default: the caches' onwards)."""
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache must hold one cache per layer ({len(self.layers)}), got {len(cache)}")
-        softmax = next((cache[i] for i, b in enumerate(self.layers) if b.kind != LINEAR), None) if cache else None
-        held = 0 if not cache else (softmax.length if softmax is not None else cache[0].position)
-        key_mask = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (B, held + L):
-                raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {held + L}) (cached + new positions), "
-                                 f"got {tuple(attention_mask.shape)}")
-            key_mask = attention_mask.bool()
+        key_masks = layer_key_masks(attention_mask, B, L, cache)  # (B, S_i) per layer: a linear layer's own L
         x = self.embed(input_ids)
         # the blocks, the norm and the head without nn.Module.__call__ where it would add nothing (called, normalised)
         for i, block in enumerate(self.layers):
+            key_mask = None if key_masks is None else key_masks[0 if cache is None else i]
             x = called(block)(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
         x = normalised(self._modules["norm"], x)
         return LMOutput(project_by_name(self, "lm_head", x[:, -1:] if last_only else x), x, None)
