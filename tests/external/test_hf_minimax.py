@@ -118,3 +118,29 @@ def test_a_rolling_cache_with_a_padded_batch_decodes_as_one_whole_pass():
 
 def test_a_call_of_no_token_gives_empty_logits_and_leaves_the_caches_as_they_were(checkpoint):
     assert_a_call_of_no_token_is_empty(load_hf_folder(checkpoint[1]))
+
+
+def test_through_the_bridge_a_linear_layer_0_generates_as_eager_and_a_padded_batch_is_refused_by_name():
+    """MiniMax-Text-01's real layout (layer 0 linear) with attn_implementation="attnkit": transformers sizes the
+    softmax layers' decoding masks from layer 0's cache, which counts no keys (one column). Unpadded, attnkit
+    attends every key as eager's broadcast of that column does: the same greedy tokens as eager. A padded batch,
+    where eager would attend the padded keys too, is refused by name."""
+    import attnkit.hf
+
+    attnkit.hf.register()
+    config = tiny_config("minimax", layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                 "full_attention"])
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    bridged = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="attnkit").eval()
+    bridged.load_state_dict(eager.state_dict())
+    prompt = ids(5, batch=1, length=6)
+    settings = dict(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        want = eager.generate(prompt, **settings)
+        assert torch.equal(bridged.generate(prompt, **settings), want)
+        padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), prompt], 1).expand(2, -1).clone()
+        mask = torch.ones_like(padded)
+        mask[0, :2] = 0
+        with pytest.raises(attnkit.hf.UnsupportedFeature, match="MiniMax with a linear layer 0"):
+            bridged.generate(padded, attention_mask=mask, **settings)

@@ -71,6 +71,12 @@ def _keys_mismatch(owner: str, covered: int, S: int, window: int | None) -> str:
                 f"which its slice cannot express (it keeps them all), so its mask covers {covered} key(s) and attention "
                 f"got {S}; eager would broadcast that mask over all {S} keys, which is no window. Use a window of at "
                 "least 2")
+    if covered == 1 and S > 1 and window is None:
+        return (f"{owner}: transformers sized this layer's mask for 1 key where its cache passed {S} (it reads the "
+                "cache's length from a layer that counts none: MiniMax with a linear layer 0). A query without padding "
+                "attends every key there, which attnkit follows; with padding, eager would attend the padded keys too, "
+                "so attnkit refuses: generate unpadded prompts one at a time, or load the folder natively "
+                "(attnkit.models.pretrained.load_hf_folder), whose padded batches are exact")
     if S > covered:
         return (f"{owner}: the cache passed {S} keys to attention but transformers sized this layer's mask for "
                 f"{covered}{f' (a sliding window of {window})' if window is not None else ''}: the cache holds more "
@@ -224,6 +230,11 @@ def _read_mask(module: nn.Module, attention_mask: Tensor | None, query: Tensor, 
             raise UnsupportedFeature(f"{owner}: the model changed the mask attnkit built before passing it to attention "
                                      "(sliced, combined or concatenated it), so attnkit cannot prove what it holds")
         if attention_mask.keys != S:
+            if attention_mask.keys == 1 and L == 1 and not structure.padded and structure.window is None:
+                # transformers sized this layer's mask from a cache that counts no keys (MiniMax with a linear layer
+                # 0 reads layer 0's): one query without padding attends every key, as eager's broadcast of the one
+                # column gives
+                return None, None, None, False, None, "top-left"
             raise UnsupportedFeature(_keys_mismatch(owner, attention_mask.shape[-1], S, structure.window))
         mask = attention_mask.padding if structure.padded else None
         causal, window, align = structure.is_causal, structure.window, structure.causal_align
