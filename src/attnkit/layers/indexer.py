@@ -100,4 +100,6 @@ class LightningIndexer(nn.Module):
             index = index.masked_fill(~allowed, float("-inf"))
             top = index.topk(k, dim=-1)
             chosen.append(top.indices.masked_fill(torch.isneginf(top.values), -1))
+        if not chosen:  # no query (a call of no new token): no selection
+            return torch.empty(B, 0, k, dtype=torch.long, device=x.device)
         return torch.cat(chosen, dim=1)

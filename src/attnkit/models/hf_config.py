@@ -10,7 +10,8 @@ from typing import Any
 from ..errors import InputError
 from .config import DecoderConfig, EncoderConfig
 
-__all__ = ["MODEL_TYPES", "HF_ACTIVATIONS", "UnsupportedConfigError", "config_from_hf", "deepseek_config_from_hf"]
+__all__ = ["MODEL_TYPES", "HF_ACTIVATIONS", "UnsupportedConfigError", "config_from_hf", "deepseek_config_from_hf",
+           "means_none"]
 
 MODEL_TYPES = ("bert", "gpt2", "llama", "mistral", "qwen2")
 """Hugging Face ``model_type`` values :func:`config_from_hf` reads."""
@@ -68,9 +69,16 @@ def _refuse(kind: str, key: str, value, supported: str) -> UnsupportedConfigErro
     return UnsupportedConfigError(f"{kind} config: {key}={value!r} is not supported; supported: {supported}")
 
 
+def means_none(key: str, value) -> bool:
+    """Whether a config key's value says the feature is absent: null (transformers 4.x writes ``rope_scaling: null``
+    and the like), or false for a ``use_*`` switch (``use_sliding_window: false``). Such a key asks for nothing
+    attnkit lacks, so a loader that does not read it takes it."""
+    return value is None or (value is False and key.startswith("use_"))
+
+
 def _check_keys(hf: Mapping, kind: str, ignore: Iterable[str]) -> None:
     known = _IMPLEMENTED[kind] | _HARMLESS[kind] | set(ignore)
-    unknown = sorted(set(hf) - known)
+    unknown = sorted(key for key in set(hf) - known if not means_none(key, hf[key]))
     if unknown:
         raise UnsupportedConfigError(
             f"{kind} config: unknown keys {unknown}; attnkit implements {sorted(_IMPLEMENTED[kind])} and ignores "
@@ -220,13 +228,28 @@ def deepseek_config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()):
     if kind not in ("deepseek_v3", "deepseek_v32"):
         raise UnsupportedConfigError(f"model_type must be 'deepseek_v3' or 'deepseek_v32', got {kind!r} (DeepSeek-V2's "
                                      "softmax router is not implemented natively; the transformers bridge runs it)")
-    unknown = sorted(set(hf) - _DEEPSEEK_IMPLEMENTED - _DEEPSEEK_HARMLESS - set(ignore))
+    unknown = sorted(key for key in set(hf) - _DEEPSEEK_IMPLEMENTED - _DEEPSEEK_HARMLESS - set(ignore)
+                     if not means_none(key, hf[key]))
     if unknown:
         raise UnsupportedConfigError(f"{kind} config: unknown keys {unknown}; attnkit implements "
                                      f"{sorted(_DEEPSEEK_IMPLEMENTED)} and ignores only keys known not to change the numbers")
     for key, expected in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("hidden_act", "silu"),
                           ("moe_layer_freq", 1), ("mlp_bias", False)):
         _require(hf, kind, key, expected, repr(expected))
+    for key in ("n_group", "topk_group"):
+        value = hf.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise _refuse(kind, key, value, "an int >= 1 (transformers' router picks topk_group of n_group expert groups; "
+                          "0 groups leaves it no expert to choose from)")
+    if (hf.get("topk_group") or 1) > (hf.get("n_group") or 1):
+        raise _refuse(kind, "topk_group", hf["topk_group"], f"at most n_group ({hf.get('n_group') or 1})")
+    for key in ("head_dim", "qk_head_dim"):  # transformers computes both; a config that says otherwise does not run there
+        derived = {"head_dim": hf.get("qk_rope_head_dim"), "qk_head_dim":
+                   (hf.get("qk_nope_head_dim") or 0) + (hf.get("qk_rope_head_dim") or 0)}[key]
+        if hf.get(key) is not None and hf[key] != derived:
+            raise _refuse(kind, key, hf[key], f"{derived} ({'qk_rope_head_dim' if key == 'head_dim' else 'qk_nope_head_dim + qk_rope_head_dim'}: "
+                          "transformers' rotary embedding and attention take their sizes from it, and another value "
+                          "does not run there)")
     heads = hf["num_attention_heads"]
     if hf.get("num_key_value_heads", heads) != heads:
         raise _refuse(kind, "num_key_value_heads", hf["num_key_value_heads"], f"num_attention_heads ({heads}): every head "

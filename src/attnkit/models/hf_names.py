@@ -24,7 +24,7 @@ from .config import DecoderConfig, EncoderConfig
 from .decoder import DecoderLM
 from .encoder import EncoderModel
 from .hf_config import UnsupportedConfigError, config_from_hf
-from .weights import check_tensors, read_safetensors
+from .weights import check_tensors, read_checkpoint_folder, read_safetensors, untied_by_checkpoint
 
 __all__ = ["NAME_FAMILIES", "to_hf", "from_hf", "load_hf_state_dict", "load_hf_safetensors", "save_hf_safetensors",
            "load_named_folder"]
@@ -241,7 +241,7 @@ def _family_of(config) -> str:
 
 def load_named_folder(folder: str | os.PathLike, *, ignore: Iterable[str] = ()) -> EncoderModel | DecoderLM:
     """A BERT, GPT-2, Llama, Mistral or Qwen2 model from a Hugging Face folder (``config.json`` +
-    ``model.safetensors``), in eval mode: the named families' part of
+    ``model.safetensors`` or its shards, :func:`~attnkit.models.weights.read_checkpoint_folder`), in eval mode: the named families' part of
     :func:`attnkit.models.pretrained.load_hf_folder`, the one loader.
 
     A BERT checkpoint without pooler tensors (``BertForMaskedLM``, ``add_pooling_layer=False``)
@@ -250,9 +250,16 @@ def load_named_folder(folder: str | os.PathLike, *, ignore: Iterable[str] = ()) 
     if not folder.is_dir():
         raise FileNotFoundError(f"Hugging Face folder not found: {folder}")
     config = config_from_hf(read_json(folder / "config.json", "Hugging Face config"), ignore=ignore)
-    tensors = read_safetensors(folder / "model.safetensors")
+    tensors = read_checkpoint_folder(folder)
     if isinstance(config, EncoderConfig) and not any(n.endswith("pooler.dense.weight") for n in tensors):
         config = dataclasses.replace(config, pooler=False)
+    if isinstance(config, DecoderConfig):
+        embedding = next((name for name in _EMBEDDINGS if name in tensors), _EMBEDDINGS[0])
+        config = untied_by_checkpoint(config, tensors, embedding)
     model = EncoderModel(config) if isinstance(config, EncoderConfig) else DecoderLM(config)
-    load_hf_state_dict(model, tensors, _family_of(config), source=str(folder / "model.safetensors"))
+    load_hf_state_dict(model, tensors, _family_of(config), source=str(folder))
     return model.eval()
+
+
+_EMBEDDINGS = ("model.embed_tokens.weight", "transformer.wte.weight", "wte.weight")
+"""The token embedding's name in the named families' checkpoints (Llama, Mistral and Qwen2; GPT-2's two forms)."""

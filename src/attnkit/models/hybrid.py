@@ -14,7 +14,7 @@ from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
 from ..layers._linear import called, project_by_name
 from .blocks import layer_key_masks, normalised
-from .hf_config import UnsupportedConfigError
+from .hf_config import UnsupportedConfigError, means_none
 from .outputs import LMOutput
 
 __all__ = ["LINEAR", "HARMLESS", "checked_keys", "mix", "HybridLM"]
@@ -46,7 +46,7 @@ def checked_keys(hf: object, kinds: tuple[str, ...], read: set[str] | frozenset[
         raise UnsupportedConfigError(f"model_type must be {' or '.join(map(repr, kinds))}, got "
                                      f"{kind if isinstance(hf, dict) else hf!r}")
     assert isinstance(hf, dict)
-    unknown = sorted(set(hf) - read - harmless)
+    unknown = sorted(key for key in set(hf) - read - harmless if not means_none(key, hf[key]))
     if unknown:
         raise UnsupportedConfigError(f"{kind} config: keys attnkit does not implement: {unknown}")
     missing = [key for key in required if key not in hf]

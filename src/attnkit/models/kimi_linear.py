@@ -202,7 +202,7 @@ def kimi_linear_config_from_hf(hf: dict) -> KimiLinearConfig:
         routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
         norm_topk_prob=bool(_either(hf, "moe_renormalize", "norm_topk_prob", default=True)),
         norm_eps=hf.get("rms_norm_eps", 1e-5), attention_bias=bool(hf.get("attention_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings")),
+        tie_embeddings=False,  # transformers' Kimi Linear never ties its head, whatever tie_word_embeddings says
         max_len=_either(hf, "model_max_length", "max_position_embeddings", default=1048576))
 
 

@@ -29,7 +29,7 @@ from ..layers._linear import called, project_by_name
 from .blocks import Experts, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
-from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
+from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder, untied_by_checkpoint
 
 __all__ = ["MiniMaxConfig", "MiniMaxLM", "minimax_config_from_hf", "load_checkpoint_folder"]
 
@@ -188,6 +188,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype=None) -> MiniMaxL
     folder = Path(folder)
     config = minimax_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = fused_experts(mixtral_names(read_checkpoint_folder(folder)), prefix_parts=3)
+    config = untied_by_checkpoint(config, tensors, "model.embed_tokens.weight")
     state = {name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj."): tensor
              for name, tensor in tensors.items()}
     model = MiniMaxLM(config)

@@ -58,19 +58,25 @@ __all__ = [
 ]
 
 
-def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None, ignore=()) -> nn.Module:
+def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | str | None = None, ignore=()) -> nn.Module:
     """The one loader: a model from a transformers checkpoint folder (``config.json`` and safetensors), in eval
     mode, for every family attnkit has natively (:data:`NATIVE_MODEL_TYPES`): BERT as an ``EncoderModel``; GPT-2,
     Llama, Mistral and Qwen2 as a ``DecoderLM``; DeepSeek-V3 and V3.2 as a ``DeepSeekLM``; Qwen3-Next as a
     ``Qwen3NextLM`` (its Gated DeltaNet and gated-attention layers), Qwen3.5's text models too; Kimi Linear as a
     ``KimiLinearLM`` (Kimi Delta Attention and latent attention); MiniMax-01 as a ``MiniMaxLM`` (lightning and
     softmax attention). Any other ``model_type`` is refused by name (:class:`UnsupportedConfigError`; transformers' own model runs attnkit's
-    attention through :mod:`attnkit.hf`). ``dtype`` casts the loaded model; ``ignore`` names config keys to
-    skip (named families). Loading never runs code (safetensors)."""
+    attention through :mod:`attnkit.hf`). ``ignore`` names config keys to skip (named families). Loading never
+    runs code (safetensors).
+
+    ``dtype``: a floating-point torch dtype or its name (``"bfloat16"``), ``"auto"`` for the checkpoint's own
+    (config.json's ``dtype``, else its tensors'), or None (the default) for float32. Unlike transformers 5, whose
+    ``from_pretrained`` keeps a bfloat16 checkpoint in bfloat16 by default, attnkit loads float32 unless asked:
+    ``dtype="auto"`` is transformers' default."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Hugging Face folder not found: {folder}")
     config = read_json(folder / "config.json", "Hugging Face config")
+    dtype = _load_dtype(dtype, config, folder)
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind in ("deepseek_v3", "deepseek_v32"):
         return deepseek.load_checkpoint_folder(folder, dtype=dtype)
@@ -86,6 +92,42 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = Non
                                      "attn_implementation='attnkit' instead (attnkit.hf)")
     model = load_named_folder(folder, ignore=ignore)
     return model if dtype is None else model.to(dtype)
+
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "float64": torch.float64, "double": torch.float64,
+           "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _load_dtype(dtype, config, folder: Path) -> torch.dtype | None:
+    """``load_hf_folder``'s dtype as a torch dtype (None: as loaded, float32), or an error naming what it takes."""
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return dtype
+    if dtype == "auto":
+        named = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+        if isinstance(named, str) and named in _DTYPES:
+            return _DTYPES[named]
+        return _checkpoint_dtype(folder)
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES:
+        return _DTYPES[dtype.removeprefix("torch.")]
+    raise TypeError(f"dtype must be a floating-point torch dtype (torch.bfloat16), its name ('bfloat16'), 'auto' "
+                    f"(the checkpoint's) or None (float32), got {dtype!r}")
+
+
+def _checkpoint_dtype(folder: Path) -> torch.dtype | None:
+    """The floating-point dtype of a checkpoint's tensors, read from the safetensors header (no tensor is read)."""
+    from safetensors import safe_open
+
+    files = [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else sorted(
+        folder.glob("model-*-of-*.safetensors"))
+    for path in files[:1]:
+        with safe_open(str(path), framework="pt") as opened:
+            for name in opened.keys():
+                dtype = opened.get_slice(name).get_dtype()
+                torch_dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                               "F64": torch.float64}.get(dtype)
+                if torch_dtype is not None:
+                    return torch_dtype
+    return None
 
 
 def _package_folder(package: str, pip_name: str) -> Path:

@@ -30,7 +30,7 @@ from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
-from .weights import fused_experts, load_placed, read_checkpoint_folder
+from .weights import fused_experts, load_placed, read_checkpoint_folder, untied_by_checkpoint
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
 
@@ -154,7 +154,9 @@ _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 
 def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
     """attnkit's config from a transformers Qwen3-Next or Qwen3.5 text ``config.json``: every key read, harmless in
-    evaluation, or refused by name (:class:`UnsupportedConfigError`)."""
+    evaluation, or refused by name (:class:`UnsupportedConfigError`). Qwen3.5's mixture of experts renormalises its
+    chosen experts' probabilities whatever ``norm_topk_prob`` says, as transformers' does (its config has no such
+    setting)."""
     kind = checked_keys(hf, MODEL_TYPES, _READ, _HARMLESS, _REQUIRED)
     if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False):
         raise UnsupportedConfigError(f"{kind} config: attnkit implements hidden_act 'silu' without attention biases, "
@@ -177,7 +179,7 @@ def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
         linear_key_head_dim=hf["linear_key_head_dim"], linear_value_head_dim=hf["linear_value_head_dim"],
         conv_kernel=hf.get("linear_conv_kernel_dim", 4), d_ff=hf.get("intermediate_size", 0), num_experts=hf.get("num_experts", 0),
         experts_per_token=hf.get("num_experts_per_tok", 1), moe_d_ff=hf.get("moe_intermediate_size", 0),
-        shared_d_ff=hf.get("shared_expert_intermediate_size", 0), norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+        shared_d_ff=hf.get("shared_expert_intermediate_size", 0), norm_topk_prob=kind == "qwen3_5_moe_text" or bool(hf.get("norm_topk_prob", True)),
         sparse_layers=sparse, norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings")),
         max_len=hf.get("max_position_embeddings", 262144))
 
@@ -217,6 +219,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     folder = Path(folder)
     config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
     tensors = read_checkpoint_folder(folder)
+    config = untied_by_checkpoint(config, tensors, "model.embed_tokens.weight")
     model = Qwen3NextLM(config)
     load_placed(model, _state(tensors, config), source=folder, tied=config.tie_embeddings)
     model = model if dtype is None else model.to(dtype)

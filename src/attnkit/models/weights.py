@@ -15,8 +15,9 @@ from torch import Tensor, nn
 from .._files import atomic_path
 from ..errors import InputError
 
-__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts", "read_checkpoint_folder", "LEGACY_NAMES",
-           "read_safetensors", "mixtral_names", "load_placed"]
+__all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts",
+           "read_checkpoint_folder", "untied_by_checkpoint", "LEGACY_NAMES", "read_safetensors", "mixtral_names",
+           "load_placed"]
 
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -140,18 +141,66 @@ def fused_experts(tensors: dict[str, Tensor], prefix_parts: int) -> dict[str, Te
     return out
 
 
-def read_checkpoint_folder(folder: str | os.PathLike) -> dict[str, Tensor]:
-    """Every tensor of a checkpoint folder's ``model.safetensors`` or its ``model-*-of-*.safetensors`` shards
-    (safetensors: no code runs)."""
+def read_checkpoint_folder(folder: str | os.PathLike, *, num_layers: int | None = None) -> dict[str, Tensor]:
+    """Every tensor of a transformers checkpoint folder, as transformers reads it: ``model.safetensors`` where it is
+    there, else the shards ``model.safetensors.index.json`` names (each tensor from the shard its ``weight_map``
+    gives; a shard it names that is missing, or a tensor not in its shard, is named). No other file is read: a
+    stray ``model-backup.safetensors`` overrides nothing. Multi-token-prediction tensors, which transformers' models
+    do not run, are left out: ``mtp.*`` (Qwen3-Next) and, given ``num_layers``, the layers past it
+    (``model.layers.{num_layers}.*``: DeepSeek-V3's extra layer). Safetensors only: no code runs."""
     from pathlib import Path
 
-    files = sorted(Path(folder).glob("model*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no model.safetensors (or model-*-of-*.safetensors shards)")
-    tensors: dict[str, Tensor] = {}
-    for path in files:
-        tensors.update(read_safetensors(path))
-    return tensors
+    from .._files import read_json
+
+    folder = Path(folder)
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        tensors = read_safetensors(single)
+    elif index.is_file():
+        listed = read_json(index, "safetensors index")
+        weight_map = listed.get("weight_map") if isinstance(listed, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise InputError(f"{index}: no weight_map of tensor names to shard files")
+        shards = sorted(set(weight_map.values()))
+        missing = [shard for shard in shards if not (folder / shard).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder}: shards named by model.safetensors.index.json are missing: {missing}")
+        tensors = {}
+        for shard in shards:
+            held = read_safetensors(folder / shard)
+            tensors.update({name: held[name] for name, file in weight_map.items() if file == shard and name in held})
+        absent = sorted(name for name, shard in weight_map.items() if name not in tensors)
+        if absent:
+            raise InputError(f"{folder}: tensors model.safetensors.index.json places in shards that lack them: "
+                             f"{_listed(absent)}")
+    else:
+        raise FileNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json and its shards)")
+    return {name: tensor for name, tensor in tensors.items() if not _multi_token_prediction(name, num_layers)}
+
+
+def _multi_token_prediction(name: str, num_layers: int | None) -> bool:
+    if name.startswith("mtp."):
+        return True
+    parts = name.split(".")
+    return (num_layers is not None and len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
+            and int(parts[2]) >= num_layers)
+
+
+def untied_by_checkpoint(config, tensors: dict[str, Tensor], embedding: str, head: str = "lm_head.weight"):
+    """``config``, or a copy with ``tie_embeddings=False`` where it says the output projection is the embedding but
+    the checkpoint holds its own ``head`` that differs from ``embedding``: transformers then uses the checkpoint's
+    head (and warns), and so does attnkit, with a UserWarning naming the config key to fix."""
+    import dataclasses
+    import warnings
+
+    if not getattr(config, "tie_embeddings", False) or head not in tensors or embedding not in tensors:
+        return config
+    if tensors[head].shape == tensors[embedding].shape and torch.equal(tensors[head], tensors[embedding]):
+        return config
+    warnings.warn(f"the config says tie_word_embeddings=true, but the checkpoint holds its own {head} that differs "
+                  f"from {embedding}: it is used (untied), as transformers does. Set tie_word_embeddings to false in "
+                  "config.json to say so", UserWarning, stacklevel=3)
+    return dataclasses.replace(config, tie_embeddings=False)
 
 
 def _listed(names: Sequence[str]) -> str:
