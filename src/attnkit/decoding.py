@@ -12,6 +12,7 @@ for having more factors below one (Wu et al. 2016 use a similar normalisation).
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from ._progress import progress_bar
 from .data.batching import collate
 from .data.tokenizer import BOS, EOS, PAD, Tokenizer
 
-__all__ = ["Hypothesis", "Translation", "beam_search", "translate", "sample_next", "generate", "pad_prompts"]
+__all__ = ["Hypothesis", "Translation", "beam_search", "translate", "sample_next", "generate", "pad_prompts",
+           "takes_fixed_caches"]
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,15 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tens
     return ids, mask
 
 
+def takes_fixed_caches(model) -> bool:
+    """Whether ``model.new_cache(capacity=...)`` gives fixed-size caches, which ``compile_step`` decodes through."""
+    new_cache = getattr(model, "new_cache", None)
+    try:
+        return new_cache is not None and "capacity" in inspect.signature(new_cache).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _growing_steps(model, input_ids: Tensor, attention_mask: Tensor | None, use_cache: bool):
     """``advance(token (B,) | None) -> next logits (B, V)`` through a growing cache (or none: every
     step reruns the prefix); None runs the prompt."""
@@ -355,6 +366,10 @@ def generate(
                         f"{type(compile_step).__name__} {compile_step!r}")
     if compile_step is not False and not use_cache:
         raise ValueError("compile_step needs use_cache=True (it decodes through fixed-size caches)")
+    if compile_step is not False and not takes_fixed_caches(model):
+        raise ValueError(f"compile_step: {type(model).__name__} has no fixed-size caches (its new_cache takes no "
+                         "capacity; a hybrid's linear layers carry a state that is replaced each step): generate "
+                         "without compile_step")
     if compile_step is not False:
         advance = _fixed_cache_steps(model, input_ids, attention_mask, max_new_tokens, compile_step)
     else:

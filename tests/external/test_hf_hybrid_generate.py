@@ -44,3 +44,51 @@ def test_attnkit_generate_continues_a_hybrid_checkpoint_as_transformers_does(fam
     assert main(["generate", "--model", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "8"]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed == tokenizer.decode(want), (family, printed)
+
+
+def test_compile_on_a_hybrid_is_refused_in_one_line(tmp_path, capsys):
+    """A hybrid has no fixed-size caches (its linear layers carry a state replaced each step): --compile is refused
+    by name with exit status 2, and generate(compile_step=...) with a ValueError, not a TypeError from inside."""
+    from attnkit.decoding import generate
+    from attnkit.models.pretrained import load_hf_folder
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen3_next", vocab_size=VOCAB),
+                                                            attn_implementation="eager").eval()
+    theirs.save_pretrained(tmp_path)
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    capsys.readouterr()  # (transformers' save progress)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--compile"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--compile: Qwen3NextLM has no fixed-size caches" in err
+    with pytest.raises(ValueError, match="compile_step: Qwen3NextLM has no fixed-size caches"):
+        generate(load_hf_folder(tmp_path), torch.tensor([[5, 6]]), compile_step="aot_eager")
+
+
+def test_two_prompts_on_a_linear_first_hybrid_are_generated_as_a_padded_batch(tmp_path, capsys):
+    """`attnkit generate --prompt A B` pads the prompts on the left into one batch: on a hybrid whose layer 0 is
+    linear (Qwen3-Next's default layout) each completion is the one its prompt gives alone."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen3_next", vocab_size=VOCAB),
+                                                            attn_implementation="eager").eval()
+    theirs.save_pretrained(tmp_path)
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.decoder = tokenizers.decoders.WordPiece()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    prompts = ["w5 w17 w9 w33 w12 w40", "w7 w8"]
+    alone = []
+    for prompt in prompts:
+        assert main(["generate", "--model", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "5"]) == 0
+        alone.append(capsys.readouterr().out.strip())
+    assert main(["generate", "--model", str(tmp_path), "--prompt", *prompts, "--max-new-tokens", "5"]) == 0
+    together = capsys.readouterr().out
+    for completion in alone:
+        assert completion in together

@@ -233,7 +233,7 @@ class Stream:
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from ..decoding import generate, pad_prompts
+    from ..decoding import generate, pad_prompts, takes_fixed_caches
     from ..models.chat import render_chat
 
     prompts = check_texts("--prompt", list(args.prompt))  # bounded by the model's context, in tokens (below)
@@ -243,6 +243,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise UsageError("--compile decodes through fixed-size caches; it cannot go with --no-cache")
     device = check_device(args.device)
     model, tokenizer, chat = _load_lm(args.model)
+    if args.compile and not takes_fixed_caches(model):
+        raise UsageError(f"--compile: {type(model).__name__} has no fixed-size caches (a hybrid's linear layers carry a "
+                         "state replaced each step), so its decode step is not compiled; drop --compile")
     model = model.to(device)
     stops = _stops(args, tokenizer, chat)
     if args.chat:
