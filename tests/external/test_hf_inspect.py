@@ -14,6 +14,8 @@ transformers = pytest.importorskip("transformers")
 from attnkit.cli import main  # noqa: E402
 from attnkit.inspect.roles import SENTENCES, encoder_attentions  # noqa: E402
 
+from hybrid_checks import tiny_config  # noqa: E402
+
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "."]
 
 
@@ -217,3 +219,31 @@ def test_a_gguf_file_is_parsed_once_within_a_load_and_gguf_is_itself_again_after
         raise RuntimeError("inside")  # an error in the block leaves gguf as it was too
     assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
     assert gguf.GGUFReader(str(path)) is not first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
+def test_inspect_cli_on_a_hybrid_folder_reads_every_layer(tmp_path, family, capsys):
+    """A hybrid folder is inspected through attnkit's own model: every layer is recorded (a linear layer's implicit
+    attention beside a softmax layer's weights, 4 layers numbered as the model numbers them, of several head counts
+    for Kimi Linear), rollout runs over all of them, and the report says it is a decoder's."""
+    from attnkit.inspect.hf_models import InspectedDecoder, load_for_inspection
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, vocab_size=len(WORDS)),
+                                                          attn_implementation="eager")
+    model.save_pretrained(tmp_path)
+    _tokenizer_json(tmp_path, bert=False)
+    inspected, tokenizer, kind = load_for_inspection(tmp_path)
+    assert isinstance(inspected, InspectedDecoder) and kind == "decoder"
+    (attentions,), _ = encoder_attentions(inspected, tokenizer, ["the cat sat on the mat"])
+    assert len(attentions) == 4
+    for layer, weights in enumerate(attentions):
+        assert weights.shape[-2:] == (6, 6) and (weights.triu(1) == 0).all(), layer  # causal, linear or softmax
+    out = tmp_path / "report"
+    assert main(["inspect", "--model", str(tmp_path), "--out", str(out), "--steps", "2", "--quiet",
+                 "the cat sat on the mat", "a dog ran ."]) == 0
+    text = (out / "report.md").read_text()
+    assert text.startswith("# attnkit inspect: decoder") and "4 layers" in text
+    assert all((out / f"heads-layer{layer}.png").is_file() for layer in range(4))
+    assert "through attnkit's own model" in capsys.readouterr().out

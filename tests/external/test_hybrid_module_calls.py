@@ -79,6 +79,8 @@ def test_a_hook_on_any_submodule_still_runs_and_its_result_is_used(model):
 
         def shifted(module, args, out, path=path):  # (a shift that differs by channel: a norm after it would undo
             seen.append(path)                         # a scale, a router's softmax a constant shift)
+            if isinstance(out, tuple) and not hasattr(out, "_fields"):  # a block's (x, weights)
+                return (out[0] + torch.linspace(0, 1, out[0].shape[-1], dtype=out[0].dtype), *out[1:])
             x = out.output if hasattr(out, "_fields") else out  # a mixer's AttentionOutput, or a tensor
             x = x + torch.linspace(0, 1, x.shape[-1], dtype=x.dtype)
             return out._replace(output=x) if hasattr(out, "_fields") else x

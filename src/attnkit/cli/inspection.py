@@ -91,6 +91,7 @@ def _model_kind(model: str) -> str:
 def _encoder_report(args: argparse.Namespace, model, tokenizer, texts, kind: str | None = None) -> int:
     """The encoder report (also a decoder's causal view) or, with --coref, the coreference scores."""
     from ..inspect import report
+    from ..inspect.hf_models import InspectedDecoder
 
     model = model.to(args.device)
 
@@ -98,8 +99,9 @@ def _encoder_report(args: argparse.Namespace, model, tokenizer, texts, kind: str
         refuse_unused(args, ["layers"], "chooses the head grids of a report; --coref writes none")
         return _coref(model, tokenizer, args, not args.quiet, kind or "encoder")
     path = report.inspect_encoder(model, tokenizer, texts or None, args.out, steps=args.steps, top_k=args.top_k,
-                                  layers=args.layers, progress=not args.quiet)
-    print(f"report: {path}" if kind is None else f"report ({kind}, through attn_implementation='attnkit'): {path}")
+                                  layers=args.layers, progress=not args.quiet, kind=kind or "encoder")
+    through = "attnkit's own model" if isinstance(model, InspectedDecoder) else "attn_implementation='attnkit'"
+    print(f"report: {path}" if kind is None else f"report ({kind}, through {through}): {path}")
     return 0
 
 

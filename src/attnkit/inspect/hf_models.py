@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..hf import IMPLEMENTATION, VERIFIED_FAMILIES, UnsupportedFeature, UnverifiedFamily, register
 
-__all__ = ["InspectedModel", "seq2seq_attentions", "load_gguf_for_inspection", "load_for_inspection"]
+__all__ = ["InspectedModel", "InspectedDecoder", "seq2seq_attentions", "load_gguf_for_inspection",
+           "load_for_inspection"]
 
 
 class _Embeddings(nn.Module):
@@ -51,6 +52,28 @@ class InspectedModel(nn.Module):
                          output_hidden_states=True, use_cache=False, **extra)
         attentions = list(out.attentions) if need_weights else None
         return EncoderOutput(out.hidden_states[-1], None, attentions)
+
+
+class InspectedDecoder(nn.Module):
+    """One of attnkit's native decoders (a hybrid of linear and softmax attention among them) seen through the
+    interface of :class:`~attnkit.models.EncoderModel`, as :class:`InspectedModel` sees a transformers model: every
+    layer's attention, a softmax layer's weights and a linear layer's implicit attention matrix alike (its
+    ``need_weights``), numbered as the model numbers its layers. ``embeddings.tokens`` is its input embedding."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        tokens = getattr(model, "embed_tokens", None) or getattr(model, "tokens", None)
+        if not isinstance(tokens, nn.Module):
+            raise TypeError(f"{type(model).__name__} has no token embedding (embed_tokens or tokens) to inspect through")
+        self.embeddings = _Embeddings(tokens)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                *, need_weights: bool = False):
+        from ..models.outputs import EncoderOutput
+
+        out = self.model(input_ids, attention_mask, need_weights=need_weights)
+        return EncoderOutput(out.hidden_states, None, out.attentions if need_weights else None)
 
 
 def seq2seq_attentions(model: Any, tokenizer, text: str, reference: str | None = None,
@@ -171,9 +194,15 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+NATIVE_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax")
+"""Hybrid families ``attnkit inspect`` loads natively (:func:`attnkit.models.pretrained.load_hf_folder`): through
+transformers only their softmax layers would report attention."""
+
+
 def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     """(model, ``tokenizers.Tokenizer``, kind) from a Hugging Face folder (config.json, safetensors,
-    tokenizer.json) of a claimed family, loaded with ``attn_implementation="attnkit"``; kind is
+    tokenizer.json) of a claimed family, loaded with ``attn_implementation="attnkit"`` (a hybrid of
+    :data:`NATIVE_HYBRIDS` natively, as an :class:`InspectedDecoder`); kind is
     "encoder", "decoder" (both as an :class:`InspectedModel`) or "encoder-decoder" (the
     transformers model itself, for :func:`seq2seq_attentions`)."""
     from pathlib import Path
@@ -186,6 +215,15 @@ def load_for_inspection(folder) -> tuple[nn.Module, object, str]:
     folder = Path(folder)
     config = read_json(folder / "config.json", "Hugging Face config")
     family = config.get("model_type") if isinstance(config, dict) else None
+    if family in NATIVE_HYBRIDS:  # attnkit's own model: its linear layers' implicit attention is read too
+        if not (folder / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{folder}: no tokenizer.json (a fast tokenizer file) to tokenise the texts")
+        from ..models.pretrained import load_hf_folder
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        return InspectedDecoder(load_hf_folder(folder).float().eval()), tokenizer, "decoder"
     if family not in VERIFIED_FAMILIES:
         raise UnverifiedFamily(f"{folder}: model_type {family!r} is not one of the {len(VERIFIED_FAMILIES)} families "
                                "attnkit has verified (attnkit.hf.VERIFIED_FAMILIES)")

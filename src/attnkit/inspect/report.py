@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -92,11 +93,15 @@ def _checked_layers(layers: Sequence[int] | None, count: int) -> list[int]:
 
 def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Path, *, steps: int = 32,
                     top_k: int = 16, layers: Sequence[int] | None = None, progress: bool = False,
-                    log: Callable[[str], None] | None = None) -> Path:
-    """Inspect a BERT-style encoder on ``texts`` (the bundled :data:`SENTENCES` when None); returns report.md's path.
-    ``layers``: the layers (from 0) whose head grids are drawn, ``heads-layer{n}.png`` (default every one, as BertViz's
-    ``include_layers``: a 30-layer model's 30 grids take most of a report's time); the roles, overview, viewer and
-    report cover every layer. Messages go to ``log`` (default: this module's logger at INFO)."""
+                    log: Callable[[str], None] | None = None, kind: str = "encoder") -> Path:
+    """Inspect a BERT-style encoder (or a decoder's causal view: ``kind="decoder"``) on ``texts`` (the bundled
+    :data:`SENTENCES` when None); returns report.md's path. ``layers``: the layers (from 0) whose head grids are
+    drawn, ``heads-layer{n}.png`` (default every one, as BertViz's ``include_layers``: a 30-layer model's 30 grids
+    take most of a report's time); the roles, overview, viewer and report cover every layer. Layers of several head
+    counts (a hybrid's linear and softmax layers) are shown with the heads a layer lacks empty (NaN in the roles,
+    blank in the pictures, zero in the viewer). Messages go to ``log`` (default: this module's logger at INFO)."""
+    if kind not in ("encoder", "decoder"):
+        raise ValueError(f"kind must be 'encoder' or 'decoder', got {kind!r}")
     log = log or logger.info
     from ..viz import AttentionView, plot_head_values, plot_heads, plot_heatmap, plot_overview, write_viewer
 
@@ -104,6 +109,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     texts = list(texts) if texts else list(SENTENCES)
     started = time.perf_counter()
     attentions, tokens = encoder_attentions(model, tokenizer, texts)
+    attentions = [_same_head_count(per_layer) for per_layer in attentions]
     drawn = _checked_layers(layers, len(attentions[0]))  # before anything is written
     roles = head_roles(attentions, tokens)
     plot_head_values({**{f"share: {r}": roles.shares[r] for r in ROLES}, "entropy (nats)": roles.entropy},
@@ -122,8 +128,10 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     if with_flow:
         plot_heatmap(attention_flow(first), out / "flow.png", x_labels=first_tokens, y_labels=first_tokens,
                      title="attention flow", x_title="input token", y_title="output position")
-    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, att) for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
-    write_viewer(out / "viewer.html", views, title="attnkit inspect: encoder self-attention", top_k=top_k)
+    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, [a.nan_to_num(0.0) for a in att])
+             for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
+    seen_as = "encoder self-attention" if kind == "encoder" else "decoder self-attention (causal)"
+    write_viewer(out / "viewer.html", views, title=f"attnkit inspect: {seen_as}", top_k=top_k)
     log(f"head roles, pictures and viewer written; attribution ({steps} integrated-gradient steps per text) ...")
     # One text has no other text to compare with: a bundled sentence that differs from it (its cosine with
     # itself is constant, a degenerate objective whose gradients are noise).
@@ -131,7 +139,7 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
                 [next(s for s in SENTENCES if s.strip() != texts[0].strip())])
     examples = encoder_agreement(model, tokenizer, progress_bar(texts, progress=progress, desc="attribution", unit="text"), partners, steps=steps)
 
-    lines = ["# attnkit inspect: encoder", "", f"{_count(len(texts), 'text')}, {roles.tokens} tokens, "
+    lines = [f"# attnkit inspect: {kind}", "", f"{_count(len(texts), 'text')}, {roles.tokens} tokens, "
              f"{roles.shape[0]} layers x {roles.shape[1]} heads. Interactive view: [viewer.html](viewer.html).", "",
              "## Head roles (Clark et al. 2019)", "",
              "Mean share of each query token's attention on the previous / next token, itself, [CLS], [SEP] and "
@@ -253,6 +261,14 @@ def inspect_translation(checkpoint, texts: Sequence[str], out: str | Path, *, re
     write_json(out / "results.json", {"texts": list(texts), "outputs": [t.text for t in translations],
                                       "forced": forced, "agreement": rows})
     return out / "report.md"
+
+
+def _same_head_count(per_layer: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-layer (H_l, L, L) weights as (H, L, L) with H the most heads a layer has, the heads a layer lacks NaN
+    (a hybrid's linear layers may have other head counts than its softmax ones); as they are where all agree."""
+    heads = max(a.shape[0] for a in per_layer)
+    return [a if a.shape[0] == heads else torch.cat([a, a.new_full((heads - a.shape[0], *a.shape[1:]), math.nan)])
+            for a in per_layer]
 
 
 def inspect_encoder_decoder(runs: Sequence[dict], texts: Sequence[str], out: str | Path, *, source: str,

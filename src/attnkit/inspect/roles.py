@@ -101,10 +101,12 @@ class HeadRoles:
         return sorted(found, key=lambda x: -x[2])
 
     def dominant(self) -> np.ndarray:
-        """(layers, heads) array of each head's largest-share role name ("broad" below 0.5)."""
+        """(layers, heads) array of each head's largest-share role name ("broad" below 0.5; "-" for a head its layer
+        lacks)."""
         stacked = np.stack([self.shares[r] for r in ROLES])
-        names = np.array(ROLES, dtype=object)[stacked.argmax(0)]
-        return np.where(stacked.max(0) > 0.5, names, "broad")
+        absent = np.isnan(stacked).all(0)  # a head its layer lacks (layers of several head counts: NaN)
+        names = np.array(ROLES, dtype=object)[np.where(absent, 0, np.nan_to_num(stacked, nan=-1.0).argmax(0))]
+        return np.where(absent, "-", np.where(np.nan_to_num(stacked, nan=-1.0).max(0) > 0.5, names, "broad"))
 
     def table(self) -> list[dict]:
         """One row per head: layer, head, each role's share, entropy and the dominant role."""

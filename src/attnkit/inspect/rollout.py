@@ -36,7 +36,7 @@ def residual_attention(attentions: Sequence[torch.Tensor], *, residual: float = 
     for l, a in enumerate(attentions):
         a = torch.as_tensor(a).double()
         if a.ndim == 3:
-            a = a.mean(0)
+            a = a.nanmean(0)  # (a head a layer lacks, NaN where layers of several head counts were stacked: none)
         if a.ndim != 2 or a.shape[0] != a.shape[1]:
             raise ValueError(f"attentions[{l}] must be (H, L, L) or (L, L), got shape {tuple(a.shape)}")
         if mats and a.shape != mats[0].shape:

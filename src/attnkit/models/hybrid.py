@@ -56,20 +56,25 @@ def checked_keys(hf: object, kinds: tuple[str, ...], read: set[str] | frozenset[
 
 
 def mix(mixer: nn.Module, kind: str, h: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
-        **options) -> Tensor:
+        need_weights: bool = False, **options) -> tuple[Tensor, Tensor | None]:
     """A layer's token mixer on its normed input h (B, L, D): a linear layer takes the key mask of the call's own
     tokens (the last L of ``key_mask``'s S) and carries its state in ``cache``; a softmax layer attends causally
-    over its cache and the new tokens at ``positions``, with ``options`` (a window)."""
+    over its cache and the new tokens at ``positions``, with ``options`` (a window). Returns (output (B, L, D),
+    weights or None): with ``need_weights`` a softmax layer's attention weights (B, H, L, S) and a linear layer's
+    implicit attention matrix (B, H, L, L), which the inspection tools read alike."""
     attend = called(mixer)  # (its forward where nn.Module.__call__ would add nothing)
     if kind == LINEAR:
         own = None if key_mask is None else key_mask[:, -h.shape[1]:]
-        return attend(h, key_mask=own, cache=cache).output
-    return attend(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache, **options).output
+        result = attend(h, key_mask=own, cache=cache, need_weights=need_weights)
+    else:
+        result = attend(h, key_mask=key_mask, is_causal=True, positions=positions, cache=cache,
+                        need_weights=need_weights, **options)
+    return result.output, result.weights
 
 
 class HybridLM(nn.Module):
     """The forward of a hybrid decoder: subclasses build ``layers`` (blocks with a ``kind`` and
-    ``forward(x, key_mask=, positions=, cache=)``), ``norm`` and ``lm_head``, and say how tokens are embedded
+    ``forward(x, key_mask=, positions=, cache=, need_weights=) -> (x, weights)``), ``norm`` and ``lm_head``, and say how tokens are embedded
     (:meth:`embed`) and what cache a softmax layer keeps (:meth:`softmax_cache`)."""
 
     layers: nn.ModuleList
@@ -89,10 +94,12 @@ class HybridLM(nn.Module):
 
     @kept.per_call
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
-                position_ids: Tensor | None = None, last_only: bool = False) -> LMOutput:
+                position_ids: Tensor | None = None, last_only: bool = False, need_weights: bool = False) -> LMOutput:
         """Logits for input_ids (B, L); ``attention_mask`` (B, S) 1 at real tokens, S = the tokens so far, cached
         and new (each layer reads the columns its cache attends: :func:`.blocks.layer_key_masks`);
-        ``position_ids`` (B, L) the new tokens' positions (default: the caches' onwards)."""
+        ``position_ids`` (B, L) the new tokens' positions (default: the caches' onwards); ``need_weights``: every
+        layer's attention, (B, H, L, S) of a softmax layer and the implicit (B, H, L, L) of a linear one, in the
+        output's ``attentions`` (layer by layer, as the model numbers them)."""
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
         if cache is not None and len(cache) != len(self.layers):
@@ -100,8 +107,12 @@ class HybridLM(nn.Module):
         key_masks = layer_key_masks(attention_mask, B, L, cache)  # (B, S_i) per layer: a linear layer's own L
         x = self.embed(input_ids)
         # the blocks, the norm and the head without nn.Module.__call__ where it would add nothing (called, normalised)
+        attentions: list[Tensor] | None = [] if need_weights else None
         for i, block in enumerate(self.layers):
             key_mask = None if key_masks is None else key_masks[0 if cache is None else i]
-            x = called(block)(x, key_mask=key_mask, positions=position_ids, cache=None if cache is None else cache[i])
+            x, weights = called(block)(x, key_mask=key_mask, positions=position_ids,
+                                       cache=None if cache is None else cache[i], need_weights=need_weights)
+            if attentions is not None:
+                attentions.append(weights)
         x = normalised(self._modules["norm"], x)
-        return LMOutput(project_by_name(self, "lm_head", x[:, -1:] if last_only else x), x, None)
+        return LMOutput(project_by_name(self, "lm_head", x[:, -1:] if last_only else x), x, attentions)

@@ -100,11 +100,13 @@ class KimiLinearBlock(nn.Module):
         self.mlp_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.mlp: nn.Module = deepseek.DeepSeekMoE(c.moe()) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
-    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (__getattr__: 1 us a read)
-        x = x + mix(parts["self_attn"], self.kind, normalised(parts["attn_norm"], x), key_mask=key_mask,
-                    positions=positions, cache=cache)
-        return x + called(parts["mlp"])(normalised(parts["mlp_norm"], x))
+        mixed, weights = mix(parts["self_attn"], self.kind, normalised(parts["attn_norm"], x), key_mask=key_mask,
+                             positions=positions, cache=cache, need_weights=need_weights)
+        x = x + mixed
+        return x + called(parts["mlp"])(normalised(parts["mlp_norm"], x)), weights
 
 
 class KimiLinearLM(HybridLM):

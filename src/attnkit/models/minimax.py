@@ -107,14 +107,16 @@ class MiniMaxBlock(nn.Module):
         self.mlp = MiniMaxMoE(c)
         self.mlp_alpha, self.mlp_beta = c.mlp_alpha, c.mlp_beta
 
-    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (__getattr__: 1 us a read)
         h = normalised(parts["input_layernorm"], x)
         options = {} if self.kind == LINEAR else {"window": self.window}
-        x = self.alpha * h + self.beta * mix(parts["self_attn"], self.kind, h, key_mask=key_mask, positions=positions,
-                                             cache=cache, **options)
+        mixed, weights = mix(parts["self_attn"], self.kind, h, key_mask=key_mask, positions=positions, cache=cache,
+                             need_weights=need_weights, **options)
+        x = self.alpha * h + self.beta * mixed
         h = normalised(parts["post_attention_layernorm"], x)
-        return self.mlp_alpha * h + self.mlp_beta * called(parts["mlp"])(h)
+        return self.mlp_alpha * h + self.mlp_beta * called(parts["mlp"])(h), weights
 
 
 class MiniMaxLM(HybridLM):

@@ -104,12 +104,14 @@ class Qwen3NextBlock(nn.Module):
         self.post_attention_layernorm = ZeroCentredRMSNorm(c.d_model, eps=c.norm_eps)
         self.mlp: nn.Module = SparseMoE(c) if c.sparse_layers[layer] else GatedFeedForward(c.d_model, c.d_ff)
 
-    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache) -> Tensor:
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         parts: dict[str, nn.Module] = self._modules  # type: ignore[assignment]  # (__getattr__: 1 us a read)
         mixer = parts["linear_attn"] if self.kind == LINEAR else parts["self_attn"]
-        x = x + mix(mixer, self.kind, normalised(parts["input_layernorm"], x), key_mask=key_mask, positions=positions,
-                    cache=cache)
-        return x + called(parts["mlp"])(normalised(parts["post_attention_layernorm"], x))
+        mixed, weights = mix(mixer, self.kind, normalised(parts["input_layernorm"], x), key_mask=key_mask,
+                             positions=positions, cache=cache, need_weights=need_weights)
+        x = x + mixed
+        return x + called(parts["mlp"])(normalised(parts["post_attention_layernorm"], x)), weights
 
 
 class Qwen3NextLM(HybridLM):
