@@ -78,7 +78,8 @@ def read_json(path: str | os.PathLike, what: str = "file"):
 
 def written_by_attnkit(path: str | os.PathLike) -> bool:
     """Whether the file at ``path`` carries attnkit's mark (:data:`WRITTEN_BY`): a PNG whose "Software" text
-    chunk starts with it, or a JSON object whose "written_by" does. Reads at most the PNG's header chunks."""
+    chunk starts with it, an SVG whose metadata names it as creator, or a JSON object whose "written_by" does.
+    Reads at most the first 64 KiB of a picture."""
     import json
 
     path = Path(path)
@@ -89,6 +90,9 @@ def written_by_attnkit(path: str | os.PathLike) -> bool:
         return False
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return b"tEXtSoftware\x00" + WRITTEN_BY.encode() in head
+    if head.lstrip().startswith(b"<?xml") and b"<svg" in head:  # an SVG: its metadata's creator
+        creator = head.find(b"<dc:creator>")
+        return creator >= 0 and b"<dc:title>" + WRITTEN_BY.encode() in head[creator:creator + 200]
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

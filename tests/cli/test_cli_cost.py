@@ -91,3 +91,18 @@ def test_cost_scales_its_units_to_the_number(capsys):
     assert main(["cost", "--model", "llama3-8b", "--seq", "1", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "attention 524.3 KFLOP" in out and "0.000" not in out and "64 B per layer" in out
+
+
+@pytest.mark.parametrize("suffix", ["svg", "png"])
+def test_plot_replaces_only_attnkits_own_file_unless_overwrite(suffix, tmp_path, capsys):
+    """A user's file under the --plot name (notes named figure.svg) is refused by name, exit 2, untouched; attnkit's
+    own earlier plot is replaced; --overwrite replaces the user's."""
+    notes = tmp_path / f"figure.{suffix}"
+    notes.write_text("my notes")
+    argv = ["cost", "--model", "qwen3-next-80b-a3b", "--seq", "4096", "--plot", str(notes)]
+    assert main(argv) == 2
+    assert "--plot" in capsys.readouterr().err and notes.read_text() == "my notes"
+    assert main([*argv, "--overwrite"]) == 0
+    assert notes.read_bytes() != b"my notes"
+    assert main(argv) == 0  # attnkit's own plot: replaced without --overwrite
+    assert main(["cost", "--model", "gpt2-small", "--overwrite"]) == 2  # (an option that would do nothing)

@@ -10,7 +10,9 @@ from .arguments import (
     UsageError,
     add_device_argument,
     check_device,
+    check_replaceable,
     check_texts,
+    check_writable,
     float_in,
     int_in,
     picture_file,
@@ -74,6 +76,9 @@ def _hybrid_cost(args: argparse.Namespace) -> int:
     from ..hybrid_cost import HYBRID_PRESETS, hybrid_memory
 
     refuse_unused(args, ["pattern", "pattern_options"], "is for dense models; a hybrid's linear layers hold no pairs")
+    if args.plot is not None:  # before anything is computed: a user's own file is never replaced unasked
+        check_writable(args.plot.parent, "--plot", create=False)
+        check_replaceable(args.plot, "--plot", args.overwrite)
     shape = HYBRID_PRESETS[args.model]
     m = hybrid_memory(shape, args.seq, DTYPE_BYTES[args.dtype])
     print(f"model: {args.model} ({shape.name}: {shape.full_layers} softmax layers, {shape.full_kind}; "
@@ -105,7 +110,7 @@ def _cost(args: argparse.Namespace) -> int:
 
     if args.model in HYBRID_PRESETS:
         return _hybrid_cost(args)
-    refuse_unused(args, ["plot"], "draws a hybrid preset's memory against length")
+    refuse_unused(args, ["plot", "overwrite"], "draws a hybrid preset's memory against length")
 
     config, defaulted = _model_config(args.model)
     options = {}
@@ -153,6 +158,7 @@ def add_cost_parser(commands) -> None:
                       help=f"a preset ({', '.join(sorted(PRESETS))}), a hybrid of linear and softmax attention "
                            f"({', '.join(sorted(HYBRID_PRESETS))}: its decoding memory) or a config JSON")
     cost.add_argument("--plot", type=picture_file, help="a hybrid preset: its memory against length, as PNG or SVG")
+    cost.add_argument("--overwrite", action="store_true", help="replace an existing --plot file attnkit did not write")
     cost.add_argument("--seq", type=int_in(1, 10**12), default=2048, help="sequence length n")
     cost.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8"],
                       help="bytes per stored value")

@@ -42,7 +42,8 @@ class Picture:
         without one), atomically."""
         _plain_texts(self.figure)
         kind = os.path.splitext(str(path))[1][1:] or "png"
-        mark = {"metadata": {"Software": f"{WRITTEN_BY} {__version__}"}} if kind == "png" else {}  # whose file it is
+        signed = f"{WRITTEN_BY} {__version__}"  # whose file it is: a PNG's Software text, an SVG's creator
+        mark = {"png": {"metadata": {"Software": signed}}, "svg": {"metadata": {"Creator": signed}}}.get(kind, {})
         with atomic_path(path) as tmp:
             self.figure.savefig(tmp, dpi=DPI, bbox_inches="tight", format=kind, **mark)
         return self
