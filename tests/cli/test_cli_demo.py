@@ -126,3 +126,43 @@ def test_the_quick_demo_finishes_and_its_report_says_nothing_false(tmp_path, cap
             assert f"{name}: no ratio" in text
             assert "does not hold" not in text and "cannot be judged" in text
     assert (report / "bleu_by_length.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_demo_stops_with_130_and_resume_finishes_it_as_an_uninterrupted_one(signal_name, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """Ctrl-C or SIGTERM while the second model trains: the demo stops there (exit 130) and says to --resume; the
+    same command with --resume finishes it, with the results of a demo never stopped. A finished demo's --out is
+    refused without --resume or --overwrite (its runs and report are kept)."""
+    import os
+    import signal
+
+    from attnkit.training import loop
+
+    quick = ["--epochs", "2", "--train-limit", "150", "--test-limit", "30", "--beam", "2", "--quiet"]
+    assert main(["demo", "--out", str(tmp_path / "whole"), *quick]) == 0
+    whole = json.loads((tmp_path / "whole" / "report" / "results.json").read_text())["results"]
+    capsys.readouterr()
+
+    real_step = loop._Trainer._step
+
+    def step(self, indices):
+        if self.folder.name == "bahdanau" and self.state.step == 6:
+            os.kill(os.getpid(), getattr(signal, signal_name))
+        return real_step(self, indices)
+
+    monkeypatch.setattr(loop._Trainer, "_step", step)
+    split = tmp_path / "split"
+    assert main(["demo", "--out", str(split), *quick]) == 130
+    assert "--resume" in capsys.readouterr().err and not (split / "report").exists()
+    monkeypatch.undo()
+    assert main(["demo", "--out", str(split), *quick]) == 2  # a stopped demo's runs: --resume or --overwrite
+    assert "--resume continues it" in capsys.readouterr().err
+    assert main(["demo", "--out", str(split), *quick, "--resume"]) == 0
+    resumed = json.loads((split / "report" / "results.json").read_text())["results"]
+    for name in ("bottleneck", "bahdanau"):
+        assert resumed[name]["steps"] == whole[name]["steps"]
+        assert resumed[name]["bleu"] == whole[name]["bleu"] and resumed[name]["best_valid_loss"] == whole[name]["best_valid_loss"]
+    assert main(["demo", "--out", str(split), *quick]) == 2
+    assert "holds a demo's runs and report" in capsys.readouterr().err

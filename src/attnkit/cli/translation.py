@@ -47,9 +47,23 @@ def _demo(args: argparse.Namespace) -> int:
         extra = [o for o, v in (("--models", args.models), ("--minutes", args.minutes)) if args.figure2 and v is not None]
         if extra:
             raise UsageError(f"--figure2 trains its own four models for the same optimiser steps: leave out {' and '.join(extra)}")
-        run_demo(args.out, models=args.models, figure2=args.figure2, minutes=args.minutes, epochs=args.epochs,
-                 train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
-                 progress=not args.quiet, device=device)
+        if args.resume and args.overwrite:
+            raise UsageError("--resume continues the demo in --out; --overwrite starts it again: give one")
+        runs = args.out / "runs"
+        if runs.is_dir() and any(runs.iterdir()) and not (args.resume or args.overwrite):
+            raise UsageError(f"--out {args.out} holds a demo's runs{' and report' if (args.out / 'report').is_dir() else ''}: "
+                             "--resume continues it (the same options), --overwrite starts it again (replacing them), "
+                             "or give another --out")
+        if args.resume and not runs.is_dir():
+            raise UsageError(f"--resume: --out {args.out} holds no demo runs to continue")
+        try:
+            run_demo(args.out, models=args.models, figure2=args.figure2, minutes=args.minutes, epochs=args.epochs,
+                     train_limit=args.train_limit, test_limit=args.test_limit, beam_size=args.beam, seed=args.seed,
+                     progress=not args.quiet, device=device, resume=args.resume)
+        except KeyboardInterrupt:
+            print(f"interrupted: continue with the same command and --resume (attnkit demo --out {args.out} ... "
+                  "--resume)", file=sys.stderr)
+            return 130
     return 0
 
 
@@ -78,6 +92,10 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--beam", type=int_in(1, MAX_BEAM), default=5, help="beam width for the test translations")
     demo.add_argument("--seed", type=seed, default=0, help="seed of initialisation and batching")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("--resume", action="store_true",
+                      help="continue a demo stopped in --out (Ctrl-C, SIGTERM), with the same options: each model's "
+                           "run resumes where it stopped, or, finished, is tested again")
+    demo.add_argument("--overwrite", action="store_true", help="replace the runs and report of a demo in --out")
     add_device_argument(demo, "training and translation")
     demo.set_defaults(run=_demo)
 

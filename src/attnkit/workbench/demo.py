@@ -94,6 +94,7 @@ def run_demo(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     device: str | torch.device | None = None,
+    resume: bool = False,
 ) -> Path:
     """Train the named models of :data:`DEMO_MODELS` (default: the bottleneck and Bahdanau) on the
     bundled corpus, evaluate, write the report; ``figure2``: the four models of :data:`FIGURE2_MODELS`.
@@ -108,6 +109,10 @@ def run_demo(
     the checkpoint with the lowest dev loss is tested. ``train_limit`` / ``test_limit`` keep the
     first N pairs of each training / test split. Messages go to ``log`` (default: this module's
     logger at INFO); ``progress`` shows tqdm bars.
+
+    A Ctrl-C or SIGTERM during training checkpoints the model in training (``runs/<model>/last``) and stops the
+    job with ``KeyboardInterrupt``; ``resume=True`` (the same arguments otherwise) continues it: each model's run
+    resumes where it stopped, or, finished, is tested again as it is, and the report is written.
     """
     started = time.perf_counter()
     log = log or logger.info
@@ -130,7 +135,7 @@ def run_demo(
             per_epoch = math.ceil(len(pairs) / recipe.batch_size)
             training = dataclasses.replace(recipe, epochs=math.ceil(steps / per_epoch), max_steps=steps)
         trained = _train_and_test(name, attention, pairs, data, training, out, seed=seed, device=device,
-                                  beam_size=beam_size, progress=progress, log=log, share=share)
+                                  beam_size=beam_size, progress=progress, log=log, share=share, resume=resume)
         trained["result"]["max_train_words"] = max_words
         if max_words == 25 and steps is None:
             steps = trained["result"]["steps"]
@@ -208,9 +213,10 @@ def _share(minutes: float | None, started: float, count: int) -> float | None:
 
 def _train_and_test(name: str, attention: str, pairs: list[Pair], data: _Data, training: TrainingConfig, out: Path, *,
                     seed: int, device: torch.device, beam_size: int, progress: bool, log: Callable[[str], None],
-                    share: float | None) -> dict[str, Any]:
-    """Train one model on ``pairs``, test its best checkpoint on test and test-long: its results entry,
-    history, hypotheses (test then test-long) and test translations."""
+                    share: float | None, resume: bool = False) -> dict[str, Any]:
+    """Train one model on ``pairs`` (``resume``: continue its run where it stopped), test its best checkpoint on
+    test and test-long: its results entry, history, hypotheses (test then test-long) and test translations. An
+    interrupted training raises ``KeyboardInterrupt`` once its checkpoint is saved: the job stops there."""
     config = Seq2SeqConfig(data.source_tokenizer.vocab_size, data.target_tokenizer.vocab_size, attention=attention,
                            **DEMO_MODEL)
     torch.manual_seed(seed)
@@ -225,9 +231,12 @@ def _train_and_test(name: str, attention: str, pairs: list[Pair], data: _Data, t
                                beam_size=1)
         return {"valid_bleu": corpus_scores([h.text for h in hypotheses], [p.target for p in data.probe]).bleu}
 
-    result = train(model, data.source_tokenizer, data.target_tokenizer, pairs, data.valid, training,
-                   out / "runs" / name, overwrite=True, progress=progress, log=log,  # the demo re-runs its own runs
-                   on_epoch=on_epoch)
+    folder = out / "runs" / name
+    again = resume and (folder / "last").is_dir()  # (a model the stopped job had not reached starts afresh)
+    result = train(model, data.source_tokenizer, data.target_tokenizer, pairs, data.valid, training, folder,
+                   resume=again, overwrite=not again, progress=progress, log=log, on_epoch=on_epoch)
+    if result.stopped == "interrupted":
+        raise KeyboardInterrupt(f"the demo stopped while training {name}; its checkpoint is in {folder / 'last'}")
     best = load_checkpoint(out / "runs" / name / "best")
     scores, translations = evaluate_model(best.model, best.source_tokenizer, best.target_tokenizer, data.test,
                                           beam_size=beam_size, progress=progress)
