@@ -201,3 +201,43 @@ def test_a_compiled_call_follows_the_nan_rule_setting(rng):
 def test_scale_must_be_a_finite_number(scale):
     with pytest.raises(ValueError, match="scale must be a finite number"):
         attnkit.attention(*_qkv(), scale=scale)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "reference"])
+@pytest.mark.parametrize("shape, strides", [((2, 4, 16, 32), (20000, 5000, 1, 1)), ((1, 2, 9, 8), (400, 100, 2, 1))])
+def test_a_query_whose_rows_overlap_in_memory_gives_the_contiguous_querys_numbers(shape, strides, backend):
+    """An as_strided view with a length stride smaller than a row (rows share elements): torch's CPU SDPA misread
+    it (errors of 3 and up to 1e30, NaN); attention() reads it as its contiguous copy, at every backend."""
+    base = torch.randn(100000, generator=torch.Generator().manual_seed(0))
+    q = base.as_strided(shape, strides)
+    k, v = torch.randn(shape), torch.randn(shape)
+    want = attnkit.attention(q.contiguous(), k, v, backend="reference").output
+    for kwargs in ({}, {"is_causal": True}, {"scale": 0.3}):
+        got = attnkit.attention(q, k, v, backend=backend, **kwargs).output
+        torch.testing.assert_close(got, attnkit.attention(q.contiguous(), k, v, backend=backend, **kwargs).output)
+    torch.testing.assert_close(attnkit.attention(q, k, v, backend=backend).output, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_query_that_is_a_slice_or_a_head_split_is_not_copied():
+    from attnkit.functional.checks import readable_query
+
+    packed = torch.randn(2, 16, 3 * 4 * 32)
+    q, _, _ = packed.view(2, 16, 12, 32).transpose(1, 2).split_with_sizes((4, 4, 4), 1)
+    for view in (q, torch.randn(2, 4, 16, 64)[..., :32], torch.randn(2, 16, 4, 32).transpose(1, 2)):
+        assert readable_query(view) is view
+    overlapping = torch.randn(1000).as_strided((1, 2, 9, 8), (400, 100, 2, 1))
+    assert readable_query(overlapping).is_contiguous()
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "tiled"])
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"window": 2}, {"need_weights": True},
+                                    {"mask": torch.ones(5, 5, dtype=torch.bool)}], ids=str)
+def test_no_head_at_all_gives_torchs_empty_result(backend, kwargs, nan_rule_setting):
+    """q, k and v with zero heads: an empty output (torch's SDPA gives one), not a misleading "multiple of the
+    key/value heads" error; zero key heads for some query heads is still named."""
+    q = torch.randn(2, 0, 5, 8, requires_grad=True)
+    result = attnkit.attention(q, q, q, backend=backend, **kwargs)
+    assert result.output.shape == (2, 0, 5, 8)
+    assert result.weights is None or result.weights.shape == (2, 0, 5, 5)
+    with pytest.raises(ValueError, match="got H=2 for q and Hkv=0 for k and v"):
+        attnkit.attention(torch.randn(2, 2, 5, 8), q, q)

@@ -21,7 +21,17 @@ from . import nested as _nested
 from .backends import BACKENDS, reference, sdpa
 from .backends._common import Problem, apply_sinks, head_weights, whole_structure
 from .block_mask import BlockMask, ScoreMod
-from .checks import Dims, check_bias, check_block_mask, check_mask, check_qkv, check_sinks, check_window, make_dims
+from .checks import (
+    Dims,
+    check_bias,
+    check_block_mask,
+    check_mask,
+    check_qkv,
+    check_sinks,
+    check_window,
+    make_dims,
+    readable_query,
+)
 from .devices import under_autocast
 from .plain import one_head_shape, plain, plain_causal
 from .routing import (  # auto's rules (choose_backend and lse_backend re-exported)
@@ -234,8 +244,11 @@ def attention(
         return under_autocast(attention, q, k, v, bias, dict(
             mask=mask, is_causal=is_causal, causal_align=causal_align, window=window, scale=scale, dropout_p=dropout_p,
             backend=backend, need_weights=need_weights, score_mod=score_mod, sinks=sinks, return_lse=return_lse))
-    return _attention(q, k, v, check_qkv(q, k, v), mask, is_causal, causal_align, window, bias, scale, dropout_p,
-                      backend, need_weights, score_mod, sinks, return_lse)
+    dims = check_qkv(q, k, v)
+    if not q.is_contiguous() and not traced():  # a query whose rows overlap in memory: copied (torch misreads it)
+        q = readable_query(q)
+    return _attention(q, k, v, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
+                      need_weights, score_mod, sinks, return_lse)
 
 
 _KEYWORDS = tuple(name for name, parameter in inspect.signature(attention).parameters.items()
@@ -315,7 +328,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
         if return_lse and name == "sdpa":
             raise ValueError("return_lse=True: backend='sdpa' returns no log-sum-exp (torch's SDPA keeps it); use "
                              "backend='auto', 'tiled', 'reference' or 'flex'")
-    if dims.S == 0 or dims.L == 0 or dims.Ev == 0:
+    if dims.S == 0 or dims.L == 0 or dims.Ev == 0 or dims.H == 0:
         name = "reference"  # nothing to tile or fuse: zeros (no key) or empty outputs, in one place
     if name == "reference" and backend == "auto" and not return_lse and sinks is None:
         result = reference.forward(q, k, v, problem, lse=False)  # auto's lse is "where asked or free": not here

@@ -14,7 +14,8 @@ from typing import Literal, NamedTuple, overload
 import torch
 from torch import Tensor
 
-__all__ = ["Dims", "check_int", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank", "check_sinks"]
+__all__ = ["Dims", "check_int", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank",
+           "check_sinks", "readable_query"]
 
 
 _INTS = (int, torch.SymInt)
@@ -67,8 +68,8 @@ class Dims(NamedTuple):
 
     @property
     def groups(self) -> int:
-        """Query heads per key/value head (1 for MHA, H for MQA)."""
-        return self.H // self.Hkv
+        """Query heads per key/value head (1 for MHA, H for MQA; 1 for a call of no head at all)."""
+        return self.H // self.Hkv if self.Hkv else 1
 
 
 make_dims = partial(tuple.__new__, Dims)
@@ -146,10 +147,10 @@ def _checked_qkv(q: Tensor, k: Tensor, v: Tensor) -> Dims:
             f"and Hkv={v.shape[1]} for v"
         )
     Hkv = k.shape[1]
-    if Hkv == 0 or H % Hkv != 0:
+    if (Hkv == 0 and H != 0) or (Hkv and H % Hkv != 0):  # (no head at all: an empty result, as torch gives)
         raise ValueError(
             f"the number of query heads must be a multiple of the key/value heads, "
-            f"got H={H} for q and Hkv={Hkv} for k and v"
+            f"got H={H} for q and Hkv={Hkv} for k and v" + (" (k and v have no head for q's)" if Hkv == 0 else "")
         )
     if k.shape[2] != v.shape[2]:
         raise ValueError(
@@ -253,3 +254,24 @@ def check_sinks(sinks: Tensor | None, dims: Dims, q: Tensor) -> None:
                          f"got {tuple(sinks.shape)}")
     if sinks.device != q.device:
         raise TypeError(f"sinks is on {sinks.device} but q is on {q.device}; move them to one device")
+
+
+def readable_query(q: Tensor) -> Tensor:
+    """``q`` as it is, or a contiguous copy where its elements may overlap in memory (an ``as_strided`` view whose
+    length stride is smaller than a row: several rows share elements). torch's CPU SDPA misreads such a query
+    (errors up to 1e30 and NaN, different every run; keys and values it reads right), while the written-out
+    softmax is right. The caller asks only for a query that is not contiguous, so an ordinary call pays one flag
+    read; a view torch cannot settle (a slice, a head split of a packed projection) is settled by its strides:
+    sorted by stride, each must pass the span of those below it."""
+    overlap = torch._debug_has_internal_overlap(q)  # 0: none; 1: overlaps; 2: torch cannot tell
+    if overlap == 0:
+        return q
+    if overlap == 2:
+        span = 0
+        for stride, size in sorted((q.stride(d), q.shape[d]) for d in range(q.dim()) if q.shape[d] > 1):
+            if stride <= span:
+                break
+            span += stride * (size - 1)
+        else:
+            return q
+    return q.contiguous()

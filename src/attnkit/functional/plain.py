@@ -10,7 +10,7 @@ from torch import Tensor
 
 from . import nan as _nan
 from .backends import sdpa
-from .checks import Dims, check_qkv
+from .checks import Dims, check_qkv, readable_query
 from .mask_mods import ALIGNMENTS
 from .tracing import is_compiling
 
@@ -40,6 +40,8 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
         if causal is None:  # a mask is needed, or the alignment is wrong (named by the checked path)
             return None
         is_causal = causal
+    if not q.is_contiguous():  # (an ordinary call pays this flag read; an overlapping query is copied)
+        q = readable_query(q)
     try:
         if is_causal:  # (a keyword costs SDPA's argument parser a quarter of a microsecond: only where needed)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
