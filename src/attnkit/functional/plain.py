@@ -12,7 +12,7 @@ from . import nan as _nan
 from .backends import sdpa
 from .checks import Dims, check_qkv, readable_query
 from .mask_mods import ALIGNMENTS
-from .tracing import is_compiling
+from .tracing import is_compiling, transformed
 
 __all__ = ["one_head_shape", "plain", "plain_causal"]
 
@@ -40,8 +40,8 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
         if causal is None:  # a mask is needed, or the alignment is wrong (named by the checked path)
             return None
         is_causal = causal
-    if not q.is_contiguous():  # (an ordinary call pays this flag read; an overlapping query is copied)
-        q = readable_query(q)
+    if not q.is_contiguous() and not transformed():  # (an ordinary call pays one flag read; an overlapping query
+        q = readable_query(q)                         # is copied; under vmap a query is the loop's own)
     try:
         if is_causal:  # (a keyword costs SDPA's argument parser a quarter of a microsecond: only where needed)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
