@@ -62,11 +62,8 @@ def test_notes_past_the_trained_length_and_windowed_figures_with_the_dense_one()
 
 
 def test_huge_sequences_are_closed_form_and_bounded():
-    import time
-
-    started = time.perf_counter()
+    """10^11 tokens: the exact count of a causal triangle (a closed form: a loop over the positions would not end)."""
     cost = estimate(preset("llama3-8b"), 10**11, "bf16")
-    assert time.perf_counter() - started < 1.0
     assert cost.flops_per_sequence_attention == 4 * 32 * 32 * 128 * (10**11 * (10**11 + 1) // 2)
     with pytest.raises(ValueError, match="seq must be an int in"):
         estimate(preset("llama3-8b"), 10**13, "bf16")

@@ -268,13 +268,12 @@ def _mismatch_worker(rank: int, world: int, port: int, errors) -> None:
             q = torch.randn(1, 4, n, 8, dtype=dtype)
             kv = torch.randn(1, kv_heads, n, 8, dtype=dtype)
             extra = {"key_mask": torch.ones(1, n, dtype=torch.bool)} if padding else {}
-            start = time.monotonic()
             try:
                 context_parallel_attention(q, kv, kv, **mine, **extra)
                 errors.put(f"rank {rank}: {name} differed but attention returned")
             except RankMismatch as error:
-                if name not in str(error) or time.monotonic() - start > 10:
-                    errors.put(f"rank {rank}: {name}: {error} after {time.monotonic() - start:.1f} s")
+                if name not in str(error):
+                    errors.put(f"rank {rank}: {name}: {error}")
         # And then the ranks agree again: the group is still usable.
         q = torch.randn(1, 4, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
         context_parallel_attention(q, q, q, is_causal=True)

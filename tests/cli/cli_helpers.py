@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from attnkit.cli import main
 
@@ -19,24 +18,22 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def run_cli(argv, capsys):
-    """(exit code, stdout, stderr, seconds) of ``attnkit argv`` in this process."""
-    started = time.perf_counter()
+    """(exit code, stdout, stderr) of ``attnkit argv`` in this process."""
     try:
         code = main([str(a) for a in argv])
     except SystemExit as exit:  # argparse's own refusals
         code = exit.code
     captured = capsys.readouterr()
-    return code, captured.out, captured.err, time.perf_counter() - started
+    return code, captured.out, captured.err
 
 
 def refused(argv, capsys, *words):
-    """Assert ``attnkit argv`` is a user mistake: exit 2, one line naming every word, no traceback, quick."""
-    code, _, err, seconds = run_cli(argv, capsys)
+    """Assert ``attnkit argv`` is a user mistake: exit 2, one line naming every word, no traceback."""
+    code, _, err = run_cli(argv, capsys)
     assert code == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     for word in words:
         assert word in err, f"{word!r} not in {err!r}"
-    assert seconds < 60
     return err
 
 
@@ -67,8 +64,7 @@ def probe_ids(probes) -> list[str]:
 
 
 def assert_probe(argv, files, words, capsys):
-    """A hostile input: exit 2, a message naming each word, no traceback, within a minute."""
-    started = time.perf_counter()
+    """A hostile input: exit 2, a message naming each word, no traceback."""
     try:
         code = main(fill(argv, files))
     except SystemExit as exit:  # argparse's own refusals
@@ -78,7 +74,6 @@ def assert_probe(argv, files, words, capsys):
     assert "Traceback" not in err
     for word in words:
         assert word in err, f"{word!r} not in: {err}"
-    assert time.perf_counter() - started < 60
 
 
 def rehash(folder):

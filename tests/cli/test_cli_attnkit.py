@@ -74,7 +74,7 @@ def test_ctrl_c_while_starting_is_a_clean_exit(monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(attnkit.cli, "build_parser", interrupted)
-    code, _, err, _ = run_cli(["tour"], capsys)
+    code, _, err = run_cli(["tour"], capsys)
     assert code == 130 and "interrupted" in err and "Traceback" not in err
 
 
@@ -106,7 +106,7 @@ def test_device_cuda_is_refused_with_the_reason_without_a_gpu(capsys, tmp_path):
     refused(["train", "--device", "cuda", *TINY, "--out", tmp_path / "t"], capsys, "--device cuda")
     refused(["inspect", "--model", "minilm", "--device", "cuda", "--out", tmp_path / "i"], capsys, "--device cuda")
     assert not (tmp_path / "b").exists() and not (tmp_path / "t").exists() and not (tmp_path / "i").exists()
-    code, _, err, _ = run_cli(["generate", "--prompt", "hi", "--device", "tpu"], capsys)  # argparse: usage + error
+    code, _, err = run_cli(["generate", "--prompt", "hi", "--device", "tpu"], capsys)  # argparse: usage + error
     assert code == 2 and "argument --device: invalid choice: 'tpu'" in err
 
 
@@ -152,7 +152,7 @@ def test_an_input_is_never_an_output(run, phrase_file, tmp_path, capsys):
 ])
 def test_an_argument_mistake_is_one_line_without_the_usage_block(argv, capsys):
     """argparse printed its whole usage block before the one line."""
-    code, out, err, _ = run_cli(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "usage:" not in err and "error:" in err and "--help" in err, err
 
@@ -164,7 +164,7 @@ def test_an_argument_mistake_is_one_line_without_the_usage_block(argv, capsys):
 ])
 def test_a_refused_command_leaves_no_empty_output_folder(command, tmp_path, capsys):
     out = tmp_path / "new" / "out"
-    code, _, err, _ = run_cli([*command, "--out", out], capsys)
+    code, _, err = run_cli([*command, "--out", out], capsys)
     assert code == 2, err
     assert not out.exists()
 

@@ -143,7 +143,7 @@ def test_a_working_hugging_face_folder_inspects(tmp_path, capsys):
     pytest.importorskip("transformers")
     folder = hf_folder(tmp_path)
     capsys.readouterr()
-    code, _, err, _ = run_cli(["inspect", "--model", folder, "--out", tmp_path / "out", "--steps", "2", "--quiet",
+    code, _, err = run_cli(["inspect", "--model", folder, "--out", tmp_path / "out", "--steps", "2", "--quiet",
                             "the cat sat down"], capsys)
     assert code == 0, err
 

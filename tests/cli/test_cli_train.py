@@ -124,7 +124,7 @@ def test_two_process_data_parallel_step_equals_one_process_on_the_same_global_ba
 
 
 def test_train_with_a_separate_validation_file(phrase_file, tmp_path, capsys):
-    code, _, err, _ = run_cli(["train", "--data", phrase_file, "--valid", phrase_file, "--out", tmp_path / "r",
+    code, _, err = run_cli(["train", "--data", phrase_file, "--valid", phrase_file, "--out", tmp_path / "r",
                             "--max-steps", "1", "--epochs", "1", *TINY], capsys)
     assert code == 0, err
     recorded = json.loads((tmp_path / "r" / "attnkit-run.json").read_text())["options"]
@@ -151,7 +151,7 @@ def test_resume_sees_through_the_path_and_refuses_another_corpus(phrase_file, tm
     (tmp_path / "pairs.tsv").write_bytes(phrase_file.read_bytes())
     common = ["--out", "r", "--epochs", "1", *TINY]
     assert run_cli(["train", "--data", "pairs.tsv", "--max-steps", "1", *common], capsys)[0] == 0
-    code, _, err, _ = run_cli(["train", "--data", "./pairs.tsv", "--max-steps", "2", "--resume", *common], capsys)
+    code, _, err = run_cli(["train", "--data", "./pairs.tsv", "--max-steps", "2", "--resume", *common], capsys)
     assert code == 0, err  # the same file by another spelling
     (tmp_path / "pairs.tsv").write_text("another\tcorpus\n" * 50)
     refused(["train", "--data", "pairs.tsv", "--max-steps", "3", "--resume", *common], capsys, "data_sha256")
@@ -165,7 +165,7 @@ def test_resume_takes_the_runs_data_and_model_options_and_refuses_only_given_one
              "--embedding-dim", "16", "--hidden-size", "32", "--vocab-size", "100", "--tokenizer", "word",
              "--dropout", "0.1", "--attention", "luong-general", "--quiet"]
     assert run_cli(first, capsys)[0] == 0
-    code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--epochs", "1", "--max-steps", "3", "--quiet"], capsys)
+    code, out, err = run_cli(["train", "--out", run, "--resume", "--epochs", "1", "--max-steps", "3", "--quiet"], capsys)
     assert code == 0, err
     assert "max-steps after 3 steps" in out
     assert json.loads((run / "attnkit-run.json").read_text())["options"]["attention"] == "luong-general"
@@ -178,7 +178,7 @@ def test_a_resume_whose_limits_are_reached_trains_nothing_and_says_so(phrase_fil
     assert run_cli(["train", "--data", phrase_file, "--out", run, "--epochs", "1", "--max-steps", "5", *TINY], capsys)[0] == 0
     before = {name: data for name, data in snapshot(run).items() if name != "attnkit-run.json"}
     for limits in (["--max-steps", "3"], ["--max-steps", "5", "--lr", "0.01"], []):
-        code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--epochs", "1", *limits, "--quiet"], capsys)
+        code, out, err = run_cli(["train", "--out", run, "--resume", "--epochs", "1", *limits, "--quiet"], capsys)
         assert code == 0, err
         assert out.count("nothing to train") == 1, out  # said once, in the words of the resume line
         assert "nothing to train: the run is at step 5, 0 epochs finished, 5 batches into epoch 1" in out
@@ -193,7 +193,7 @@ def test_a_run_that_stopped_before_writing_anything_is_not_an_existing_run(phras
     out = tmp_path / "r"
     out.mkdir()
     (out / "attnkit-run.json").write_text(json.dumps({"format": "attnkit-run", "version": 1, "options": {}}))
-    code, _, err, _ = run_cli(["train", "--data", phrase_file, "--out", out, "--max-steps", "1", "--epochs", "1", *TINY],
+    code, _, err = run_cli(["train", "--data", phrase_file, "--out", out, "--max-steps", "1", "--epochs", "1", *TINY],
                            capsys)
     assert code == 0, err
 
@@ -270,10 +270,10 @@ def test_a_resume_is_the_same_run_with_its_training_options(phrase_file, tmp_pat
     run = tmp_path / "run"
     assert run_cli(["train", "--data", phrase_file, "--out", run, "--max-steps", "4", "--batch-size", "16",
                     "--lr", "0.003", *TINY], capsys)[0] == 0
-    code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--quiet"], capsys)
+    code, out, err = run_cli(["train", "--out", run, "--resume", "--quiet"], capsys)
     assert code == 0, err
     assert "nothing to train: the run is at step 4" in out
-    code, out, err, _ = run_cli(["train", "--out", run, "--resume", "--max-steps", "6", "--quiet"], capsys)
+    code, out, err = run_cli(["train", "--out", run, "--resume", "--max-steps", "6", "--quiet"], capsys)
     assert code == 0 and "max-steps after 6 steps" in out, err
     marker = json.loads((run / "attnkit-run.json").read_text())
     assert marker["training"]["batch_size"] == 16 and marker["training"]["lr"] == 0.003
@@ -294,7 +294,7 @@ def test_a_stop_before_any_validation_names_only_the_checkpoints_written(phrase_
         return TrainingResult(folder, 3, 0, float("inf"), "interrupted", {}, new_steps=3)
 
     monkeypatch.setattr(training, "train", interrupted)
-    code, out, _, _ = run_cli(["train", "--data", phrase_file, "--out", tmp_path / "run", *TINY], capsys)
+    code, out, _ = run_cli(["train", "--data", phrase_file, "--out", tmp_path / "run", *TINY], capsys)
     assert code == 130
     assert "(last/)" in out and "best/" not in out
 

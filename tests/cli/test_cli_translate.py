@@ -89,7 +89,7 @@ def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, caps
 
 def test_a_heatmap_path_is_checked_before_any_translation(run, tmp_path, capsys):
     """--heatmap x.txt failed in matplotlib after the translation printed; a missing folder was created."""
-    code, out, err, _ = run_cli(["translate", "--checkpoint", run, "--heatmap", tmp_path / "x.txt", "three cats"],
+    code, out, err = run_cli(["translate", "--checkpoint", run, "--heatmap", tmp_path / "x.txt", "three cats"],
                                 capsys)
     assert code == 2 and out == "" and "--heatmap" in err and ".png or .svg" in err and len(err.splitlines()) == 1
     missing = tmp_path / "no" / "such" / "dir"
