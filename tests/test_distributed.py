@@ -252,7 +252,6 @@ MISMATCHES = {
 
 
 def _mismatch_worker(rank: int, world: int, port: int, errors) -> None:
-    import time
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
