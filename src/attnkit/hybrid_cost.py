@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HybridShape", "HybridMemory", "HYBRID_PRESETS", "hybrid_memory"]
+__all__ = ["HybridShape", "HybridMemory", "HYBRID_PRESETS", "HYBRID_MODEL_TYPES", "hybrid_memory", "shape_from_hf"]
 
 STATE_BYTES = 4
 """The linear layers' recurrent state is float32 whatever the model's dtype (flash-linear-attention, transformers)."""
@@ -79,3 +79,53 @@ def hybrid_memory(shape: HybridShape, seq: int, dtype_bytes: int) -> HybridMemor
     state = recurrent + conv
     crossover = state // (everything - kv) + 1 if everything > kv else 0  # the first n with n kv + state < n all
     return HybridMemory(kv, state, recurrent, conv, everything, crossover, seq * kv + state, seq * everything)
+
+
+HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax")
+"""The transformers ``model_type`` values whose ``config.json`` :func:`shape_from_hf` reads."""
+
+
+def shape_from_hf(hf: dict, name: str = "config.json") -> HybridShape:
+    """The :class:`HybridShape` of a transformers hybrid's ``config.json`` (a model type of
+    :data:`HYBRID_MODEL_TYPES`), read by attnkit's own loaders' config readers (every key read, harmless, or refused
+    by name: :class:`attnkit.models.hf_config.UnsupportedConfigError`)."""
+    from .models.hybrid import LINEAR
+
+    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    if kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
+        from .models.qwen3_next import qwen3_next_config_from_hf
+
+        c = qwen3_next_config_from_hf(hf)
+        linear = sum(t == LINEAR for t in c.layer_types)
+        return HybridShape(
+            name, full_layers=len(c.layer_types) - linear, linear_layers=linear,
+            full_numbers_per_token=2 * c.num_kv_heads * c.head_dim,
+            full_kind=f"gated attention, {c.num_kv_heads} KV heads of {c.head_dim}", linear_heads=c.linear_num_value_heads,
+            linear_k_dim=c.linear_key_head_dim, linear_v_dim=c.linear_value_head_dim,
+            conv_channels=2 * c.linear_num_key_heads * c.linear_key_head_dim
+            + c.linear_num_value_heads * c.linear_value_head_dim, conv_kernel=c.conv_kernel, source=name)
+    if kind == "kimi_linear":
+        from .models.kimi_linear import kimi_linear_config_from_hf
+
+        k = kimi_linear_config_from_hf(hf)
+        linear = sum(t == LINEAR for t in k.layer_types)
+        return HybridShape(
+            name, full_layers=len(k.layer_types) - linear, linear_layers=linear,
+            full_numbers_per_token=k.kv_lora_rank + k.qk_rope_head_dim,
+            full_kind=f"MLA latent, {k.kv_lora_rank} + {k.qk_rope_head_dim} rotary", linear_heads=k.linear_num_heads,
+            linear_k_dim=k.linear_head_dim, linear_v_dim=k.linear_head_dim,
+            conv_channels=3 * k.linear_num_heads * k.linear_head_dim, conv_kernel=k.conv_kernel, source=name)
+    if kind == "minimax":
+        from .models.minimax import minimax_config_from_hf
+
+        m = minimax_config_from_hf(hf)
+        if m.window is not None:
+            raise ValueError(f"{name}: a sliding window on the softmax layers (sliding_window={m.window}) keeps a "
+                             "rolling cache this count does not model")
+        linear = sum(t == LINEAR for t in m.layer_types)
+        return HybridShape(
+            name, full_layers=len(m.layer_types) - linear, linear_layers=linear,
+            full_numbers_per_token=2 * m.num_kv_heads * m.head_dim,
+            full_kind=f"softmax attention, {m.num_kv_heads} KV heads of {m.head_dim}", linear_heads=m.num_heads,
+            linear_k_dim=m.head_dim, linear_v_dim=m.head_dim, conv_channels=0, conv_kernel=1, source=name)
+    raise ValueError(f"{name}: model_type {kind!r} is not a hybrid attnkit counts ({', '.join(HYBRID_MODEL_TYPES)})")

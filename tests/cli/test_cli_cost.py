@@ -106,3 +106,19 @@ def test_plot_replaces_only_attnkits_own_file_unless_overwrite(suffix, tmp_path,
     assert notes.read_bytes() != b"my notes"
     assert main(argv) == 0  # attnkit's own plot: replaced without --overwrite
     assert main(["cost", "--model", "gpt2-small", "--overwrite"]) == 2  # (an option that would do nothing)
+
+
+def test_a_transformers_hybrid_config_is_counted_and_unknown_presets_name_the_hybrids(tmp_path, capsys):
+    """A Qwen3-Next config.json (its published sizes) gives the qwen3-next-80b-a3b preset's figures; an unknown
+    preset's error lists the hybrid presets too."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(transformers.Qwen3NextConfig().to_dict()))
+    assert main(["cost", "--model", str(path), "--seq", "65536"]) == 0
+    from_file = capsys.readouterr().out.splitlines()[1:-1]  # (the first line names the model, the last the source)
+    assert main(["cost", "--model", "qwen3-next-80b-a3b", "--seq", "65536"]) == 0
+    assert from_file == capsys.readouterr().out.splitlines()[1:-1]
+    assert main(["cost", "--model", "no-such-model"]) == 2
+    assert "qwen3-next-80b-a3b" in capsys.readouterr().err

@@ -241,8 +241,8 @@ def add_inspect_parser(commands) -> None:
                               "in one batch: the cap bounds the memory)")
     inspect.add_argument("--layers", type=int_list(0), metavar="N,M,...",
                          help="head grids (heads-layerN.png) of these layers only, counted from 0, e.g. 0,29 (default: "
-                              "every layer; the overview, viewer and report keep every layer). An encoder or decoder's "
-                              "report")
+                              "every layer; the overview, viewer and report keep every layer). Only for an encoder's or a "
+                              "decoder's report")
     inspect.add_argument("--top-k", type=int_in(1, 65535), default=16, help="weights kept per row in the HTML viewer")
     inspect.add_argument("--beam", type=int_in(1, MAX_BEAM), help="beam width of a checkpoint's translations (default 5)")
     inspect.add_argument("--aer", action="store_true",

@@ -47,7 +47,10 @@ def _model_config(spec: str):
     if spec in PRESETS:
         return PRESETS[spec], []
     if not Path(spec).is_file():
-        raise UsageError(f"--model must be a preset ({', '.join(sorted(PRESETS))}) or a config JSON file, got {spec!r}")
+        from ..hybrid_cost import HYBRID_PRESETS
+
+        raise UsageError(f"--model must be a preset ({', '.join(sorted(PRESETS))}), a hybrid preset "
+                         f"({', '.join(sorted(HYBRID_PRESETS))}) or a config JSON file, got {spec!r}")
     data = read_json(spec, "config file")
     if not isinstance(data, dict):
         raise UsageError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
@@ -79,7 +82,7 @@ def _hybrid_cost(args: argparse.Namespace) -> int:
     if args.plot is not None:  # before anything is computed: a user's own file is never replaced unasked
         check_writable(args.plot.parent, "--plot", create=False)
         check_replaceable(args.plot, "--plot", args.overwrite)
-    shape = HYBRID_PRESETS[args.model]
+    shape = HYBRID_PRESETS.get(args.model) or _hybrid_shape(args.model)
     m = hybrid_memory(shape, args.seq, DTYPE_BYTES[args.dtype])
     print(f"model: {args.model} ({shape.name}: {shape.full_layers} softmax layers, {shape.full_kind}; "
           f"{shape.linear_layers} linear layers), seq {args.seq:,}, {args.dtype}")
@@ -104,11 +107,32 @@ def _hybrid_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hybrid_shape(spec: str):
+    """The hybrid shape of a transformers hybrid's config.json given as --model."""
+    from .._files import read_json
+    from ..hybrid_cost import shape_from_hf
+
+    try:
+        return shape_from_hf(read_json(spec, "config file"), name=str(spec))
+    except ValueError as error:
+        raise UsageError(f"--model {error}") from error
+
+
+def _is_hybrid_config(spec: str) -> bool:
+    from .._files import read_json
+    from ..hybrid_cost import HYBRID_MODEL_TYPES
+
+    if not Path(spec).is_file():
+        return False
+    data = read_json(spec, "config file")
+    return isinstance(data, dict) and data.get("model_type") in HYBRID_MODEL_TYPES
+
+
 def _cost(args: argparse.Namespace) -> int:
     from ..cost import bytes_text, estimate, flops_text
     from ..hybrid_cost import HYBRID_PRESETS
 
-    if args.model in HYBRID_PRESETS:
+    if args.model in HYBRID_PRESETS or _is_hybrid_config(args.model):
         return _hybrid_cost(args)
     refuse_unused(args, ["plot", "overwrite"], "draws a hybrid preset's memory against length")
 
@@ -156,7 +180,8 @@ def add_cost_parser(commands) -> None:
     cost = commands.add_parser("cost", help="parameters, FLOPs, attention-matrix and KV-cache memory of a model")
     cost.add_argument("--model", required=True,
                       help=f"a preset ({', '.join(sorted(PRESETS))}), a hybrid of linear and softmax attention "
-                           f"({', '.join(sorted(HYBRID_PRESETS))}: its decoding memory) or a config JSON")
+                           f"({', '.join(sorted(HYBRID_PRESETS))}, or a transformers hybrid's config.json: its "
+                           "decoding memory) or a config JSON")
     cost.add_argument("--plot", type=picture_file, help="a hybrid preset: its memory against length, as PNG or SVG")
     cost.add_argument("--overwrite", action="store_true", help="replace an existing --plot file attnkit did not write")
     cost.add_argument("--seq", type=int_in(1, 10**12), default=2048, help="sequence length n")
