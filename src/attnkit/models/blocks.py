@@ -183,6 +183,13 @@ def layer_key_masks(attention_mask: Tensor | None, B: int, L: int, caches) -> li
         raise ValueError(f"attention_mask must have shape (B, S) with B = {B}, {span} (the tokens so far: cached and "
                          f"new), got {tuple(attention_mask.shape)}")
     key_mask = attention_mask.bool()
+    if caches is None:  # (sizes may be symbols under torch.export: none is hashed or sliced)
+        return [key_mask]
     W = key_mask.shape[1]
-    by_length = {S: key_mask if S == W else key_mask[:, W - S:] for S in set(lengths)}
-    return [by_length[S] for S in lengths]
+    by_length: dict[int, Tensor] = {}
+    masks = []
+    for S in lengths:
+        if S not in by_length:
+            by_length[S] = key_mask if S == W else key_mask[:, W - S:]
+        masks.append(by_length[S])
+    return masks
