@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks, reference
 from attnkit.functional.attention import choose_backend
-from attnkit.functional.backends._common import Problem
+from attnkit.functional.backends.common import Problem
 from attnkit.functional.checks import Dims
 
 from helpers import DTYPES, assert_close, numpy, randn

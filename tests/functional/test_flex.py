@@ -22,7 +22,7 @@ import attnkit
 from attnkit import masks
 from attnkit.functional.attention import choose_backend
 from attnkit.functional.backends import flex, flex_tables
-from attnkit.functional.backends._common import Problem
+from attnkit.functional.backends.common import Problem
 from attnkit.functional.block_mask import length_bucket
 from attnkit.functional.checks import Dims
 

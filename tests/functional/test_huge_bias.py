@@ -15,7 +15,7 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.backends import _common
+from attnkit.functional.backends import common
 
 from helpers import randn
 
@@ -134,7 +134,7 @@ def test_only_calls_that_need_it_leave_the_fused_kernel(backend, monkeypatch, rn
     assert ran == []
     attnkit.attention(q, k, v, bias=huge, backend=backend).output.sum().backward()
     assert ran == [1]
-    assert _common.LSE_RESOLVED_BOUND == 64.0
+    assert common.LSE_RESOLVED_BOUND == 64.0
 
 
 def test_in_float16_minus_1e6_is_minus_inf_a_masked_key(rng):

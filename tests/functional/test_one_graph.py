@@ -23,7 +23,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 import attnkit
 from attnkit import masks
 from attnkit.functional import tracing
-from attnkit.functional.backends import _common
+from attnkit.functional.backends import common
 from attnkit.layers import MultiHeadAttention
 from attnkit.models import DecoderLM
 from attnkit.models.config import DecoderConfig
@@ -189,7 +189,7 @@ def test_nothing_traced_is_kept_for_an_eager_call():
         _export(module, args, dynamic=False)  # traced first: built afresh from fake tensors, not kept
         torch.testing.assert_close(module(*args), attnkit.attention(*args, backend="reference",
                                                                     **module.options).output, rtol=1e-12, atol=1e-12)
-    assert not any(_fake(x) for x in _common._structures.values())
+    assert not any(_fake(x) for x in common._structures.values())
     assert not _fake(blocks._dense)
     for module in (Call(window=5), Call(mask=blocks)):  # kept by the eager calls first: a static export reads them
         program = _export(module, args, dynamic=False)
@@ -319,11 +319,11 @@ def test_an_op_counter_keeps_what_eager_code_keeps(rng):
     """A dispatch mode that sees real tensors (an op counter, a profiler) is not tracing: a window call under it
     keeps its structure and gives the same output."""
     q = randn(1, 2, 5, 4, dtype=torch.float64, generator=rng)
-    _common._structures.clear()
+    common._structures.clear()
     with OpsSeen():
         assert tracing.may_keep(q.device)
         out = attnkit.attention(q, q, q, window=2).output
-    assert _common._structures and not any(_fake(x) for x in _common._structures.values())
+    assert common._structures and not any(_fake(x) for x in common._structures.values())
     torch.testing.assert_close(out, attnkit.attention(q, q, q, window=2, backend="reference").output)
 
 

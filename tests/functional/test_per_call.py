@@ -14,7 +14,7 @@ import attnkit
 from attnkit import masks
 from attnkit.functional import nan
 from attnkit.functional.attention import attention_trusted
-from attnkit.functional.backends import _common, flex, sdpa
+from attnkit.functional.backends import common, flex, sdpa
 
 from helpers import OpsSeen, randn
 
@@ -176,13 +176,13 @@ def test_a_mask_changed_in_place_is_looked_at_again():
 
 
 def test_small_structural_masks_are_kept_per_shape_and_bounded(monkeypatch):
-    monkeypatch.setattr(_common, "_structures", type(_common._structures)())
+    monkeypatch.setattr(common, "_structures", type(common._structures)())
     q = torch.randn(1, 2, 16, 8)
-    for window in range(1, 3 * _common.STRUCTURE_CACHE_SIZE):
+    for window in range(1, 3 * common.STRUCTURE_CACHE_SIZE):
         got = attnkit.attention(q, q, q, window=window, backend="sdpa").output
         want = attnkit.attention(q, q, q, mask=masks.sliding_window(16, 16, window), backend="sdpa").output
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert len(_common._structures) == _common.STRUCTURE_CACHE_SIZE
+    assert len(common._structures) == common.STRUCTURE_CACHE_SIZE
 
 
 def test_a_block_masks_occupancy_follows_its_table():

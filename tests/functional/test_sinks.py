@@ -109,7 +109,7 @@ def test_bad_sinks_are_rejected_by_name(sinks, error, words):
 def test_auto_takes_sdpa_for_small_calls_with_sinks_and_tiled_above(rng):
     """Up to AUTO_SINKS_SDPA_MAX_ENTRIES scores the sink is one more key for SDPA (measured faster);
     above, the tiled loop carries it in its lse without materialising a mask."""
-    from attnkit.functional.backends._common import Problem
+    from attnkit.functional.backends.common import Problem
     from attnkit.functional.checks import Dims
     from attnkit.functional.routing import AUTO_SINKS_SDPA_MAX_ENTRIES, choose_backend
 

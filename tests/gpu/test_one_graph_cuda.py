@@ -24,7 +24,7 @@ from torch.func import vmap
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.backends import _common
+from attnkit.functional.backends import common
 from attnkit.models import DecoderLM, ExportableDecoderLM
 from attnkit.models.config import DecoderConfig
 
@@ -156,19 +156,19 @@ def test_a_cuda_graph_captures_window_and_block_mask_calls_built_afresh():
         attnkit.attention(q, k, v)  # SDPA's kernels loaded for these dtypes and head sizes,
         attnkit.attention(q, k, v, mask=torch.ones(24, 24, dtype=torch.bool, device=CUDA).tril())  # a masked SDPA
     torch.cuda.current_stream().wait_stream(stream)
-    _common._structures.clear()
+    common._structures.clear()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         captured = [call(*static) for call in calls]
     torch.cuda.current_stream().wait_stream(stream)
-    assert not _common._structures and blocks._dense is None, "a structure built during capture was kept"
+    assert not common._structures and blocks._dense is None, "a structure built during capture was kept"
     graph.replay()
     torch.cuda.synchronize()
     for call, got in zip(calls, captured):
         reference = attnkit.attention(q, k, v, backend="reference", **call.options).output
         _same(got, reference)
         _same(call(q, k, v), reference)  # eager, after capture: builds and keeps its own
-    assert _common._structures and blocks._dense is not None
+    assert common._structures and blocks._dense is not None
     for x, fresh in zip(static, _qkv(24, 24, 6)):
         x.copy_(fresh)
     graph.replay()

@@ -1,4 +1,4 @@
-"""MultiHeadAttention's packed q/k/v projection (layers._linear.pack): one F.linear for self attention where
+"""MultiHeadAttention's packed q/k/v projection (layers.calls.pack): one F.linear for self attention where
 no weight gradient is wanted, the same numbers as three projections, and never a stale weight: every way of
 writing or re-seating a projection is seen, because the packed tensor is the projections' own memory."""
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from attnkit import MultiHeadAttention
 from attnkit.layers import DifferentialAttention, FixedKVCache, GatedAttention, KVCache, RotaryEmbedding, SinkCache
-from attnkit.layers._linear import pack, packed_projection
+from attnkit.layers.calls import pack, packed_projection
 
 from helpers import assert_close, assert_same_numbers, matmuls, randn, separately
 

@@ -1,5 +1,5 @@
 """A model's submodules are called without ``nn.Module.__call__`` where that call would add nothing
-(``attnkit.layers._linear.called``, ``attnkit.models.blocks.normalised``, ``project_by_name``): the same
+(``attnkit.layers.calls.called``, ``attnkit.models.blocks.normalised``, ``project_by_name``): the same
 numbers, and every hook, replacement or compiled call still runs where one is set."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.layers._linear import called, hookless
+from attnkit.layers.calls import called, hookless
 from attnkit.models.blocks import FeedForward, GatedFeedForward, normalised
 from attnkit.models.config import DecoderConfig
 from attnkit.models.decoder import DecoderLM

@@ -8,7 +8,7 @@ from _timing import t  # (this folder's timer)
 from torch import nn
 
 import attnkit
-from attnkit.layers._linear import packed_projection
+from attnkit.layers.calls import packed_projection
 
 torch.set_num_threads(1)
 

@@ -11,10 +11,10 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
-from ..functional.backends._common import accumulation_dtype
 from ..functional.heads import repeat_kv
 from ..functional.masks import causal_positions
 from ..functional.partial import fused, merge_partial, partial_attention_backward, partial_attention_trusted
+from ..functional.precision import accumulation_dtype
 
 __all__ = ["PeerFailure", "QUERY_TILE", "ring_attention"]
 

@@ -19,7 +19,7 @@ from . import masks as _masks
 from . import nan as _nan
 from . import nested as _nested
 from .backends import BACKENDS, reference, sdpa
-from .backends._common import Problem, apply_sinks, head_weights, whole_structure
+from .backends.common import Problem, apply_sinks, head_weights, whole_structure
 from .block_mask import BlockMask, ScoreMod
 from .checks import (
     Dims,

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .backends._common import LSE_RESOLVED_BOUND, accumulation_dtype, beyond_resolution
+from .backends.common import LSE_RESOLVED_BOUND, beyond_resolution
+from .precision import accumulation_dtype
 
 __all__ = ["FUSED", "fused", "partial_attention", "partial_attention_trusted", "partial_attention_backward",
            "merge_partial"]

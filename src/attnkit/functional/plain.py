@@ -1,5 +1,5 @@
 """The plain call: no mask, bias, window, score_mod, sinks, dropout, weights or lse. :func:`attnkit.attention`
-hands it to SDPA as it is, without a :class:`~.backends._common.Problem` or routing (what ``auto`` would choose
+hands it to SDPA as it is, without a :class:`~.backends.common.Problem` or routing (what ``auto`` would choose
 anyway); the NaN rule, where it is on, is :mod:`.nan`'s.
 """
 

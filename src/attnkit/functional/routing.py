@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .backends import flex
-from .backends._common import Problem, score_mod_needs_grad
+from .backends.common import Problem, score_mod_needs_grad
 from .block_mask import BlockMask
 
 __all__ = ["choose_backend", "lse_backend", "classified", "AUTO_TILED_MIN_KEYS_PER_WINDOW", "AUTO_TILED_MAX_OCCUPANCY",

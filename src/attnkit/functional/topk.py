@@ -32,8 +32,9 @@ from torch import Tensor
 from . import masks as _masks
 from . import nan as _nan
 from .attention import AttentionOutput, _heads
-from .backends._common import compute_dtype, group_heads
+from .backends.common import group_heads
 from .checks import check_qkv
+from .precision import compute_dtype
 
 __all__ = ["topk_attention", "GATHER_ELEMENTS", "UNION_SCORES"]
 

@@ -29,7 +29,7 @@ from torch import Tensor
 from ..functional import kept
 from ..functional.attention import AttentionOutput, attention_trusted
 from ..functional.block_mask import BlockMask
-from ._linear import called
+from .calls import called
 
 __all__ = ["AttentionCall", "Attending", "Cache", "PLAIN", "keys_values", "rotated", "strategy", "make_call"]
 

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional.attention import AttentionOutput, make_output
-from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int, check_rank
 from ..functional.linear import gated_delta_rule, gated_linear_attention, implicit_attention
-from ._linear import called, project_by_name
+from ..functional.precision import accumulation_dtype
+from .calls import called, project_by_name
 
 __all__ = ["GatedDeltaNet", "KimiDeltaAttention", "LightningAttention", "KimiForgetGate", "GatedRMSNorm",
            "LinearStateCache", "causal_convolution"]

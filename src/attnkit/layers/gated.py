@@ -27,10 +27,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int
 from ..functional.heads import merge_heads, split_heads
-from ._linear import project
+from ..functional.precision import accumulation_dtype
+from .calls import project
 from .multihead import MultiHeadAttention
 
 __all__ = ["GatedAttention", "DifferentialAttention", "ZeroCentredRMSNorm"]
@@ -121,7 +121,7 @@ class DifferentialAttention(MultiHeadAttention):
 
     def lambda_full(self, dtype: torch.dtype) -> Tensor:
         """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init: the exponents in float32 (float64 for a float64
-        layer, :func:`~attnkit.functional.backends._common.accumulation_dtype`), the rest in ``dtype``, as DiffLlama
+        layer, :func:`~attnkit.functional.precision.accumulation_dtype`), the rest in ``dtype``, as DiffLlama
         computes it (which takes float32 even in a float64 model)."""
         exponent_dtype = accumulation_dtype(self.lambda_q1.dtype)
         first = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=exponent_dtype)).to(dtype)

@@ -18,8 +18,8 @@ from ..functional.block_mask import BlockMask
 from ..functional.checks import check_rank
 from ..functional.heads import merge_heads, split_heads
 from ..functional.torch_block_mask import as_block_mask
-from ._linear import Packed, pack, packed_projection, project_by_name
 from .attending import Attending, make_call, strategy
+from .calls import Packed, pack, packed_projection, project_by_name
 from .positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention"]
@@ -44,7 +44,7 @@ class MultiHeadAttention(nn.Module):
     Parameters: ``q_proj`` (D -> H E), ``k_proj`` (kdim -> Hkv E), ``v_proj`` (vdim -> Hkv E),
     ``out_proj`` (H E -> D). For self attention the first three are packed: their weights (and biases) are
     consecutive rows of one tensor, each still its own Parameter and state-dict entry, and one call projects
-    queries, keys and values where no weight gradient is wanted (:func:`._linear.pack`, as
+    queries, keys and values where no weight gradient is wanted (:func:`.calls.pack`, as
     ``nn.MultiheadAttention``'s ``in_proj_weight``, with the same numbers).
     """
 
@@ -102,14 +102,14 @@ class MultiHeadAttention(nn.Module):
         self._pack_when_materialised = self._packed_qkv is None and self._packs_qkv() and self.q_proj.weight.is_meta
 
     def _packs_qkv(self) -> bool:
-        """Whether self attention may project queries, keys and values in one packed call (:func:`._linear.pack`):
+        """Whether self attention may project queries, keys and values in one packed call (:func:`.calls.pack`):
         all three read the model's width, and :meth:`queries` and :meth:`project_kv` are this class's own."""
         cls = type(self)
         return (self.kdim == self.vdim == self.d_model and cls.queries is MultiHeadAttention.queries
                 and cls.project_kv is MultiHeadAttention.project_kv)
 
     def _pack_qkv(self) -> Packed | None:
-        """The projections packed (:func:`._linear.pack`) where this layer packs them, else None."""
+        """The projections packed (:func:`.calls.pack`) where this layer packs them, else None."""
         return pack(self._qkv()) if self._packs_qkv() else None
 
     @property

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from ..functional import kept
 from ..functional import masks as _masks
-from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_int, check_rank
+from ..functional.precision import accumulation_dtype
 from ..functional.tracing import may_keep
 
 __all__ = [

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional.backends._common import accumulation_dtype
-from ..layers._linear import called, hookless, project_by_name
+from ..functional.precision import accumulation_dtype
+from ..layers.calls import called, hookless, project_by_name
 
 __all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k", "routed_experts",
            "make_norm", "normalised", "count_parameters", "layer_key_masks"]
@@ -140,9 +140,9 @@ def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:
 
 def normalised(norm: nn.Module | None, x: Tensor) -> Tensor:
     """``norm(x)``. An ``nn.RMSNorm`` or ``nn.LayerNorm`` whose call would add nothing
-    (:func:`attnkit.layers._linear.hookless`) runs its functional form on its own parameters, without
+    (:func:`attnkit.layers.calls.hookless`) runs its functional form on its own parameters, without
     ``nn.Module.__call__`` (about two microseconds; nine norms a decoding step of a 4-layer model); another norm
-    (a subclass, a replacement, the hybrids' own) runs as :func:`~attnkit.layers._linear.called` runs it: its
+    (a subclass, a replacement, the hybrids' own) runs as :func:`~attnkit.layers.calls.called` runs it: its
     ``forward``, or the module where it has hooks or a compiled call. (``None`` only to take an entry of
     ``nn.Module._modules`` as typed.)"""
     assert norm is not None

@@ -24,8 +24,8 @@ from ..functional.block_mask import BlockMask
 from ..functional.block_patterns import document_block_mask
 from ..functional.checks import check_int, check_rank
 from ..layers import FixedKVCache, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding, SinkCache
-from ..layers._linear import called, project_by_name
 from ..layers.attending import Attending, Cache
+from ..layers.calls import called, project_by_name
 from .blocks import Dropout, FeedForward, GatedFeedForward, layer_key_masks, make_norm, normalised
 from .config import DecoderConfig
 from .outputs import LMOutput

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..functional import kept
-from ..functional.backends._common import accumulation_dtype
 from ..functional.checks import check_rank
+from ..functional.precision import accumulation_dtype
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
-from ..layers._linear import called
+from ..layers.calls import called
 from .blocks import GatedFeedForward, layer_key_masks, routed_experts
 from .config import DeepSeekConfig
 from .outputs import LMOutput

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..functional import kept
 from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
-from ..layers._linear import called, project_by_name
+from ..layers.calls import called, project_by_name
 from .blocks import layer_key_masks, normalised
 from .hf_config import UnsupportedConfigError, means_none
 from .outputs import LMOutput

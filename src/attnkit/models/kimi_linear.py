@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..errors import InputError
 from ..layers import KimiDeltaAttention, LatentAttention, LatentCache
-from ..layers._linear import called
+from ..layers.calls import called
 from . import deepseek
 from .blocks import GatedFeedForward, normalised
 from .config import DeepSeekConfig

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..layers import KVCache, LightningAttention, MultiHeadAttention, RotaryEmbedding
-from ..layers._linear import called, project_by_name
+from ..layers.calls import called, project_by_name
 from .blocks import Experts, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix

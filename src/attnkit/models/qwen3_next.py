@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .._files import read_json
 from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
-from ..layers._linear import called, project_by_name
+from ..layers.calls import called, project_by_name
 from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError

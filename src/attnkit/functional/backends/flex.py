@@ -42,9 +42,10 @@ from torch import Tensor
 
 from .. import nan
 from ..block_mask import length_bucket
+from ..precision import compute_dtype
 from ..tracing import refuse_in_one_graph
 from . import flex_tables, reference
-from ._common import BackendResult, Problem, compute_dtype, lse_unresolved, needs_grad, score_mod_needs_grad
+from .common import BackendResult, Problem, lse_unresolved, needs_grad, score_mod_needs_grad
 from .flex_tables import BLOCK
 
 __all__ = ["forward", "FlexUnavailable", "FlexRecompileLimit", "available", "flex_block_mask", "BLOCK",

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..block_mask import EMPTY, FULL, PARTIAL, BlockMask, _classify, kinds_of
 from ..block_patterns import BAND_TILES, band_kinds
-from ._common import Problem
+from .common import Problem
 
 BLOCK = 128
 """FlexAttention's tile size, both ways."""

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..heads import repeat_kv
+from ..precision import compute_dtype
 from ..softmax import _masked_logsumexp, _masked_softmax
 from ..tracing import exporting
-from ._common import BackendResult, Problem, compute_dtype, group_heads
+from .common import BackendResult, Problem, group_heads
 
 __all__ = ["forward"]
 

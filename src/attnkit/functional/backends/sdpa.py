@@ -27,7 +27,7 @@ from .. import kept
 from ..heads import repeat_kv
 from ..tracing import exporting, traced
 from . import reference
-from ._common import BackendResult, Problem, lse_unresolved, needs_grad
+from .common import BackendResult, Problem, lse_unresolved, needs_grad
 
 __all__ = ["forward", "plain", "masked"]
 
@@ -140,7 +140,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem) -> BackendResult:
         raise ValueError("the sdpa backend cannot apply a score_mod; use backend='tiled' (or 'reference')")
     options: dict[str, Any] = dict(dropout_p=problem.dropout_p, scale=problem.scale, enable_gqa=dims.Hkv != dims.H)
     if problem.bias is not None and needs_grad(q, k, v, problem) and lse_unresolved(problem, q.device):
-        # SDPA's backward would misread a row of huge scores (_common.LSE_RESOLVED_BOUND): the same
+        # SDPA's backward would misread a row of huge scores (common.LSE_RESOLVED_BOUND): the same
         # softmax written out, differentiated by autograd (the scores materialised, as the bias is).
         return reference.forward(q, k, v, problem)
     if problem.sinks is not None:

@@ -38,8 +38,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..precision import compute_dtype
 from ..tracing import refuse_in_one_graph
-from ._common import BackendResult, Problem, compute_dtype, group_heads, score_mod_needs_grad, slice_block
+from .common import BackendResult, Problem, group_heads, score_mod_needs_grad, slice_block
 
 __all__ = ["forward", "BLOCK_Q", "MIN_BLOCK_K", "SCORE_BLOCK_ELEMENTS", "NO_SHIFT_BOUND"]
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..backends._common import accumulation_dtype
+from ..precision import accumulation_dtype
 from ..tracing import exportable
 
 __all__ = ["LinearAttentionOutput", "gated_delta_rule", "delta_rule", "gated_linear_attention", "implicit_attention",

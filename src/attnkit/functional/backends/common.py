@@ -13,10 +13,11 @@ from .. import masks as _masks
 from ..block_mask import INDEX_DTYPE, BlockMask, ScoreMod, index_grids
 from ..checks import Dims
 from ..devices import device_type
+from ..precision import compute_dtype
 from ..tracing import may_keep, transformed
 
 __all__ = [
-    "Problem", "BackendResult", "group_heads", "slice_block", "compute_dtype", "accumulation_dtype", "head_weights", "score_mod_needs_grad",
+    "Problem", "BackendResult", "group_heads", "slice_block", "head_weights", "score_mod_needs_grad",
     "apply_sinks", "needs_grad", "lse_unresolved", "LSE_RESOLVED_BOUND",
 ]
 
@@ -150,17 +151,6 @@ STRUCTURE_CACHE_SIZE = 32
 """At most this many kept (a bounded LRU: 32 MiB at most)."""
 _structures: OrderedDict = OrderedDict()
 _MISSING = object()
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype: float32 for half types, the input dtype otherwise."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 and float32 for every other dtype: the dtype of sums, states and log-sum-exps
-    kept across blocks, tokens or ranks (a float8 input too accumulates in float32)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @overload
