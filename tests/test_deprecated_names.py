@@ -145,3 +145,15 @@ def test_causal_mods_take_causal_align_and_the_integer_offset_warns():
     assert torch.equal(old.to_dense(), sinks.to_dense())
     with pytest.raises(ValueError, match="causal_align='bottom-right' needs L and S"):
         masks.causal_mod(causal_align="bottom-right")
+
+
+def test_the_old_hybrid_cost_module_warns_and_gives_attnkit_costs_names():
+    import importlib
+    import sys
+
+    sys.modules.pop("attnkit.hybrid_cost", None)
+    with pytest.warns(FutureWarning, match="attnkit.hybrid_cost is now part of attnkit.cost"):
+        old = importlib.import_module("attnkit.hybrid_cost")
+    import attnkit.cost
+
+    assert old.hybrid_memory is attnkit.cost.hybrid_memory and old.HYBRID_PRESETS is attnkit.cost.HYBRID_PRESETS

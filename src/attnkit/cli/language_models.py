@@ -47,7 +47,7 @@ def _model_config(spec: str):
     if spec in PRESETS:
         return PRESETS[spec], []
     if not Path(spec).is_file():
-        from ..hybrid_cost import HYBRID_PRESETS
+        from ..cost import HYBRID_PRESETS
 
         raise UsageError(f"--model must be a preset ({', '.join(sorted(PRESETS))}), a hybrid preset "
                          f"({', '.join(sorted(HYBRID_PRESETS))}) or a config JSON file, got {spec!r}")
@@ -75,8 +75,7 @@ def _model_config(spec: str):
 
 def _hybrid_cost(args: argparse.Namespace) -> int:
     """``cost`` of a hybrid preset: what it holds decoding one sequence, against an all-softmax model."""
-    from ..cost import DTYPE_BYTES, bytes_text
-    from ..hybrid_cost import HYBRID_PRESETS, hybrid_memory
+    from ..cost import DTYPE_BYTES, HYBRID_PRESETS, bytes_text, hybrid_memory
 
     refuse_unused(args, ["pattern", "pattern_options"], "is for dense models; a hybrid's linear layers hold no pairs")
     if args.plot is not None:  # before anything is computed: a user's own file is never replaced unasked
@@ -110,7 +109,7 @@ def _hybrid_cost(args: argparse.Namespace) -> int:
 def _hybrid_shape(spec: str):
     """The hybrid shape of a transformers hybrid's config.json given as --model."""
     from .._files import read_json
-    from ..hybrid_cost import shape_from_hf
+    from ..cost import shape_from_hf
 
     try:
         return shape_from_hf(read_json(spec, "config file"), name=str(spec))
@@ -120,7 +119,7 @@ def _hybrid_shape(spec: str):
 
 def _is_hybrid_config(spec: str) -> bool:
     from .._files import read_json
-    from ..hybrid_cost import HYBRID_MODEL_TYPES
+    from ..cost import HYBRID_MODEL_TYPES
 
     if not Path(spec).is_file():
         return False
@@ -129,8 +128,7 @@ def _is_hybrid_config(spec: str) -> bool:
 
 
 def _cost(args: argparse.Namespace) -> int:
-    from ..cost import bytes_text, estimate, flops_text
-    from ..hybrid_cost import HYBRID_PRESETS
+    from ..cost import HYBRID_PRESETS, bytes_text, estimate, flops_text
 
     if args.model in HYBRID_PRESETS or _is_hybrid_config(args.model):
         return _hybrid_cost(args)
@@ -174,7 +172,7 @@ def _cost(args: argparse.Namespace) -> int:
 
 def add_cost_parser(commands) -> None:
     """The ``cost`` sub-command's arguments."""
-    from ..hybrid_cost import HYBRID_PRESETS
+    from ..cost import HYBRID_PRESETS
     from ..models.config import PRESETS
 
     cost = commands.add_parser("cost", help="parameters, FLOPs, attention-matrix and KV-cache memory of a model")

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InputError
-from .functional.checks import check_int
-from .functional.mask_mods import pattern_options
-from .models.config import DecoderConfig, DeepSeekConfig, EncoderConfig, TransformerConfig
+from ..errors import InputError
+from ..functional.checks import check_int
+from ..functional.mask_mods import pattern_options
+from ..models.config import DecoderConfig, DeepSeekConfig, EncoderConfig, TransformerConfig
 
 __all__ = ["Cost", "parameter_breakdown", "estimate", "pattern_pairs", "PATTERN_OPTIONS", "DTYPE_BYTES", "bytes_text", "flops_text"]
 

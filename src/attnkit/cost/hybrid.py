@@ -1,0 +1,131 @@
+"""What a hybrid of linear and softmax attention holds while it decodes, against an all-softmax model of the
+same depth: the softmax layers' KV cache grows with the context, the linear layers' state does not.
+
+A hybrid's decoding memory at n tokens is ``n x kv_bytes_per_token + state_bytes``: the KV cache of its softmax
+layers, plus a constant per sequence, each linear layer's recurrent state (H x K x V numbers, kept in float32
+as the models keep it) and its short convolution's last (kernel - 1) inputs. The same model with every layer
+softmax would hold ``n x all_softmax_bytes_per_token``; the hybrid holds less from ``crossover`` tokens on.
+
+    from attnkit.cost import HYBRID_PRESETS, hybrid_memory
+    memory = hybrid_memory(HYBRID_PRESETS["qwen3-next-80b-a3b"], seq=65536, dtype_bytes=2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["HybridShape", "HybridMemory", "HYBRID_PRESETS", "HYBRID_MODEL_TYPES", "hybrid_memory", "shape_from_hf"]
+
+STATE_BYTES = 4
+"""The linear layers' recurrent state is float32 whatever the model's dtype (flash-linear-attention, transformers)."""
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    """The memory-relevant shape of a hybrid model: its softmax layers' cache per token and layer
+    (``full_numbers_per_token``: 2 x KV heads x head dim for GQA; the latent for MLA), its linear layers' state
+    (``linear_heads`` x ``linear_k_dim`` x ``linear_v_dim``) and convolution (``conv_channels`` inputs kept
+    (``conv_kernel`` - 1) tokens)."""
+
+    name: str
+    full_layers: int
+    linear_layers: int
+    full_numbers_per_token: int
+    full_kind: str  # what the softmax layers cache
+    linear_heads: int
+    linear_k_dim: int
+    linear_v_dim: int
+    conv_channels: int
+    conv_kernel: int
+    source: str  # where the sizes come from
+
+
+HYBRID_PRESETS = {
+    "qwen3-next-80b-a3b": HybridShape(
+        "Qwen3-Next-80B-A3B", full_layers=12, linear_layers=36, full_numbers_per_token=2 * 2 * 256,
+        full_kind="gated attention, 2 KV heads of 256", linear_heads=32, linear_k_dim=128, linear_v_dim=128,
+        conv_channels=2 * 16 * 128 + 32 * 128, conv_kernel=4,
+        source="transformers' Qwen3NextConfig defaults (Qwen/Qwen3-Next-80B-A3B-Instruct): 48 layers, every 4th full "
+               "attention, 16 heads with 2 KV heads of 256; Gated DeltaNet 16 key and 32 value heads of 128, conv kernel 4"),
+    "kimi-linear-48b-a3b": HybridShape(
+        "Kimi-Linear-48B-A3B", full_layers=6, linear_layers=21, full_numbers_per_token=512 + 64,
+        full_kind="MLA latent, 512 + 64 rotary", linear_heads=32, linear_k_dim=128, linear_v_dim=128,
+        conv_channels=3 * 32 * 128, conv_kernel=4,
+        source="transformers' KimiLinearConfig defaults (moonshotai/Kimi-Linear-48B-A3B-Instruct): 27 layers, MLA on "
+               "layers 5, 9, ..., 25 (kv_lora_rank 512, qk_rope 64); KDA 32 heads of 128, short convolutions of 4 on "
+               "q, k and v"),
+}
+"""The hybrids `attnkit cost` knows by name."""
+
+
+@dataclass(frozen=True)
+class HybridMemory:
+    kv_bytes_per_token: int  # the softmax layers' cache, all of them, one token
+    state_bytes: int  # per sequence, constant: every linear layer's recurrent state and convolution tail
+    recurrent_state_bytes: int
+    conv_state_bytes: int
+    all_softmax_bytes_per_token: int  # the same depth with every layer softmax (its own kind of cache)
+    crossover: int  # the context from which the hybrid holds less than the all-softmax model
+    total_bytes: int  # the hybrid at ``seq`` tokens
+    all_softmax_total_bytes: int
+
+
+def hybrid_memory(shape: HybridShape, seq: int, dtype_bytes: int) -> HybridMemory:
+    """Decoding memory of one sequence of ``seq`` tokens (module docstring)."""
+    kv = shape.full_layers * shape.full_numbers_per_token * dtype_bytes
+    recurrent = shape.linear_layers * shape.linear_heads * shape.linear_k_dim * shape.linear_v_dim * STATE_BYTES
+    conv = shape.linear_layers * (shape.conv_kernel - 1) * shape.conv_channels * dtype_bytes
+    everything = (shape.full_layers + shape.linear_layers) * shape.full_numbers_per_token * dtype_bytes
+    state = recurrent + conv
+    crossover = state // (everything - kv) + 1 if everything > kv else 0  # the first n with n kv + state < n all
+    return HybridMemory(kv, state, recurrent, conv, everything, crossover, seq * kv + state, seq * everything)
+
+
+HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax")
+"""The transformers ``model_type`` values whose ``config.json`` :func:`shape_from_hf` reads."""
+
+
+def shape_from_hf(hf: dict, name: str = "config.json") -> HybridShape:
+    """The :class:`HybridShape` of a transformers hybrid's ``config.json`` (a model type of
+    :data:`HYBRID_MODEL_TYPES`), read by attnkit's own loaders' config readers (every key read, harmless, or refused
+    by name: :class:`attnkit.models.hf_config.UnsupportedConfigError`)."""
+    from ..models.hybrid import LINEAR
+
+    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    if kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
+        from ..models.qwen3_next import qwen3_next_config_from_hf
+
+        c = qwen3_next_config_from_hf(hf)
+        linear = sum(t == LINEAR for t in c.layer_types)
+        return HybridShape(
+            name, full_layers=len(c.layer_types) - linear, linear_layers=linear,
+            full_numbers_per_token=2 * c.num_kv_heads * c.head_dim,
+            full_kind=f"gated attention, {c.num_kv_heads} KV heads of {c.head_dim}", linear_heads=c.linear_num_value_heads,
+            linear_k_dim=c.linear_key_head_dim, linear_v_dim=c.linear_value_head_dim,
+            conv_channels=2 * c.linear_num_key_heads * c.linear_key_head_dim
+            + c.linear_num_value_heads * c.linear_value_head_dim, conv_kernel=c.conv_kernel, source=name)
+    if kind == "kimi_linear":
+        from ..models.kimi_linear import kimi_linear_config_from_hf
+
+        k = kimi_linear_config_from_hf(hf)
+        linear = sum(t == LINEAR for t in k.layer_types)
+        return HybridShape(
+            name, full_layers=len(k.layer_types) - linear, linear_layers=linear,
+            full_numbers_per_token=k.kv_lora_rank + k.qk_rope_head_dim,
+            full_kind=f"MLA latent, {k.kv_lora_rank} + {k.qk_rope_head_dim} rotary", linear_heads=k.linear_num_heads,
+            linear_k_dim=k.linear_head_dim, linear_v_dim=k.linear_head_dim,
+            conv_channels=3 * k.linear_num_heads * k.linear_head_dim, conv_kernel=k.conv_kernel, source=name)
+    if kind == "minimax":
+        from ..models.minimax import minimax_config_from_hf
+
+        m = minimax_config_from_hf(hf)
+        if m.window is not None:
+            raise ValueError(f"{name}: a sliding window on the softmax layers (sliding_window={m.window}) keeps a "
+                             "rolling cache this count does not model")
+        linear = sum(t == LINEAR for t in m.layer_types)
+        return HybridShape(
+            name, full_layers=len(m.layer_types) - linear, linear_layers=linear,
+            full_numbers_per_token=2 * m.num_kv_heads * m.head_dim,
+            full_kind=f"softmax attention, {m.num_kv_heads} KV heads of {m.head_dim}", linear_heads=m.num_heads,
+            linear_k_dim=m.head_dim, linear_v_dim=m.head_dim, conv_channels=0, conv_kernel=1, source=name)
+    raise ValueError(f"{name}: model_type {kind!r} is not a hybrid attnkit counts ({', '.join(HYBRID_MODEL_TYPES)})")
