@@ -20,7 +20,7 @@ CUDA versions, and prints a markdown table with the ratios (>1: attnkit faster).
 
     python benchmarks/gpu.py                  # 4K, 16K, 64K, 128K (an H100: a few minutes)
     python benchmarks/gpu.py --sizes 4096     # one size
-    python benchmarks/gpu.py --sizes 4096 16384 --patterns dense causal --mask-sizes --nan-rule off
+    python benchmarks/gpu.py --sizes 4096 16384 --patterns dense causal --mask-sizes --nan-rule on
     python benchmarks/gpu.py --sizes 4096 --batch 8 --heads 32 --patterns dense causal --mask-sizes
 """
 
@@ -213,8 +213,9 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=PATTERNS)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
                         help="fwd alone skips the backward's compiles (a structured row at 64K in a short GPU call)")
-    parser.add_argument("--nan-rule", choices=["on", "off"], default="on",
-                        help="off: attnkit's calls run inside attnkit.nan_rule(False) (what the rule costs)")
+    parser.add_argument("--nan-rule", choices=["on", "off"], default="off",
+                        help="on: attnkit's calls run inside attnkit.nan_rule(True) (what the rule costs; off is "
+                             "attnkit's default)")
     parser.add_argument("--repeats", type=int, default=20, help="calls per measure (each alone; then back to back)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds, torch and attnkit alternating; each figure is the median over rounds")

@@ -1,12 +1,12 @@
-"""Edges of the functional core found by issue 59 (round 6), each against the documented rule or another
-backend on the same inputs, in float64:
+"""Edges of the functional core, each against the documented rule or another backend on the same inputs, in
+float64:
 
-- ``return_lse=True`` on ``auto`` with a bias that needs gradients picks a backend that gives both (item 3);
+- ``return_lse=True`` on ``auto`` with a bias that needs gradients picks a backend that gives both;
 - a sink of -inf (a head without a sink) on a row with no allowed key: zeros and finite gradients in every
-  backend, as SDPA and docs/semantics.md say (item 4);
+  backend, as SDPA and docs/semantics.md say;
 - ``topk_attention`` where no query attends any key returns zeros on the autograd graph, either way of
-  attending a block (item 5);
-- values of width 0: the empty output on every backend, flex's CPU kernel included (item 6)."""
+  attending a block;
+- values of width 0: the empty output on every backend, flex's CPU kernel included."""
 
 from __future__ import annotations
 
