@@ -1,4 +1,4 @@
-"""The core on a GPU: attnkit against PyTorch's fused kernels on the same inputs (issue 23's table).
+"""The core on a GPU: attnkit against PyTorch's fused kernels on the same inputs.
 
 Every row is timed in this one process with CUDA events, bf16, B = 1, H = 16, E = 128 unless
 ``--batch`` / ``--heads`` / ``--head-dim`` say otherwise, two ways: single-call latency (median of

@@ -1,4 +1,4 @@
-"""Batched greedy generation against transformers' ``generate`` on the same weights (issue 24's row):
+"""Batched greedy generation against transformers' ``generate`` on the same weights:
 ``--batches`` prompts of different lengths (default 8) as one left-padded batch, ``--new-tokens`` each,
 no stop token.
 

@@ -1,4 +1,4 @@
-"""Training steps through the Hugging Face bridge on a GPU (issue 24's table): the same weights in
+"""Training steps through the Hugging Face bridge on a GPU: the same weights in
 transformers with its own attention implementations, with ``attn_implementation="attnkit"``, and,
 for Llama, converted into attnkit's native ``DecoderLM``.
 

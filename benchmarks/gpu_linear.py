@@ -1,4 +1,4 @@
-"""The gated delta rule on a GPU against flash-linear-attention's Triton kernel (issue 61's GPU row, issue 63).
+"""The gated delta rule on a GPU against flash-linear-attention's Triton kernel.
 
 Qwen3-Next's linear-attention shape, as benchmarks/linear_attention.py on the CPU: B 1, 16 heads of 128 (keys
 and values), chunk 64, bf16 q/k/v, float32 log-decays g = -0.2 softplus(x), beta in (0, 1), q and k

@@ -1,7 +1,7 @@
 """Where the time goes in the cells of the GPU record that miss their target: a ``torch.profiler`` trace of
 attnkit's call and of the baseline's, for the worst cells of ``benchmarks/gpu.py``'s JSON files.
 
-Targets (issue 63): dense and causal ``auto`` >= 0.97x SDPA; window and Longformer >= 0.95x compiled flex.
+Targets: dense and causal ``auto`` >= 0.97x SDPA; window and Longformer >= 0.95x compiled flex.
 For each of at most ``--cases`` missed cells (the lowest ratios first, one per pattern), the same inputs are
 built as gpu.py builds them, both calls warmed up (compiles included), then ``--calls`` calls of each
 profiled (CPU and CUDA activity). Writes, under ``--out``: ``profile.txt`` (for each case, both sides' op

@@ -1,4 +1,4 @@
-"""One ring step of context-parallel attention on a GPU (issue 24): the per-step times that
+"""One ring step of context-parallel attention on a GPU: the per-step times that
 docs/distributed.md's arithmetic for 8 GPUs x 128K and 64 GPUs x 1M tokens needs.
 
 A ring step is this rank's queries against one key/value shard: the block's fused kernel calls

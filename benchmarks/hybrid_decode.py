@@ -8,7 +8,7 @@ alternating runs, and whether both sides chose the same tokens (in bfloat16 they
     python benchmarks/hybrid_decode.py [--families qwen3_next kimi_linear minimax] --out hybrid_decode.json
     python benchmarks/hybrid_decode.py --device cuda --dtype bfloat16 --out hybrid_decode_cuda.json
 
-Run with PYTHONPATH pointing at the code to measure (benchmarks/results/overhead_ab_2026-11-27_sixth/README.md:
+Run with PYTHONPATH pointing at the code to measure (benchmarks/overhead.py:
 before and after, on the CPU)."""
 import argparse
 import shutil

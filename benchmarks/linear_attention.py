@@ -1,4 +1,4 @@
-"""The gated delta rule on the CPU against transformers' own and against softmax attention (issue 61).
+"""The gated delta rule on the CPU against transformers' own and against softmax attention.
 
 Qwen3-Next's linear-attention shape: B 1, 16 heads of 128 (keys and values), chunk 64, float32, q and k
 L2-normalised in the kernel, g and beta drawn as the model's gates make them. Rows, at each length:
@@ -15,7 +15,7 @@ cached keys (the 64K step timed apart: its gigabyte would leave the small calls 
 
     python benchmarks/linear_attention.py [--sizes 4096 16384 65536] [--sdpa-max 16384] [--out ...]
 
-Target (issue 61): attnkit >= 2x transformers at every length, forward and forward+backward; memory beyond the
+Target: attnkit >= 2x transformers at every length, forward and forward+backward; memory beyond the
 output O(L x chunk).
 """
 
@@ -80,7 +80,7 @@ def decode_rows(threads: int) -> list[dict]:
     flash-linear-attention (``torch_recurrent_gated_delta_rule``), beside SDPA steps over 1K and 64K cached keys. The
     64K step is timed in a round robin of its own: its 1 GiB of keys and values, read between the small calls,
     leaves them a cold cache (timed beside it, a 0.32 ms step measured 0.90 ms and the 1K step 1.07 ms for 0.53:
-    benchmarks/results/linear_attention_2026-11-27/README.md)."""
+    benchmarks/linear_attention.py)."""
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
 
     import attnkit

@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # Short rounds, many of them: the best falls in a quiet moment of a machine whose speed drifts within seconds
     # (200 x 30 held three processes within 0.05x on every row; 1,000 x 3 moved rows by up to 0.6x:
-    # benchmarks/results/overhead_ab_2026-11-27_packed/README.md)
+    # benchmarks/overhead.py)
     parser.add_argument("--calls", type=int, default=200, help="calls per round")
     parser.add_argument("--rounds", type=int, default=30, help="rounds; the best is kept")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: the same cases on the GPU (float32)")

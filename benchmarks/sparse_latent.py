@@ -9,7 +9,7 @@ kv_lora_rank + qk_rope_head_dim, values of kv_lora_rank), at 4K-32K tokens.
     indexer the LightningIndexer's selection itself (its own small heads scoring every earlier key, by blocks)
 
 Memory: one call in a fresh process, peak resident set above what was held (the inputs included in
-neither). Target (issue 46): DSA's memory grows with k, not with S.
+neither). Target: DSA's memory grows with k, not with S.
 
     python benchmarks/sparse_latent.py [--sizes 4096 8192 16384 32768] [--topk 2048] [--heads 16]
 """

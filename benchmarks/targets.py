@@ -1,4 +1,4 @@
-"""The layer-level performance targets of issue 5, each against its baseline in the same run.
+"""The layer-level performance targets, each against its baseline in the same run.
 
     mha-overhead     MultiHeadAttention (D = 512, H = 8, n = 1K, B = 1, forward, eval) against the
                      same projections written out by hand around F.scaled_dot_product_attention

@@ -1,4 +1,4 @@
-"""Issue 41's experiment for a missed target, on dev verses only (valid + valid-long, never test): does the
+"""An experiment for a missed target, on dev verses only (valid + valid-long, never test): does the
 long-trained attention model keep more of its BLEU on long sources with more optimiser steps?
 
 Trains bahdanau-50 (the demo's recipe on train + train-long, seed 0) for ``steps`` steps, and gives the BLEU

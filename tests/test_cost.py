@@ -162,7 +162,7 @@ def test_sparse_attention_caps_the_pairs_a_query_scores():
 
 
 def test_a_hybrids_decoding_memory_is_its_softmax_kv_plus_a_constant_state_measured_on_attnkits_caches():
-    """Issue 61, item 6: Qwen3-Next-80B-A3B holds 12 x 2 x 2 x 256 x 2 = 24,576 bytes a token (bf16) plus a
+    """Qwen3-Next-80B-A3B holds 12 x 2 x 2 x 256 x 2 = 24,576 bytes a token (bf16) plus a
     constant state; attnkit's own layers of that shape, decoding, hold exactly what the calculator says."""
     from attnkit.cost import HYBRID_PRESETS, hybrid_memory
     from attnkit.layers import GatedAttention, GatedDeltaNet, KVCache, LinearStateCache

@@ -1,6 +1,6 @@
 """The example notebooks run in a real Jupyter kernel (nbclient + ipykernel) and show their pictures
 inline: every plotting cell leaves an image/png output, the viewer cell an iframe whose page carries
-no network address (issue 47.4). The Bahdanau model trains for a few steps on 2,000 pairs here (the
+no network address. The Bahdanau model trains for a few steps on 2,000 pairs here (the
 "parameters" cell is rewritten); the committed notebooks hold the outputs of a full run."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_the_committed_notebooks_hold_their_outputs():
 
 
 def test_the_committed_notebook_carries_no_path_of_the_machine_that_built_it_and_fits_a_page():
-    """Issue 59, item 18: no builder's absolute path in a saved output, no picture 16 inches on both sides."""
+    """no builder's absolute path in a saved output, no picture 16 inches on both sides."""
     import base64
     import struct
 

@@ -181,7 +181,7 @@ def test_a_refused_command_leaves_no_empty_output_folder(command, tmp_path, caps
 ], ids=["generate-seed", "inspect-beam", "inspect-limit", "inspect-no-eflomal", "inspect-dev-limit", "inspect-ibm", "bench-render",
         "demo-models"])
 def test_options_that_would_change_nothing_are_refused_by_name(argv, words, capsys, tmp_path):
-    """docs/workbench.md promises it (issue 59, item 15): an option the command would ignore is named."""
+    """docs/workbench.md promises it: an option the command would ignore is named."""
     if argv[0] in ("inspect", "demo"):
         argv = [*argv, "--out", str(tmp_path / "out")]
     refused(argv, capsys, *words)

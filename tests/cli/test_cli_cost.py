@@ -83,7 +83,7 @@ def test_options_must_be_spelt_out(capsys):
 
 
 def test_cost_scales_its_units_to_the_number(capsys):
-    """No "0.000 T" and no "67,108,864.0 MiB" (issue 59, item 18): each figure in the unit that fits it."""
+    """No "0.000 T" and no "67,108,864.0 MiB": each figure in the unit that fits it."""
     from attnkit.cost import bytes_text, flops_text
 
     assert [bytes_text(n) for n in (512, 3 * 2**10, 4 * 2**30, 2**50 * 3)] == ["512 B", "3.0 KiB", "4.0 GiB", "3.0 PiB"]

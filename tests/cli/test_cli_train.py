@@ -32,7 +32,7 @@ def test_train_translate_evaluate_on_a_user_file(phrase_file, tmp_path, capsys):
                  "--json", str(tmp_path / "scores.json"), "--quiet"]) == 0
     captured = capsys.readouterr()
     assert "BLEU" in captured.out and "source  1-10 words" in captured.out
-    # the very file the run trained on (issue 59, item 16): said, on stderr and in the JSON
+    # the very file the run trained on: said, on stderr and in the JSON
     assert "is the file this model was trained on" in captured.err and "training-set score" in captured.err
     assert "training-set score" in json.loads((tmp_path / "scores.json").read_text())["warning"]
     other = tmp_path / "held_out.tsv"
@@ -300,7 +300,7 @@ def test_a_stop_before_any_validation_names_only_the_checkpoints_written(phrase_
 
 
 def test_resume_messages_name_the_real_mistake(phrase_file, tmp_path, capsys):
-    """Issue 59, item 14: an empty --out gives one line (no false 'older attnkit' warning); another --arch on a
+    """an empty --out gives one line (no false 'older attnkit' warning); another --arch on a
     resumed run is blamed on --arch, not on options the user never gave."""
     empty = tmp_path / "empty"
     empty.mkdir()

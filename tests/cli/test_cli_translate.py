@@ -99,7 +99,7 @@ def test_a_heatmap_path_is_checked_before_any_translation(run, tmp_path, capsys)
 
 
 def test_a_single_output_file_is_replaced_only_if_attnkit_wrote_it(run, phrase_file, tmp_path, capsys):
-    """The rule of --out folders for single files (issue 59, item 17): translate --heatmap, evaluate --json and
+    """The rule of --out folders for single files: translate --heatmap, evaluate --json and
     align --out write a new file, replace one attnkit wrote (its mark), and refuse any other file unless
     --overwrite."""
     picture, scores, links = tmp_path / "pic.png", tmp_path / "scores.json", tmp_path / "links.txt"

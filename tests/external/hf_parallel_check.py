@@ -43,7 +43,7 @@ def tiny_model(family: str, dtype: torch.dtype):
 
 def batch(vocab: int):
     """(ids, mask, labels) (2, N): row 0 right-padded (3 pads), row 1 left-padded (5 pads, the first real
-    label predicted from a pad position, as issue 37 found)."""
+    label predicted from a pad position)."""
     ids = torch.randint(3, vocab, (2, N), generator=torch.Generator().manual_seed(7))
     mask = torch.ones(2, N, dtype=torch.long)
     mask[0, -3:] = 0

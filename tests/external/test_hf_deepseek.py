@@ -190,7 +190,7 @@ def test_the_native_decoder_in_float64_equals_transformers_to_1e_10(sparse, tmp_
 
 def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says(tmp_path):
     """transformers (and DeepSeek's reference code) build q_a_layernorm and kv_a_layernorm with eps 1e-6,
-    whatever rms_norm_eps is (issue 59, item 10): with rms_norm_eps 1e-2 the logits still agree."""
+    whatever rms_norm_eps is: with rms_norm_eps 1e-2 the logits still agree."""
     theirs, folder = _checkpoint(False, tmp_path, rms_norm_eps=1e-2)
     ours = load_hf_folder(folder)
     assert ours.layers[0].self_attn.kv_a_norm.eps == 1e-6 and ours.layers[0].attn_norm.eps == 1e-2
@@ -202,7 +202,7 @@ def test_the_latent_norms_keep_their_own_epsilon_whatever_rms_norm_eps_says(tmp_
 def test_the_one_loader_takes_deepseek_and_refuses_other_families_by_name(tmp_path):
     """load_hf_folder loads every family attnkit has natively, DeepSeek included; load_deepseek_folder is its
     deprecated old name for one release; a family attnkit does not have natively is refused by its model_type
-    (issue 60)."""
+   ."""
     import json
 
     from attnkit.models import deepseek

@@ -1,4 +1,4 @@
-"""torch's own test tables run against attnkit's drop-ins (issue 59, items 7 and 8): every CPU sample of the
+"""torch's own test tables run against attnkit's drop-ins: every CPU sample of the
 OpInfo of ``torch.nn.functional.scaled_dot_product_attention`` (``torch.testing._internal``'s
 ``op_db``) through ``attnkit.scaled_dot_product_attention``: the same output and gradients, float32 and
 float64 (a sample with dropout: the same shape, since the two draw different masks)."""
@@ -63,7 +63,7 @@ def test_every_opinfo_sample_of_sdpa_gives_torchs_result(dtype):
 @pytest.mark.parametrize("case", ["scale 0", "negative scale", "float32 mask, float64 query", "3-D query, 4-D keys",
                                   "grouped, broadcast batch"])
 def test_the_calls_torch_takes_that_attnkit_refused(case, rng):
-    """The refusals of issue 59, item 7, each now giving torch's numbers."""
+    """Calls torch's table once saw refused, each now giving torch's numbers."""
     def randn(*shape):
         return torch.randn(*shape, generator=rng)
 

@@ -1,4 +1,4 @@
-"""SDPA's vocabulary (issue 47.2): ``attnkit.attention`` takes torch's keyword names with torch's
+"""SDPA's vocabulary: ``attnkit.attention`` takes torch's keyword names with torch's
 meaning, ``attnkit.scaled_dot_product_attention`` is F.scaled_dot_product_attention's drop-in (same
 numbers on torch's own kinds of test shapes, forward and backward), and a wrong keyword names the
 right one."""

@@ -108,7 +108,7 @@ def _inputs(case: dict, generator: torch.Generator):
     elif kind == "sinks":
         sinks = torch.randn(H, dtype=torch.float64, generator=generator)
         kwargs["is_causal"] = np_kwargs["is_causal"] = True
-        if case["seed"] % 2:  # a head without a sink (-inf), and a row with no key (issue 59, item 4)
+        if case["seed"] % 2:  # a head without a sink (-inf), and a row with no key
             sinks[0] = -math.inf
             mask = torch.ones(L, S, dtype=torch.bool)
             mask[0] = False

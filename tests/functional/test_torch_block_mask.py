@@ -1,4 +1,4 @@
-"""torch's FlexAttention types in attnkit and back (issue 47.1), judged by torch's own flex_attention.
+"""torch's FlexAttention types in attnkit and back, judged by torch's own flex_attention.
 
 - a ``torch.nn.attention.flex_attention.BlockMask`` from ``create_block_mask`` passed to
   :func:`attnkit.attention` (every backend) and to :class:`MultiHeadAttention` gives flex_attention's

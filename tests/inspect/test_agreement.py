@@ -67,7 +67,7 @@ def test_a_sentence_is_never_its_own_partner():
 
 
 def test_an_example_of_one_scored_token_is_reported_not_fatal(tmp_path):
-    """`attnkit inspect ... hello`: one word ranks nothing (issue 59, item 12): no correlation, counted, and the
+    """`attnkit inspect ... hello`: one word ranks nothing: no correlation, counted, and the
     report section says so instead of raising."""
     import numpy as np
 

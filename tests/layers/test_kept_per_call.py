@@ -1,7 +1,7 @@
 """What attnkit keeps beside a tensor (the key mask's (B, 1, 1, S) form, whether a mask has an empty row,
 the rotary tables of explicit positions) lives for one model call (``attnkit.functional.kept``): inference
 tensors (no version counter) work, a tensor rewritten between calls by a write no version counter sees is
-read afresh, and within one call the layers share one build (issue 59, items 1 and 2)."""
+read afresh, and within one call the layers share one build."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_wrong_inputs_are_named(rng):
 
 
 def test_sparse_attention_applies_the_mask_in_its_selection_and_its_attention(rng, monkeypatch):
-    """``mask=`` with a LightningIndexer (issue 59, item 9): with the indexer selecting every key, DSA is the
+    """``mask=`` with a LightningIndexer: with the indexer selecting every key, DSA is the
     dense layer, and both follow a restrictive mask alike; a key the mask rules out is never selected."""
     dense, sparse = _layer(), _layer(sparse=True)
     sparse.indexer.topk = 16  # every key: DSA must equal the dense layer under any mask

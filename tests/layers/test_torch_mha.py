@@ -1,4 +1,4 @@
-"""nn.MultiheadAttention both ways (issue 47.3): weights copied from and to torch's module, and the
+"""nn.MultiheadAttention both ways: weights copied from and to torch's module, and the
 drop-in TorchMultiheadAttention called as torch's is, equal to torch's module in training (dropout 0)
 and eval, forward and backward, with torch's masks, batch_first both ways and unbatched inputs."""
 
@@ -143,7 +143,7 @@ def test_documented_difference_a_fully_masked_row_is_zero_where_torch_gives_nan(
 @pytest.mark.parametrize("extras", [{}, {"add_bias_kv": True}, {"add_zero_attn": True}, {"kdim": 24, "vdim": 20}])
 def test_the_state_dict_is_torchs_both_ways_and_the_same_seed_gives_the_same_weights(extras):
     """A model that swapped the drop-in in saves a checkpoint that loads strictly into the same model with
-    nn.MultiheadAttention, and back (issue 59, item 8)."""
+    nn.MultiheadAttention, and back."""
     torch.manual_seed(3)
     theirs = nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64, **extras)
     torch.manual_seed(3)

@@ -208,7 +208,7 @@ def test_a_stop_at_any_phase_resumes_to_the_weights_of_an_uninterrupted_run(phra
                                                                             signal_name):
     """Ctrl-C or SIGTERM (a scheduler's time limit) before the first validation (the best loss still infinite,
     stored as null), during one, or during the last: a checkpoint, then --resume continues to the same weights
-    as a run never stopped (issue 59, items 11 and 13)."""
+    as a run never stopped."""
     import os
     import signal
 

@@ -193,7 +193,7 @@ def test_a_log_axis_keeps_its_tick_labels_as_mathematics_and_user_text_stays_pla
 @pytest.mark.slow
 def test_every_plot_returns_a_picture_a_notebook_shows_inline(tmp_path):
     """Without a path nothing is written and a Picture comes back: PNG bytes for Jupyter's
-    ``_repr_png_``, the matplotlib Figure to adjust, ``save`` to write it afterwards (issue 47.4)."""
+    ``_repr_png_``, the matplotlib Figure to adjust, ``save`` to write it afterwards."""
     rng = np.random.default_rng(1)
     w = rng.dirichlet(np.ones(6), size=(2, 3, 4))
     pictures = [

@@ -389,7 +389,7 @@ def _default_scale(E: int) -> float:
 _LARGEST = {dtype: torch.finfo(dtype).max for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
 """The largest finite value of the usual dtypes: a layer passes its scale on every call, where reading
 ``torch.finfo`` and the checks below cost 3.2 us inside a transformers layer call
-(benchmarks/results/overhead_ab_2026-11-27_tenth/scale_check.txt). A float scale s with |s| x E at most that is
+(benchmarks/overhead.py). A float scale s with |s| x E at most that is
 finite (NaN and inf fail the comparison) and cannot overflow: :func:`_checked_scale`'s answer, which every other
 scale goes through."""
 

@@ -52,7 +52,7 @@ def index_grids(B: int, H: int, q0: int, q1: int, k0: int, k1: int,
     score_mod receives them: b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, q1 - q0, 1), kv_idx (1, 1, 1, k1 - k0),
     int32. Fresh tensors every call (a mod may keep them, or write into them), copied from ones built once per
     tile and kept (:func:`_kept_grids`): four copies cost half of four ``arange`` and four ``view`` calls (7
-    against 14 us: benchmarks/results/overhead_ab_2026-11-27_fifth/index_grids_cost.txt). Built afresh where
+    against 14 us: benchmarks/overhead.py). Built afresh where
     nothing may be kept (:func:`.tracing.may_keep`: compiling or exporting, a fake tensor mode or a proxy tracer,
     whose tensors are never kept, and CUDA-graph capture, where kernels are recorded, not run)."""
     if not may_keep(device):

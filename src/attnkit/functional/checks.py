@@ -185,7 +185,7 @@ def check_mask(mask: Tensor | None, dims: Dims, device: torch.device, name: str 
     """Validate a boolean mask (True = may attend) against the sizes of the call. The common case, a boolean
     (B|1, H|1, L|1, S) mask on the inputs' device, is settled by a few comparisons (every masked call runs it;
     devices are compared as objects: ``device.type`` builds its string through a C++ stream on every read, 4.6 us
-    inside a layer call, benchmarks/results/overhead_ab_2026-11-27_tenth/); anything else goes through the checks
+    inside a layer call, benchmarks/overhead.py); anything else goes through the checks
     that name what is wrong."""
     if mask is None:
         return

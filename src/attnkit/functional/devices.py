@@ -2,7 +2,7 @@
 
 ``torch.device.type`` makes its string through a C++ stream each time it is read: a third of a microsecond
 alone, 4.6 us inside a layer call, where that code has gone cold
-(``benchmarks/results/overhead_ab_2026-11-27_tenth/in_context_before.txt``). A tensor's own flags
+(``benchmarks/overhead.py``). A tensor's own flags
 (``x.is_cpu``, ``x.is_cuda``) are cheaper still and are what the hot paths read; this is for the places that hold
 a ``torch.device``.
 """

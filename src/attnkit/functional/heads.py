@@ -30,6 +30,6 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
     if groups == 1:
         return x
     if exporting():  # a gather: torch 2.11's export turns repeat_interleave's view into guards that refuse
-        # dynamic lengths (benchmarks/results/gpu/2026-11-28_thirteenth/); the same copy
+        # dynamic lengths; the same copy
         return x.index_select(1, torch.arange(x.shape[1] * groups, device=x.device) // groups)
     return x.repeat_interleave(groups, dim=1)

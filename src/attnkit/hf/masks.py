@@ -56,7 +56,7 @@ class StructuredMask(Tensor):
     A mask with a structure keeps beside it what every layer reads: ``padding``, the same tensor as a plain
     ``Tensor`` (the same memory), and ``keys``, its S. Read through the subclass, ``mask.shape`` goes through
     ``__torch_function__`` (4.9 us a read, once per layer call) and ``as_subclass(Tensor)`` costs 1.3 us
-    (benchmarks/results/overhead_ab_2026-11-27_tenth/hf_bridge/structured_mask_reads.txt)."""
+    (benchmarks/overhead.py)."""
 
     structure: _Structure | None = None
     padding: Tensor | None = None  # (set with the structure: an operation's result has neither)

@@ -144,8 +144,7 @@ def _gguf_parsed_once() -> Iterator[None]:
     """Within the block, ``gguf.GGUFReader(path)`` parses each file once and ``gguf.get_tensor_name_map(arch,
     layers)`` is built once per arguments. transformers' GGUF loading (``load_gguf_checkpoint``, called once for the
     config and again for the tensors, as ``from_pretrained(gguf_file=...)`` calls it) parses the whole file each
-    time and builds the name map once per submodule, 395 times for SmolLM2: with the tokenizer's own read, SmolLM2's
-    load took 24-26 s on a 2-core machine, 10 s now (benchmarks/results/gguf_load_2026-11-27/). The reader
+    time and builds the name map once per submodule, 395 times for SmolLM2, most of its load's time. The reader
     and the map are read-only (a memory map, a lookup table), so a shared one gives the same tensors; transformers
     imports both names from ``gguf`` inside its functions, where the block's stand-ins are found. One thread at a
     time runs the block (another waits), so that the module is itself again after the last one."""

@@ -65,7 +65,7 @@ def causal_convolution(mixed: Tensor, weight: Tensor, cache: LinearStateCache | 
     if cache is not None:
         cache.conv = full[..., full.shape[-1] - kernel:].detach()
     if mixed.shape[-1] == 1:  # a decoding step: its one output as the taps' products summed (F.conv1d's depthwise
-        # kernel took 65 us at 768 channels, this 8 us: benchmarks/results/overhead_ab_2026-11-27_sixth/conv_step_cost.txt)
+        # kernel costs several times more for one position)
         acc = accumulation_dtype(full.dtype)  # (a half type's products summed in float32, as the convolution's)
         taps = full.to(acc) * weight.reshape(weight.shape[0], -1).to(acc)  # (B, channels, kernel)
         return F.silu(taps.sum(dim=-1, keepdim=True).to(full.dtype))

@@ -29,7 +29,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True)
     grouped = dims.H != dims.Hkv  # (seven views a call fewer where not: a small score_mod call's microseconds)
     if grouped and exporting():  # keys and values repeated per query head, as transformers' eager attention does:
         # a view of a broadcast product carries the lengths into guards that torch 2.11's export refuses under
-        # dynamic lengths (benchmarks/results/gpu/2026-11-28_thirteenth/), and the scores outweigh the copy
+        # dynamic lengths, and the scores outweigh the copy
         k, v = repeat_kv(k, dims.groups), repeat_kv(v, dims.groups)
         grouped = False
     q_g, k_g, v_g = (group_heads(q, dims), k.unsqueeze(2), v.unsqueeze(2)) if grouped else (q, k, v)

@@ -84,8 +84,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Te
         key_mask: (B, L) True at real tokens: a padded token leaves the state untouched (its beta and decay
             are ignored) and gets a zero output.
         check_values: look at ``g``'s and ``beta``'s values and refuse any out of range by name (a wait for the
-            device on a GPU; on the CPU 17 us of a 4-head decoding step's 20 us of checks, 77 us in all:
-            benchmarks/results/overhead_ab_2026-11-27_sixth/gdr_step_cost.txt). False for a caller whose g and
+            device on a GPU; on the CPU most of a decoding step's checks). False for a caller whose g and
             beta are in range by construction, as attnkit's layers make them (a sigmoid; -exp(.) softplus(.)).
 
     Returns:
@@ -198,8 +197,8 @@ def _recurrent(q, k, v, g, beta, state, delta: bool):
 def _step(q, k, v, g, beta, state, delta: bool):
     """One token (B, H, 1, .): the recurrence of the module docstring as products of (1, K) rows and the (K, V)
     state, the same numbers as :func:`_recurrent`'s one step to rounding. A decoding step of a hybrid model runs
-    it on every linear layer: 36 us a call at 4 heads of 64, where the chunked form's one chunk took 166 us and
-    the token loop 60 us (benchmarks/results/overhead_ab_2026-11-27_sixth/gdr_step_cost.txt)."""
+    it on every linear layer, where the chunked form's one chunk and the token loop each cost several times more
+    (benchmarks/linear_attention.py's decoding rows time the step)."""
     B, H, _, K = k.shape
     S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state
     if g is not None:  # (B, H, 1): one decay a head; (B, H, 1, K): one a key channel, down the state's rows
