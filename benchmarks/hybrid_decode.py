@@ -5,11 +5,10 @@ batch 1; by default float32 on the CPU with one thread. A prompt of 32 tokens, t
 through its own cache; the milliseconds a step (on CUDA, the device synchronised around the 32 steps), best of 5
 alternating runs, and whether both sides chose the same tokens (in bfloat16 they may part: rounding).
 
-    python benchmarks/hybrid_decode.py [--families qwen3_next kimi_linear minimax] --out hybrid_decode.json
+    python benchmarks/hybrid_decode.py --out benchmarks/results/hybrid_decode.json
     python benchmarks/hybrid_decode.py --device cuda --dtype bfloat16 --out hybrid_decode_cuda.json
 
-Run with PYTHONPATH pointing at the code to measure (benchmarks/overhead.py:
-before and after, on the CPU)."""
+Run with PYTHONPATH pointing at the code to measure, to set two commits side by side."""
 import argparse
 import shutil
 import sys
