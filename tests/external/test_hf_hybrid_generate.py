@@ -19,8 +19,9 @@ from hybrid_checks import tiny_config  # noqa: E402
 VOCAB = 64
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text", "kimi_linear", "minimax"])
-def test_attnkit_generate_continues_a_hybrid_checkpoint_as_transformers_does(family, tmp_path, capsys):
+def _saved_folder(family: str, folder, *, moved: float = 0.0):
+    """transformers' tiny ``family`` model (its parameters moved by ``moved`` times a normal draw, the decay rates
+    kept), saved to ``folder`` with a word-level tokenizer.json of the vocabulary: (the model, the tokenizer)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -29,13 +30,20 @@ def test_attnkit_generate_continues_a_hybrid_checkpoint_as_transformers_does(fam
     with torch.no_grad():
         for name, p in theirs.named_parameters():
             if "A_log" not in name:
-                p.add_(0.3 * torch.randn_like(p))
-    theirs.save_pretrained(tmp_path)
+                p.add_(moved * torch.randn_like(p))
+    theirs.save_pretrained(folder)
     vocab = {f"w{i}": i for i in range(VOCAB)}
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tokenizer.decoder = tokenizers.decoders.WordPiece()  # joins the words with spaces
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return theirs, tokenizer
+
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text", "kimi_linear", "minimax"])
+def test_attnkit_generate_continues_a_hybrid_checkpoint_as_transformers_does(family, tmp_path, capsys):
+    theirs, tokenizer = _saved_folder(family, tmp_path, moved=0.3)
     prompt = "w5 w17 w9 w33 w12 w40"
     ids = torch.tensor([tokenizer.encode(prompt).ids])
     with torch.no_grad():
@@ -52,15 +60,7 @@ def test_compile_on_a_hybrid_is_refused_in_one_line(tmp_path, capsys):
     from attnkit.decoding import generate
     from attnkit.models.pretrained import load_hf_folder
 
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen3_next", vocab_size=VOCAB),
-                                                            attn_implementation="eager").eval()
-    theirs.save_pretrained(tmp_path)
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    _saved_folder("qwen3_next", tmp_path)
     capsys.readouterr()  # (transformers' save progress)
     assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--compile"]) == 2
     err = capsys.readouterr().err
@@ -72,17 +72,7 @@ def test_compile_on_a_hybrid_is_refused_in_one_line(tmp_path, capsys):
 def test_two_prompts_on_a_linear_first_hybrid_are_generated_as_a_padded_batch(tmp_path, capsys):
     """`attnkit generate --prompt A B` pads the prompts on the left into one batch: on a hybrid whose layer 0 is
     linear (Qwen3-Next's default layout) each completion is the one its prompt gives alone."""
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen3_next", vocab_size=VOCAB),
-                                                            attn_implementation="eager").eval()
-    theirs.save_pretrained(tmp_path)
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer.decoder = tokenizers.decoders.WordPiece()
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    _saved_folder("qwen3_next", tmp_path)
     prompts = ["w5 w17 w9 w33 w12 w40", "w7 w8"]
     alone = []
     for prompt in prompts:
