@@ -8,6 +8,7 @@ from .efficient import LinearAttention, LinformerAttention, PerformerAttention
 from .gated import DifferentialAttention, GatedAttention
 from .indexer import LightningIndexer
 from .latent import LatentAttention, LatentCache
+from .mamba2 import GroupedGatedRMSNorm, Mamba2
 from .multihead import MultiHeadAttention
 from .multiplicative import LuongAttention
 from .positional import (
@@ -60,5 +61,4 @@ __all__ = [
     "sinusoidal_table",
     "apply_rotary",
     "alibi_slopes",
-    "alibi_bias",
-]
+    "alibi_bias", "Mamba2", "GroupedGatedRMSNorm"]

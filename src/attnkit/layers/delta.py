@@ -51,10 +51,10 @@ class GatedRMSNorm(nn.Module):
         return (self.weight.to(acc) * h * torch.sigmoid(gate.to(acc))).to(dtype)
 
 
-def causal_convolution(mixed: Tensor, weight: Tensor, cache: LinearStateCache | None) -> Tensor:
-    """silu(a causal depthwise convolution) of (B, channels, L) with ``weight`` (channels, 1, kernel), continuing
-    the cache's last (kernel - 1) inputs (zeros before the first token, as the convolution pads) and keeping the
-    new ones in it."""
+def causal_convolution(mixed: Tensor, weight: Tensor, cache: LinearStateCache | None, bias: Tensor | None = None) -> Tensor:
+    """silu(a causal depthwise convolution) of (B, channels, L) with ``weight`` (channels, 1, kernel) and ``bias``
+    (channels,) or None, continuing the cache's last (kernel - 1) inputs (zeros before the first token, as the
+    convolution pads) and keeping the new ones in it."""
     kernel = weight.shape[-1] - 1
     if mixed.shape[-1] == 0:  # no token: nothing to convolve, the cache's last inputs as they were
         return F.silu(mixed)
@@ -68,8 +68,11 @@ def causal_convolution(mixed: Tensor, weight: Tensor, cache: LinearStateCache | 
         # kernel costs several times more for one position)
         acc = accumulation_dtype(full.dtype)  # (a half type's products summed in float32, as the convolution's)
         taps = full.to(acc) * weight.reshape(weight.shape[0], -1).to(acc)  # (B, channels, kernel)
-        return F.silu(taps.sum(dim=-1, keepdim=True).to(full.dtype))
-    return F.silu(F.conv1d(full, weight, None, groups=weight.shape[0]))
+        summed = taps.sum(dim=-1, keepdim=True)
+        if bias is not None:
+            summed = summed + bias.to(acc)[:, None]
+        return F.silu(summed.to(full.dtype))
+    return F.silu(F.conv1d(full, weight, bias, groups=weight.shape[0]))
 
 
 class LinearStateCache:
