@@ -95,7 +95,7 @@ class Mamba2(nn.Module):
         Bsz, L, _ = x.shape
         H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
         z, xBC, dt = project_by_name(self, "in_proj", x).split([self.inner, self.conv_dim, H], dim=-1)
-        conv = self._modules["conv1d"]
+        conv = self.conv1d
         xBC = causal_convolution(xBC.transpose(1, 2), conv.weight, cache, conv.bias).transpose(1, 2)  # (B, L, C)
         if key_mask is not None:  # as transformers: a padded token's convolved inputs are zeros too
             xBC = torch.where(key_mask.bool()[..., None], xBC, 0.0)
