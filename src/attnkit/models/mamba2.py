@@ -1,0 +1,158 @@
+"""Mamba-2 as an attnkit decoder (Dao and Gu 2024): every layer a Mamba-2 mixer, a pre-norm residual around each.
+
+    x = embed(ids);   for each layer: x = x + Mamba2(RMSNorm(x));   logits = lm_head(RMSNorm(x))
+
+Module names follow transformers' ``Mamba2ForCausalLM`` without its ``backbone.`` prefix (``embeddings``,
+``layers.i.norm``, ``layers.i.mixer``; attnkit's ``norm`` for its ``norm_f``). The cache is one constant-size
+:class:`~attnkit.layers.LinearStateCache` a layer. :func:`load_checkpoint_folder` (reached through
+:func:`attnkit.models.pretrained.load_hf_folder`) reads a transformers checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .._files import read_json
+from ..functional.precision import accumulation_dtype
+from ..layers import Mamba2
+from .blocks import normalised
+from .hf_config import UnsupportedConfigError
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
+from .weights import load_placed, read_checkpoint_folder, untied_by_checkpoint
+
+__all__ = ["Mamba2Config", "Mamba2LM", "mamba2_config_from_hf", "load_checkpoint_folder"]
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """The sizes of a Mamba-2 model (transformers' ``Mamba2Config`` keys, attnkit's names)."""
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int = 1
+    conv_kernel: int = 4
+    conv_bias: bool = True
+    bias: bool = False
+    norm_eps: float = 1e-5
+    chunk_size: int = 256
+    dt_limit: tuple[float, float] = (0.0, math.inf)
+    residual_in_fp32: bool = True  # the residual stream in float32 for half types (float64 stays float64)
+    tie_embeddings: bool = False
+
+
+class Mamba2Block(nn.Module):
+    """x + Mamba2(RMSNorm(x)): transformers' ``Mamba2Block``."""
+
+    kind = LINEAR
+
+    def __init__(self, c: Mamba2Config):
+        super().__init__()
+        self.residual_in_fp32 = c.residual_in_fp32
+        self.norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.mixer = Mamba2(c.d_model, c.num_heads, c.head_dim, c.state_size, n_groups=c.n_groups,
+                            conv_kernel=c.conv_kernel, conv_bias=c.conv_bias, bias=c.bias, norm_eps=c.norm_eps,
+                            chunk_size=c.chunk_size, dt_limit=c.dt_limit)
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        residual = x.to(accumulation_dtype(x.dtype)) if self.residual_in_fp32 else x
+        mixed, weights = mix(self.mixer, LINEAR, normalised(self._modules["norm"], x), key_mask=key_mask,
+                             positions=positions, cache=cache, need_weights=need_weights)
+        return (residual + mixed).to(x.dtype), weights
+
+
+class Mamba2LM(HybridLM):
+    """Mamba-2's decoder (module docstring): ``forward(input_ids, attention_mask, cache=, need_weights=)`` ->
+    :class:`~attnkit.models.outputs.LMOutput` as attnkit's other decoders (:class:`~attnkit.models.hybrid.HybridLM`),
+    so :func:`attnkit.decoding.generate` drives it; ``need_weights`` gives every layer's implicit attention."""
+
+    def __init__(self, config: Mamba2Config):
+        super().__init__()
+        c = self.config = config
+        self.embeddings = nn.Embedding(c.vocab_size, c.d_model)
+        self.layers = nn.ModuleList(Mamba2Block(c) for _ in range(c.num_layers))
+        self.norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embeddings.weight
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.embeddings(input_ids)
+
+
+# --------------------------------------------------------------------------- transformers checkpoints
+_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size", "n_groups", "expand",
+         "conv_kernel", "use_conv_bias", "use_bias", "layer_norm_epsilon", "chunk_size", "time_step_limit",
+         "residual_in_fp32", "tie_word_embeddings", "hidden_act", "model_type", "layer_types"}
+_HARMLESS = HARMLESS | {"time_step_rank", "time_step_min", "time_step_max", "time_step_floor", "rescale_prenorm_residual",
+                        "num_labels", "max_position_embeddings"}
+_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size")
+
+
+def mamba2_config_from_hf(hf: dict) -> Mamba2Config:
+    """attnkit's config from a transformers Mamba-2 ``config.json``: every key read, harmless in evaluation, or
+    refused by name (:class:`UnsupportedConfigError`). ``time_step_rank`` is an initialisation size Mamba-2 does not
+    use (its step is one projection a head); the other ``time_step_*`` keys only initialise ``dt_bias``."""
+    checked_keys(hf, ("mamba2",), _READ, _HARMLESS, _REQUIRED)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UnsupportedConfigError(f"mamba2 config: attnkit implements hidden_act 'silu', got {hf['hidden_act']!r}")
+    heads, head_dim, d_model = hf["num_heads"], hf["head_dim"], hf["hidden_size"]
+    inner = int(hf.get("expand", 2) * d_model)
+    if heads * head_dim != inner:
+        raise UnsupportedConfigError(f"mamba2 config: num_heads x head_dim = {heads} x {head_dim} must equal expand x "
+                                     f"hidden_size = {inner} (the mixer's width)")
+    types = hf.get("layer_types")
+    if types is not None and set(types) - {"mamba"}:
+        raise UnsupportedConfigError(f"mamba2 config: layer_types other than 'mamba' are not Mamba-2's, got "
+                                     f"{sorted(set(types))}")
+    limit = hf.get("time_step_limit") or (0.0, math.inf)
+    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
+        raise UnsupportedConfigError(f"mamba2 config: time_step_limit must be [low, high], got {limit!r}")
+    limit = [_json_float(bound, "time_step_limit") for bound in limit]
+    return Mamba2Config(
+        vocab_size=hf["vocab_size"], d_model=d_model, num_layers=hf["num_hidden_layers"], num_heads=heads,
+        head_dim=head_dim, state_size=hf["state_size"], n_groups=hf.get("n_groups", 1),
+        conv_kernel=hf.get("conv_kernel", 4), conv_bias=bool(hf.get("use_conv_bias", True)),
+        bias=bool(hf.get("use_bias", False)), norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        chunk_size=hf.get("chunk_size", 256), dt_limit=(float(limit[0]), float(limit[1])),
+        residual_in_fp32=bool(hf.get("residual_in_fp32", True)), tie_embeddings=bool(hf.get("tie_word_embeddings")))
+
+
+def _json_float(value, key: str) -> float:
+    """A number of a config.json: a JSON number, or the form transformers writes for infinity and NaN
+    (``{"__float__": "Infinity"}``)."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        value = value["__float__"]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UnsupportedConfigError(f"mamba2 config: {key} holds {value!r}, not a number") from None
+
+
+def _attnkit_name(name: str) -> str:
+    name = name.removeprefix("backbone.")
+    return "norm.weight" if name == "norm_f.weight" else name
+
+
+def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Mamba2LM:
+    """A :class:`Mamba2LM` from a transformers Mamba-2 checkpoint folder (``config.json`` and safetensors), in eval
+    mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
+    folder = Path(folder)
+    config = mamba2_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    tensors = read_checkpoint_folder(folder)
+    config = untied_by_checkpoint(config, tensors, "backbone.embeddings.weight")
+    model = Mamba2LM(config)
+    load_placed(model, {_attnkit_name(name): tensor for name, tensor in tensors.items()}, source=folder,
+                tied=config.tie_embeddings)
+    model = model if dtype is None else model.to(dtype)
+    return model.eval()
