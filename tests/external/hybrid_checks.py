@@ -1,4 +1,5 @@
-"""What the native hybrids' tests (Qwen3-Next, Qwen3.5, Kimi Linear, MiniMax-01) check alike against transformers:
+"""What the native hybrids' tests (Qwen3-Next, Qwen3.5, Kimi Linear, MiniMax-01, Mamba-2, Bamba, Granite 4.0-H)
+check alike against transformers:
 a tiny random checkpoint saved by transformers (the tiny configs: :func:`tiny_config`), the one loader's model giving
 its logits on a batch with and without left padding, and its greedy tokens."""
 
@@ -20,13 +21,32 @@ LAYER_TYPES = {
 }
 """Each tiny model's four layers (layer 1 is a linear one in every family)."""
 
+MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+             mamba_chunk_size=8)
+"""The Mamba-2 layers of the tiny Bamba and Granite 4.0-H models: 4 heads of 16 channels in 2 groups, a state of 8, chunks of
+8 (so that 12 tokens span two)."""
+
 
 def tiny_config(family: str, **overrides):
-    """transformers' config of the hybrid tests' tiny ``family`` model (a key of :data:`LAYER_TYPES`): 4 layers of
+    """transformers' config of the hybrid tests' tiny ``family`` model (a key of :data:`LAYER_TYPES`, or "mamba2",
+    "bamba", "granitemoehybrid"): 4 layers (Mamba-2's 3) of
     width 32, a vocabulary of 60, ``overrides`` taking the place of any of its keys. MiniMax's residual scales differ
     from 1, so that a model that ignored them would be told apart."""
     import transformers
 
+    base = dict(vocab_size=60, hidden_size=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "mamba2":
+        return transformers.Mamba2Config(**(base | dict(num_hidden_layers=3, num_heads=4, head_dim=16, state_size=8,
+                                                        n_groups=2, expand=2, chunk_size=8) | overrides))
+    ssm = base | MAMBA | dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+    if family == "bamba":
+        return transformers.BambaConfig(**(ssm | dict(intermediate_size=48, attn_layer_indices=[2]) | overrides))
+    if family == "granitemoehybrid":  # Granite 4.0-H: no position embedding, muP multipliers away from 1, experts
+        return transformers.GraniteMoeHybridConfig(**(ssm | dict(
+            intermediate_size=16, shared_intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.5)
+            | overrides))
     keys: dict = dict(vocab_size=60, hidden_size=32, num_hidden_layers=4, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, layer_types=LAYER_TYPES[family], num_attention_heads=4)
     linear = dict(num_key_value_heads=2, head_dim=8, intermediate_size=48, linear_num_key_heads=2,
@@ -116,7 +136,7 @@ def assert_same_greedy_tokens(ours, theirs, *, seed: int = 2, new: int = 12) -> 
     config without one: with it, ``min_new_tokens`` would make transformers pick another where the end wins)."""
     prompt = ids(seed, batch=1)
     config = copy.deepcopy(theirs.generation_config)
-    config.eos_token_id, config.pad_token_id = None, 0
+    config.eos_token_id, config.pad_token_id = theirs.config.vocab_size, 0  # (never generated; None: the model's)
     with torch.no_grad():
         want = theirs.generate(prompt, generation_config=config, max_new_tokens=new, do_sample=False)[0, prompt.shape[1]:]
     assert len(want) == new
@@ -134,7 +154,7 @@ def assert_same_padded_greedy_tokens(ours, theirs, *, seed: int = 4, new: int = 
     prompts = [tokens[:7], tokens[7:10], tokens[10:15]]
     padded, mask = pad_prompts(prompts)
     config = copy.deepcopy(theirs.generation_config)
-    config.eos_token_id, config.pad_token_id = None, 0
+    config.eos_token_id, config.pad_token_id = theirs.config.vocab_size, 0  # (never generated; None: the model's)
     with torch.no_grad():
         if theirs_padded:
             want = theirs.generate(padded, attention_mask=mask, generation_config=config, max_new_tokens=new,

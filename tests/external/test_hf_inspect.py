@@ -222,7 +222,7 @@ def test_a_gguf_file_is_parsed_once_within_a_load_and_gguf_is_itself_again_after
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "granitemoehybrid"])
 def test_inspect_cli_on_a_hybrid_folder_reads_every_layer(tmp_path, family, capsys):
     """A hybrid folder is inspected through attnkit's own model: every layer is recorded (a linear layer's implicit
     attention beside a softmax layer's weights, 4 layers numbered as the model numbers them, of several head counts

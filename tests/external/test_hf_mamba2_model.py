@@ -23,15 +23,13 @@ from hybrid_checks import (  # noqa: E402
     assert_same_logits,
     cached_decoding_equals_one_pass,
     saved_checkpoint,
+    tiny_config,
 )
-
-CONFIG = dict(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_heads=4, head_dim=16, state_size=8, n_groups=2,
-              expand=2, conv_kernel=4, chunk_size=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 @pytest.fixture(scope="module")
 def checkpoint():
-    config = transformers.Mamba2Config(**CONFIG)
+    config = tiny_config("mamba2")
     theirs, folder = saved_checkpoint(lambda: transformers.Mamba2ForCausalLM(config))
     yield theirs, folder
     shutil.rmtree(folder, ignore_errors=True)

@@ -193,8 +193,9 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-NATIVE_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax")
-"""Hybrid families ``attnkit inspect`` loads natively (:func:`attnkit.models.pretrained.load_hf_folder`): through
+NATIVE_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "mamba2", "bamba",
+                  "granitemoehybrid")
+"""Hybrid and state-space families ``attnkit inspect`` loads natively (:func:`attnkit.models.pretrained.load_hf_folder`): through
 transformers only their softmax layers would report attention."""
 
 

@@ -17,7 +17,7 @@ from .blocks import layer_key_masks, normalised
 from .hf_config import UnsupportedConfigError, means_none
 from .outputs import LMOutput
 
-__all__ = ["LINEAR", "HARMLESS", "checked_keys", "mix", "HybridLM"]
+__all__ = ["LINEAR", "HARMLESS", "checked_keys", "json_float", "mix", "HybridLM"]
 
 LINEAR = "linear_attention"
 """The ``layer_types`` entry of a linear-attention layer (every other one is softmax attention)."""
@@ -55,6 +55,17 @@ def checked_keys(hf: object, kinds: tuple[str, ...], read: set[str] | frozenset[
     return kind
 
 
+def json_float(value, where: str) -> float:
+    """A number of a config.json: a JSON number, or the form transformers writes for infinity and NaN
+    (``{"__float__": "Infinity"}``); anything else an :class:`UnsupportedConfigError` naming ``where`` it was."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        value = value["__float__"]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UnsupportedConfigError(f"{where} holds {value!r}, not a number") from None
+
+
 def mix(mixer: nn.Module, kind: str, h: Tensor, *, key_mask: Tensor | None, positions: Tensor | None, cache,
         need_weights: bool = False, **options) -> tuple[Tensor, Tensor | None]:
     """A layer's token mixer on its normed input h (B, L, D): a linear layer takes the key mask of the call's own
@@ -80,6 +91,7 @@ class HybridLM(nn.Module):
     layers: nn.ModuleList
     norm: nn.Module
     lm_head: nn.Linear
+    logits_scaling: float = 1.0  # the logits are lm_head's divided by it (Granite's muP)
 
     def embed(self, input_ids: Tensor) -> Tensor:
         raise NotImplementedError
@@ -115,4 +127,7 @@ class HybridLM(nn.Module):
             if attentions is not None:
                 attentions.append(weights)
         x = normalised(self._modules["norm"], x)
-        return LMOutput(project_by_name(self, "lm_head", x[:, -1:] if last_only else x), x, attentions)
+        logits = project_by_name(self, "lm_head", x[:, -1:] if last_only else x)
+        if self.logits_scaling != 1:
+            logits = logits / self.logits_scaling
+        return LMOutput(logits, x, attentions)

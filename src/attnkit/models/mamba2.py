@@ -23,7 +23,7 @@ from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2
 from .blocks import normalised
 from .hf_config import UnsupportedConfigError
-from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
 from .weights import load_placed, read_checkpoint_folder, untied_by_checkpoint
 
 __all__ = ["Mamba2Config", "Mamba2LM", "mamba2_config_from_hf", "load_checkpoint_folder"]
@@ -48,6 +48,7 @@ class Mamba2Config:
     dt_limit: tuple[float, float] = (0.0, math.inf)
     residual_in_fp32: bool = True  # the residual stream in float32 for half types (float64 stays float64)
     tie_embeddings: bool = False
+    max_len: float = math.inf  # generation's bound: none, its state is of one size whatever the length
 
 
 class Mamba2Block(nn.Module):
@@ -118,7 +119,7 @@ def mamba2_config_from_hf(hf: dict) -> Mamba2Config:
     limit = hf.get("time_step_limit") or (0.0, math.inf)
     if not isinstance(limit, (list, tuple)) or len(limit) != 2:
         raise UnsupportedConfigError(f"mamba2 config: time_step_limit must be [low, high], got {limit!r}")
-    limit = [_json_float(bound, "time_step_limit") for bound in limit]
+    limit = [json_float(bound, "mamba2 config: time_step_limit") for bound in limit]
     return Mamba2Config(
         vocab_size=hf["vocab_size"], d_model=d_model, num_layers=hf["num_hidden_layers"], num_heads=heads,
         head_dim=head_dim, state_size=hf["state_size"], n_groups=hf.get("n_groups", 1),
@@ -126,17 +127,6 @@ def mamba2_config_from_hf(hf: dict) -> Mamba2Config:
         bias=bool(hf.get("use_bias", False)), norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         chunk_size=hf.get("chunk_size", 256), dt_limit=(float(limit[0]), float(limit[1])),
         residual_in_fp32=bool(hf.get("residual_in_fp32", True)), tie_embeddings=bool(hf.get("tie_word_embeddings")))
-
-
-def _json_float(value, key: str) -> float:
-    """A number of a config.json: a JSON number, or the form transformers writes for infinity and NaN
-    (``{"__float__": "Infinity"}``)."""
-    if isinstance(value, dict) and set(value) == {"__float__"}:
-        value = value["__float__"]
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise UnsupportedConfigError(f"mamba2 config: {key} holds {value!r}, not a number") from None
 
 
 def _attnkit_name(name: str) -> str:
