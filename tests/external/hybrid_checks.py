@@ -29,7 +29,7 @@ MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8
 
 def tiny_config(family: str, **overrides):
     """transformers' config of the hybrid tests' tiny ``family`` model (a key of :data:`LAYER_TYPES`, or "mamba2",
-    "bamba", "granitemoehybrid"): 4 layers (Mamba-2's 3) of
+    "bamba", "granitemoehybrid", "nemotron_h"): 4 layers (Mamba-2's 3, Nemotron-H's 5) of
     width 32, a vocabulary of 60, ``overrides`` taking the place of any of its keys. MiniMax's residual scales differ
     from 1, so that a model that ignored them would be told apart."""
     import transformers
@@ -47,6 +47,13 @@ def tiny_config(family: str, **overrides):
             layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
             embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.5)
             | overrides))
+    if family == "nemotron_h":  # every kind of layer; experts in 2 groups, one kept a token, a latent width
+        return transformers.NemotronHConfig(**(base | dict(
+            layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention"],
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48, mamba_num_heads=4,
+            mamba_head_dim=16, n_groups=2, ssm_state_size=8, chunk_size=8, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=16, moe_shared_expert_intermediate_size=24, moe_latent_size=16, n_group=2,
+            topk_group=1, routed_scaling_factor=1.5)) | overrides)
     keys: dict = dict(vocab_size=60, hidden_size=32, num_hidden_layers=4, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, layer_types=LAYER_TYPES[family], num_attention_heads=4)
     linear = dict(num_key_value_heads=2, head_dim=8, intermediate_size=48, linear_num_key_heads=2,

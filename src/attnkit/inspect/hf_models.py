@@ -58,14 +58,18 @@ class InspectedDecoder(nn.Module):
     """One of attnkit's native decoders (a hybrid of linear and softmax attention among them) seen through the
     interface of :class:`~attnkit.models.EncoderModel`, as :class:`InspectedModel` sees a transformers model: every
     layer's attention, a softmax layer's weights and a linear layer's implicit attention matrix alike (its
-    ``need_weights``), numbered as the model numbers its layers. ``embeddings.tokens`` is its input embedding."""
+    ``need_weights``), numbered as the model numbers its layers; a layer that mixes no tokens (Nemotron-H's MLP and
+    expert layers) has none and is left out, so the numbers then count the layers that attend.
+    ``embeddings.tokens`` is its input embedding."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        tokens = getattr(model, "embed_tokens", None) or getattr(model, "tokens", None)
-        if not isinstance(tokens, nn.Module):
-            raise TypeError(f"{type(model).__name__} has no token embedding (embed_tokens or tokens) to inspect through")
+        tokens = next((getattr(model, name) for name in ("embed_tokens", "tokens", "embeddings")
+                       if isinstance(getattr(model, name, None), nn.Embedding)), None)
+        if tokens is None:
+            raise TypeError(f"{type(model).__name__} has no token embedding (an nn.Embedding: embed_tokens, tokens or "
+                            "embeddings) to inspect through")
         self.embeddings = _Embeddings(tokens)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
@@ -73,7 +77,8 @@ class InspectedDecoder(nn.Module):
         from ..models.outputs import EncoderOutput
 
         out = self.model(input_ids, attention_mask, need_weights=need_weights)
-        return EncoderOutput(out.hidden_states, None, out.attentions if need_weights else None)
+        attentions = [a for a in out.attentions if a is not None] if need_weights else None
+        return EncoderOutput(out.hidden_states, None, attentions)
 
 
 def seq2seq_attentions(model: Any, tokenizer, text: str, reference: str | None = None,
@@ -194,7 +199,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 NATIVE_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "mamba2", "bamba",
-                  "granitemoehybrid")
+                  "granitemoehybrid", "nemotron_h")
 """Hybrid and state-space families ``attnkit inspect`` loads natively (:func:`attnkit.models.pretrained.load_hf_folder`): through
 transformers only their softmax layers would report attention."""
 

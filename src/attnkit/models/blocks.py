@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -17,14 +18,16 @@ from torch import Tensor, nn
 from ..functional.precision import accumulation_dtype
 from ..layers.calls import called, hookless, project_by_name
 
-__all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k", "routed_experts",
+__all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k",
+           "sigmoid_group_top_k", "routed_experts",
            "make_norm", "normalised", "count_parameters", "layer_key_masks"]
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "gelu": F.gelu,  # exact (erf) GELU: BERT
     "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
     "silu": F.silu,  # Swish: Llama's gate
+    "relu2": lambda x: torch.relu(x).square(),  # squared ReLU (So et al. 2021): Nemotron-H's MLPs and experts
 }
 
 
@@ -78,29 +81,35 @@ class GatedFeedForward(nn.Module):
         return project_by_name(self, "down_proj", self.activation(gate) * up)
 
 
-def routed_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
+def routed_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, experts: Tensor, weights: Tensor, *,
+                   activation: str | None = None) -> Tensor:
     """Each token's chosen SwiGLU experts, weighted and summed: x (N, D), transformers' fused expert weights
     ``gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F), ``experts`` (N, k) the chosen and ``weights`` (N, k)
     theirs; each expert runs once, on the tokens that chose it. A product with float32 weights is rounded to
-    x's dtype once, when added."""
+    x's dtype once, when added. With ``activation`` (a name of :data:`ACTIVATIONS`) the experts are not gated:
+    ``gate_up_proj`` is their up projection (E, F, D) and an expert is down(act(up(x))) (Nemotron-H's)."""
+    act = None if activation is None else _activation(activation)
     out = torch.zeros_like(x)
     if x.shape[0] == 1:  # one token (a decoding step): its experts in turn, without the token lists
         chosen = experts[0].tolist()
         for expert in sorted(set(chosen)):  # the general path's order and additions (bit for bit where, as a
             # top-k router chooses them, the experts differ)
-            y = _expert(x, gate_up_proj[expert], down_proj[expert])
+            y = _expert(x, gate_up_proj[expert], down_proj[expert], act)
             for position in (i for i, e in enumerate(chosen) if e == expert):
                 out.add_((y * weights[:, position, None]).to(out.dtype))
         return out
     for expert in experts.unique().tolist():
         token, slot = torch.where(experts == expert)
-        y = _expert(x[token], gate_up_proj[expert], down_proj[expert])
+        y = _expert(x[token], gate_up_proj[expert], down_proj[expert], act)
         out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
     return out
 
 
-def _expert(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor) -> Tensor:
-    """One SwiGLU expert on its tokens x (n, D): ``gate_up_proj`` (2F, D), ``down_proj`` (D, F)."""
+def _expert(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, act=None) -> Tensor:
+    """One SwiGLU expert on its tokens x (n, D): ``gate_up_proj`` (2F, D), ``down_proj`` (D, F); with ``act``, an
+    ungated one: down(act(x up^T)), ``gate_up_proj`` the up projection (F, D)."""
+    if act is not None:
+        return F.linear(act(F.linear(x, gate_up_proj)), down_proj)
     gate, up = F.linear(x, gate_up_proj).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, down_proj)
 
@@ -127,6 +136,27 @@ def softmax_top_k(logits: Tensor, k: int, normalise: bool) -> tuple[Tensor, Tens
     if normalise:
         top = top / top.sum(dim=-1, keepdim=True)
     return chosen, top
+
+
+def sigmoid_group_top_k(logits: Tensor, score_bias: Tensor, k: int, *, groups: int = 1, groups_per_token: int = 1,
+                        normalise: bool = True, scaling: float = 1.0) -> tuple[Tensor, Tensor]:
+    """DeepSeek-V3's router (also Nemotron-H's): (experts (N, k), weights (N, k)) from router logits (N, E) in the
+    routing dtype. Scores are sigmoid(logits); the choice adds ``score_bias`` (E,) (``e_score_correction_bias``),
+    keeps the ``groups_per_token`` best of ``groups`` expert groups (a group's worth: its two best choices summed)
+    and takes the top k there; the weights are the chosen experts' scores (without the bias), renormalised to sum 1
+    where ``normalise``, times ``scaling`` (``routed_scaling_factor``)."""
+    scores = torch.sigmoid(logits)
+    choice = scores + score_bias.to(scores.dtype)
+    E = choice.shape[-1]
+    grouped = choice.view(-1, groups, E // groups)
+    group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)  # (N, groups)
+    kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(groups_per_token, dim=-1).indices, 1.0)
+    choice = choice.masked_fill(~kept.bool().repeat_interleave(E // groups, dim=1), float("-inf"))
+    experts = choice.topk(k, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if normalise:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return experts, weights * scaling
 
 
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.Module:
@@ -167,15 +197,16 @@ def layer_key_masks(attention_mask: Tensor | None, B: int, L: int, caches) -> li
     """Each layer's key mask (B, S_i) from a model's ``attention_mask`` (B, W), True (or 1) at real tokens, for a
     call of L new tokens through ``caches`` (one per layer, or None): layer i reads the last S_i columns, S_i =
     ``caches[i].attended_length(L)`` (what a growing cache holds and the new tokens; a rolling cache's window and
-    the new tokens; a linear layer's own L; a fixed-size cache's capacity), so that layers whose caches hold
-    different lengths (sliding windows on some layers, linear layers beside softmax ones) each get theirs.
+    the new tokens; a linear layer's own L; a fixed-size cache's capacity; L for a layer with no cache, None), so
+    that layers whose caches hold different lengths (sliding windows on some layers, linear layers beside softmax
+    ones) each get theirs.
 
     W is the tokens so far, cached and new (as transformers' ``attention_mask``), or any width from the longest
     S_i on; without caches, L. Layers of one S share one mask (what a layer keeps beside it serves them all). None
     without a mask; a mask of another shape is refused by name."""
     if attention_mask is None:
         return None
-    lengths = [L] if caches is None else [cache.attended_length(L) for cache in caches]
+    lengths = [L] if caches is None else [L if cache is None else cache.attended_length(L) for cache in caches]
     least = max(lengths)
     widest = least if caches is None else max([least, *(getattr(cache, "position", 0) + L for cache in caches)])
     if attention_mask.dim() != 2 or attention_mask.shape[0] != B or not least <= attention_mask.shape[1] <= widest:

@@ -28,7 +28,7 @@ from ..functional.checks import check_rank
 from ..functional.precision import accumulation_dtype
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
 from ..layers.calls import called
-from .blocks import GatedFeedForward, layer_key_masks, routed_experts
+from .blocks import GatedFeedForward, layer_key_masks, routed_experts, sigmoid_group_top_k
 from .config import DeepSeekConfig
 from .outputs import LMOutput
 
@@ -83,17 +83,9 @@ class DeepSeekMoE(nn.Module):
         one token at a time)."""
         c = self.config
         acc = accumulation_dtype(x.dtype)
-        scores = torch.sigmoid(x.to(acc) @ self.gate_weight.to(acc).t())  # (N, E)
-        choice = scores + self.score_bias.to(acc)
-        groups = choice.view(-1, c.expert_groups, c.num_experts // c.expert_groups)
-        group_scores = groups.topk(min(2, groups.shape[-1]), dim=-1).values.sum(dim=-1)  # (N, groups)
-        kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(c.groups_per_token, dim=-1).indices, 1.0)
-        choice = choice.masked_fill(~kept.bool().repeat_interleave(c.num_experts // c.expert_groups, dim=1), float("-inf"))
-        experts = choice.topk(c.experts_per_token, dim=-1).indices
-        weights = scores.gather(1, experts)
-        if c.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return experts, weights * c.routed_scaling
+        return sigmoid_group_top_k(x.to(acc) @ self.gate_weight.to(acc).t(), self.score_bias, c.experts_per_token,
+                                   groups=c.expert_groups, groups_per_token=c.groups_per_token,
+                                   normalise=c.norm_topk_prob, scaling=c.routed_scaling)
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape

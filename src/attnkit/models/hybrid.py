@@ -17,10 +17,15 @@ from .blocks import layer_key_masks, normalised
 from .hf_config import UnsupportedConfigError, means_none
 from .outputs import LMOutput
 
-__all__ = ["LINEAR", "HARMLESS", "checked_keys", "json_float", "mix", "HybridLM"]
+__all__ = ["LINEAR", "FEED_FORWARD_ONLY", "HARMLESS", "checked_keys", "json_float", "mix", "HybridLM"]
 
 LINEAR = "linear_attention"
-"""The ``layer_types`` entry of a linear-attention layer (every other one is softmax attention)."""
+"""The ``layer_types`` entry of a linear-attention layer (every other one is softmax attention, or one of
+:data:`FEED_FORWARD_ONLY`)."""
+
+FEED_FORWARD_ONLY = frozenset({"mlp", "moe"})
+"""The ``layer_types`` entries of a layer with no token mixer (Nemotron-H's MLP and mixture-of-experts layers): no
+cache, no attention."""
 
 
 HARMLESS = frozenset({
@@ -101,8 +106,10 @@ class HybridLM(nn.Module):
         return KVCache()
 
     def new_cache(self) -> list:
-        """A cache for each softmax layer (:meth:`softmax_cache`), a constant-size state for each linear one."""
-        return [LinearStateCache() if block.kind == LINEAR else self.softmax_cache() for block in self.layers]
+        """A cache for each softmax layer (:meth:`softmax_cache`), a constant-size state for each linear one, None
+        for a layer without a token mixer (:data:`FEED_FORWARD_ONLY`)."""
+        return [LinearStateCache() if block.kind == LINEAR else None if block.kind in FEED_FORWARD_ONLY
+                else self.softmax_cache() for block in self.layers]
 
     @kept.per_call
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list | None = None,
@@ -111,7 +118,8 @@ class HybridLM(nn.Module):
         and new (each layer reads the columns its cache attends: :func:`.blocks.layer_key_masks`);
         ``position_ids`` (B, L) the new tokens' positions (default: the caches' onwards); ``need_weights``: every
         layer's attention, (B, H, L, S) of a softmax layer and the implicit (B, H, L, L) of a linear one, in the
-        output's ``attentions`` (layer by layer, as the model numbers them)."""
+        output's ``attentions`` (layer by layer, as the model numbers them; None for a layer without a token
+        mixer)."""
         check_rank("input_ids", input_ids, 2, "(B, L)")
         B, L = input_ids.shape
         if cache is not None and len(cache) != len(self.layers):
