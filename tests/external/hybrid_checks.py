@@ -29,7 +29,7 @@ MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8
 
 def tiny_config(family: str, **overrides):
     """transformers' config of the hybrid tests' tiny ``family`` model (a key of :data:`LAYER_TYPES`, or "mamba2",
-    "bamba", "granitemoehybrid", "nemotron_h"): 4 layers (Mamba-2's 3, Nemotron-H's 5) of
+    "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"): 4 layers (Mamba-2's and Falcon-H1's 3, Nemotron-H's 5) of
     width 32, a vocabulary of 60, ``overrides`` taking the place of any of its keys. MiniMax's residual scales differ
     from 1, so that a model that ignored them would be told apart."""
     import transformers
@@ -47,6 +47,13 @@ def tiny_config(family: str, **overrides):
             layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
             embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.5)
             | overrides))
+    if family == "falcon_h1":  # Falcon-H1: every muP multiplier away from 1, its own Mamba-2 width
+        return transformers.FalconH1Config(**(base | dict(
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, mamba_d_ssm=48,
+            mamba_n_heads=4, mamba_d_head=12, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8,
+            mamba_rms_norm=True, projectors_bias=True, embedding_multiplier=2.0, lm_head_multiplier=0.7,
+            mlp_multipliers=[1.3, 0.6], key_multiplier=0.8, attention_in_multiplier=1.2, attention_out_multiplier=0.9,
+            ssm_multipliers=[0.5, 1.5, 0.8, 1.1, 0.7], ssm_in_multiplier=1.4, ssm_out_multiplier=0.75)) | overrides)
     if family == "nemotron_h":  # every kind of layer; experts in 2 groups, one kept a token, a latent width
         return transformers.NemotronHConfig(**(base | dict(
             layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention"],

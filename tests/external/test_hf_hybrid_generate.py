@@ -1,5 +1,5 @@
 """``attnkit generate`` on the native hybrids (Qwen3-Next, Qwen3.5, Kimi Linear, MiniMax-01, Mamba-2, Bamba, Granite
-4.0-H, Nemotron-H): a checkpoint folder
+4.0-H, Nemotron-H, Falcon-H1): a checkpoint folder
 with its tokenizer, the command's printed completion equal to transformers' greedy continuation of the same prompt,
 decoded by the same tokenizer."""
 
@@ -43,7 +43,7 @@ def _saved_folder(family: str, folder, *, moved: float = 0.0):
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text", "kimi_linear", "minimax", "mamba2", "bamba",
-                                    "granitemoehybrid", "nemotron_h"])
+                                    "granitemoehybrid", "nemotron_h", "falcon_h1"])
 def test_attnkit_generate_continues_a_hybrid_checkpoint_as_transformers_does(family, tmp_path, capsys):
     theirs, tokenizer = _saved_folder(family, tmp_path, moved=0.3)
     prompt = "w5 w17 w9 w33 w12 w40"

@@ -222,11 +222,12 @@ def test_a_gguf_file_is_parsed_once_within_a_load_and_gguf_is_itself_again_after
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "granitemoehybrid", "mamba2", "nemotron_h"])
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "granitemoehybrid", "mamba2", "nemotron_h",
+                                    "falcon_h1"])
 def test_inspect_cli_on_a_hybrid_folder_reads_every_layer(tmp_path, family, capsys):
     """A hybrid folder is inspected through attnkit's own model: every layer is recorded (a linear layer's implicit
     attention beside a softmax layer's weights, 4 layers numbered as the model numbers them, of several head counts
-    for Kimi Linear; Mamba-2's 3; the 3 of Nemotron-H's 5 that mix tokens), rollout runs over all of them, and the
+    for Kimi Linear; Mamba-2's and Falcon-H1's 3; the 3 of Nemotron-H's 5 that mix tokens), rollout runs over all of them, and the
     report says it is a decoder's."""
     from attnkit.inspect.hf_models import InspectedDecoder, load_for_inspection
 
@@ -238,7 +239,7 @@ def test_inspect_cli_on_a_hybrid_folder_reads_every_layer(tmp_path, family, caps
     inspected, tokenizer, kind = load_for_inspection(tmp_path)
     assert isinstance(inspected, InspectedDecoder) and kind == "decoder"
     (attentions,), _ = encoder_attentions(inspected, tokenizer, ["the cat sat on the mat"])
-    layers = {"mamba2": 3, "nemotron_h": 3}.get(family, 4)
+    layers = {"mamba2": 3, "nemotron_h": 3, "falcon_h1": 3}.get(family, 4)
     assert len(attentions) == layers
     for layer, weights in enumerate(attentions):
         assert weights.shape[-2:] == (6, 6) and (weights.triu(1) == 0).all(), layer  # causal, linear or softmax

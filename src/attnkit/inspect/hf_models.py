@@ -199,7 +199,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 NATIVE_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "mamba2", "bamba",
-                  "granitemoehybrid", "nemotron_h")
+                  "granitemoehybrid", "nemotron_h", "falcon_h1")
 """Hybrid and state-space families ``attnkit inspect`` loads natively (:func:`attnkit.models.pretrained.load_hf_folder`): through
 transformers only their softmax layers would report attention."""
 

@@ -31,24 +31,30 @@ __all__ = ["Mamba2", "GroupedGatedRMSNorm"]
 
 
 class GroupedGatedRMSNorm(nn.Module):
-    """RMSNorm of y * silu(gate) over groups of ``group_size`` channels, in float32 (float64 for float64), the weight
-    applied in the input's dtype: transformers' ``MambaRMSNormGated`` (the gate before the norm, as Mamba-2's ``norm_before_gate=False``)."""
+    """RMSNorm over groups of ``group_size`` channels, gated by silu(gate), in float32 (float64 for float64).
 
-    def __init__(self, dim: int, group_size: int, eps: float = 1e-5):
+    By default the gate comes first: RMSNorm(y * silu(gate)), the weight applied in the input's dtype
+    (transformers' ``MambaRMSNormGated``, Mamba-2's ``norm_before_gate=False``). With ``norm_before_gate`` the norm
+    comes first: w RMSNorm(y) * silu(gate), the weight applied in float32 (Falcon-H1's ``FalconH1RMSNormGated``)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float = 1e-5, *, norm_before_gate: bool = False):
         super().__init__()
         check_int("group_size", group_size, 1)
         if dim % group_size:
             raise ValueError(f"dim={dim} must be a multiple of group_size={group_size}")
         self.weight = nn.Parameter(torch.ones(dim))
-        self.group_size, self.eps = group_size, eps
+        self.group_size, self.eps, self.norm_before_gate = group_size, eps, norm_before_gate
 
     def forward(self, y: Tensor, gate: Tensor) -> Tensor:
         dtype = y.dtype
         acc = accumulation_dtype(dtype)  # (float32; float64 for a float64 layer)
-        h = y.to(acc) * torch.nn.functional.silu(gate.to(acc))
+        gated = torch.nn.functional.silu(gate.to(acc))
+        h = y.to(acc) if self.norm_before_gate else y.to(acc) * gated
         grouped = h.unflatten(-1, (-1, self.group_size))
-        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * grouped.flatten(-2).to(dtype)
+        normed = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        if self.norm_before_gate:
+            return (self.weight.to(acc) * normed * gated).to(dtype)
+        return self.weight * normed.to(dtype)
 
 
 class Mamba2(nn.Module):
@@ -62,11 +68,18 @@ class Mamba2(nn.Module):
             ``use_conv_bias``); bias: whether the projections have biases (``use_bias``).
         norm_eps: the gated RMSNorm's epsilon. chunk_size: the chunked form's chunk (1: the recurrence).
         dt_limit: the steps' bounds (``time_step_limit``).
+        norm: whether the output is normed (the grouped gated RMSNorm; without it, y * silu(z): Falcon-H1's
+            ``mamba_rms_norm=False``). norm_before_gate: the norm before the gate (:class:`GroupedGatedRMSNorm`).
+        out_bias: whether ``out_proj`` has a bias (default: ``bias``; Falcon-H1's ``projectors_bias``).
+        projection_multipliers: five factors of ``in_proj``'s output sections z, x, B, C, dt (Falcon-H1's
+            ``ssm_multipliers``, its muP vector), or None.
     """
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, state_size: int, *, n_groups: int = 1,
                  conv_kernel: int = 4, conv_bias: bool = True, bias: bool = False, norm_eps: float = 1e-5,
-                 chunk_size: int = 256, dt_limit: tuple[float, float] = (0.0, math.inf)):
+                 chunk_size: int = 256, dt_limit: tuple[float, float] = (0.0, math.inf), norm: bool = True,
+                 norm_before_gate: bool = False, out_bias: bool | None = None,
+                 projection_multipliers: tuple[float, ...] | None = None):
         super().__init__()
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
                             ("state_size", state_size), ("n_groups", n_groups), ("conv_kernel", conv_kernel),
@@ -84,8 +97,20 @@ class Mamba2(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
         self.A_log = nn.Parameter(torch.log(torch.arange(1, num_heads + 1, dtype=torch.float32)))
         self.D = nn.Parameter(torch.ones(num_heads))
-        self.norm = GroupedGatedRMSNorm(self.inner, self.inner // n_groups, eps=norm_eps)
-        self.out_proj = nn.Linear(self.inner, d_model, bias=bias)
+        if norm:
+            self.norm = GroupedGatedRMSNorm(self.inner, self.inner // n_groups, eps=norm_eps,
+                                            norm_before_gate=norm_before_gate)
+        self.out_proj = nn.Linear(self.inner, d_model, bias=bias if out_bias is None else out_bias)
+        self.projection_multipliers: Tensor | None
+        if projection_multipliers is None:
+            self.projection_multipliers = None
+        else:
+            if len(projection_multipliers) != 5:
+                raise ValueError(f"projection_multipliers must hold 5 factors (z, x, B, C, dt), got "
+                                 f"{projection_multipliers!r}")
+            sizes = (self.inner, self.inner, n_groups * state_size, n_groups * state_size, num_heads)
+            vector = torch.cat([torch.full((size,), float(m)) for size, m in zip(sizes, projection_multipliers)])
+            self.register_buffer("projection_multipliers", vector, persistent=False)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, cache: LinearStateCache | None = None,
                 need_weights: bool = False) -> AttentionOutput:
@@ -94,7 +119,10 @@ class Mamba2(nn.Module):
         x = _checked_input(x, self.d_model, key_mask, cache)
         Bsz, L, _ = x.shape
         H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
-        z, xBC, dt = project_by_name(self, "in_proj", x).split([self.inner, self.conv_dim, H], dim=-1)
+        projected = project_by_name(self, "in_proj", x)
+        if self.projection_multipliers is not None:
+            projected = projected * self.projection_multipliers.to(projected.dtype)
+        z, xBC, dt = projected.split([self.inner, self.conv_dim, H], dim=-1)
         conv = self.conv1d
         xBC = causal_convolution(xBC.transpose(1, 2), conv.weight, cache, conv.bias).transpose(1, 2)  # (B, L, C)
         if key_mask is not None:  # as transformers: a padded token's convolved inputs are zeros too
@@ -115,5 +143,6 @@ class Mamba2(nn.Module):
             _, g = ssd_decays(dt, A, dt_bias=self.dt_bias, dt_limit=self.dt_limit)
             weights = implicit_attention(Cs, Bs, g, None, scale=1.0, key_mask=key_mask, num_heads=H)
         y = result.output.transpose(1, 2).reshape(Bsz, L, self.inner)
-        heads = called(self._modules["norm"])(y, z)
+        norm = self._modules.get("norm")
+        heads = y * torch.nn.functional.silu(z) if norm is None else called(norm)(y, z)
         return make_output((project_by_name(self, "out_proj", heads.to(x.dtype)), weights, None))

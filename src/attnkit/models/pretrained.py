@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .._files import read_json
-from . import deepseek, granite, kimi_linear, mamba2, minimax, nemotron_h, qwen3_next
+from . import deepseek, falcon_h1, granite, kimi_linear, mamba2, minimax, nemotron_h, qwen3_next
 from .gguf import gguf_tokenizer, load_gguf
 from .hf_config import HF_ACTIVATIONS, MODEL_TYPES, UnsupportedConfigError, config_from_hf
 from .hf_names import (
@@ -35,7 +35,7 @@ from .hf_names import (
 )
 
 NATIVE_MODEL_TYPES = (*MODEL_TYPES, "deepseek_v3", "deepseek_v32", *qwen3_next.MODEL_TYPES, "kimi_linear", "minimax",
-                      "mamba2", *granite.MODEL_TYPES, "nemotron_h")
+                      "mamba2", *granite.MODEL_TYPES, "nemotron_h", "falcon_h1")
 """Every transformers ``model_type`` attnkit has natively, each loaded by :func:`load_hf_folder`."""
 
 __all__ = [
@@ -66,7 +66,7 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | str | None
     ``Qwen3NextLM`` (its Gated DeltaNet and gated-attention layers), Qwen3.5's text models too; Kimi Linear as a
     ``KimiLinearLM`` (Kimi Delta Attention and latent attention); MiniMax-01 as a ``MiniMaxLM`` (lightning and
     softmax attention); Mamba-2 as a ``Mamba2LM``; Bamba and Granite 4.0-H as a ``GraniteHybridLM`` (Mamba-2 and
-    softmax attention); Nemotron-H as a ``NemotronHLM``. Any other ``model_type`` is refused by name (:class:`UnsupportedConfigError`; transformers' own model runs attnkit's
+    softmax attention); Nemotron-H as a ``NemotronHLM``; Falcon-H1 as a ``FalconH1LM``. Any other ``model_type`` is refused by name (:class:`UnsupportedConfigError`; transformers' own model runs attnkit's
     attention through :mod:`attnkit.hf`). ``ignore`` names config keys to skip (named families). Loading never
     runs code (safetensors).
 
@@ -94,6 +94,8 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | str | None
         return granite.load_checkpoint_folder(folder, dtype=dtype)
     if kind == "nemotron_h":
         return nemotron_h.load_checkpoint_folder(folder, dtype=dtype)
+    if kind == "falcon_h1":
+        return falcon_h1.load_checkpoint_folder(folder, dtype=dtype)
     if kind not in MODEL_TYPES:
         raise UnsupportedConfigError(f"{folder}: model_type {kind!r} is not one attnkit has natively "
                                      f"({', '.join(NATIVE_MODEL_TYPES)}); run transformers' own model with "
