@@ -139,3 +139,13 @@ def test_older_layer_type_names_read_as_transformers_reads_them():
     assert granite_hybrid_config_from_hf(hf).layer_types == (
         "linear_attention", "full_attention", "linear_attention", "linear_attention")
     assert {"bamba", "granitemoehybrid"} <= set(NATIVE_MODEL_TYPES)
+
+
+def test_zamba2_is_refused_by_name_with_the_reason(tmp_path):
+    """Zamba2's shared blocks are not on attnkit's hybrid forward: its folder is refused in one line that says why
+    (read from config.json's model_type, before any weight), not loaded wrong."""
+    config = transformers.Zamba2Config(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       layers_block_type=["mamba", "hybrid"])
+    config.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedConfigError, match="zamba2.*shared transformer blocks"):
+        load_hf_folder(tmp_path)

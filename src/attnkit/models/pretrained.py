@@ -38,6 +38,13 @@ NATIVE_MODEL_TYPES = (*MODEL_TYPES, "deepseek_v3", "deepseek_v32", *qwen3_next.M
                       "mamba2", *granite.MODEL_TYPES, "nemotron_h", "falcon_h1")
 """Every transformers ``model_type`` attnkit has natively, each loaded by :func:`load_hf_folder`."""
 
+REFUSED_MODEL_TYPES = {
+    "zamba2": "Zamba2 reuses two shared transformer blocks across its Mamba-2 layers, each use with its own LoRA "
+              "adapters and fed the hidden state concatenated with the original embeddings; attnkit's hybrid forward "
+              "has no shared blocks",
+}
+"""transformers model types close to the native ones that :func:`load_hf_folder` refuses, with the reason."""
+
 __all__ = [
     "NAME_FAMILIES",
     "MODEL_TYPES",
@@ -51,6 +58,7 @@ __all__ = [
     "save_hf_safetensors",
     "load_hf_folder",
     "NATIVE_MODEL_TYPES",
+    "REFUSED_MODEL_TYPES",
     "minilm_folder",
     "load_minilm",
     "smollm2_gguf",
@@ -96,6 +104,9 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | str | None
         return nemotron_h.load_checkpoint_folder(folder, dtype=dtype)
     if kind == "falcon_h1":
         return falcon_h1.load_checkpoint_folder(folder, dtype=dtype)
+    if kind in REFUSED_MODEL_TYPES:
+        raise UnsupportedConfigError(f"{folder}: model_type {kind!r} is not implemented natively: "
+                                     f"{REFUSED_MODEL_TYPES[kind]}; run transformers' own model")
     if kind not in MODEL_TYPES:
         raise UnsupportedConfigError(f"{folder}: model_type {kind!r} is not one attnkit has natively "
                                      f"({', '.join(NATIVE_MODEL_TYPES)}); run transformers' own model with "
