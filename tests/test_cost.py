@@ -199,3 +199,50 @@ def test_the_cost_command_knows_the_hybrids(tmp_path, capsys):
     assert main(["cost", "--model", "kimi-linear-48b-a3b"]) == 0 and "6,912 bytes per token" in capsys.readouterr().out
     assert main(["cost", "--model", "qwen3-next-80b-a3b", "--pattern", "window"]) == 2
     assert main(["cost", "--model", "llama3-8b", "--plot", str(tmp_path / "x.png")]) == 2
+
+
+def test_the_mamba2_hybrids_presets_hold_a_hand_count_and_attnkits_mamba2_layer_holds_that_state():
+    """Granite-4.0-H-Micro in bf16: 4 attention layers x 2 x 8 KV heads x 64 x 2 bytes = 8,192 bytes a token; 36
+    Mamba-2 states of 64 heads x 128 x 64 float32 numbers = 75,497,472 bytes and convolution tails of 3 tokens x
+    (4,096 + 2 x 128) channels x 2 bytes = 940,032. Nemotron-H-8B: 4 x 2 x 8 x 128 x 2 = 16,384 a token, 24 states of
+    128 x 128 x 64 x 4 = 100,663,296 bytes, tails 24 x 3 x (8,192 + 2 x 8 x 128) x 2 = 1,474,560; its 24 MLP layers
+    hold nothing. attnkit's Mamba2 layer of Granite's shape, decoding, holds what the count says."""
+    from attnkit.cost import HYBRID_PRESETS, hybrid_memory
+    from attnkit.layers import LinearStateCache, Mamba2
+
+    granite = hybrid_memory(HYBRID_PRESETS["granite-4.0-h-micro"], seq=65536, dtype_bytes=2)
+    assert (granite.kv_bytes_per_token, granite.recurrent_state_bytes, granite.conv_state_bytes) == (
+        8_192, 75_497_472, 940_032)
+    assert granite.all_softmax_bytes_per_token == 40 * 2 * 8 * 64 * 2
+    nemotron = hybrid_memory(HYBRID_PRESETS["nemotron-h-8b"], seq=65536, dtype_bytes=2)
+    assert (nemotron.kv_bytes_per_token, nemotron.recurrent_state_bytes, nemotron.conv_state_bytes) == (
+        16_384, 100_663_296, 1_474_560)
+    assert nemotron.all_softmax_bytes_per_token == 28 * 2 * 8 * 128 * 2  # the 28 layers that mix tokens
+    torch.manual_seed(0)
+    layer = Mamba2(2048, 64, 64, 128, n_groups=1).to(torch.bfloat16).eval()
+    cache = LinearStateCache()
+    with torch.no_grad():
+        for _ in range(3):
+            layer(torch.randn(1, 1, 2048, dtype=torch.bfloat16), cache=cache)
+    held = cache.conv.numel() * cache.conv.element_size() + cache.state.numel() * cache.state.element_size()
+    assert held * 36 == granite.state_bytes and cache.state.dtype == torch.float32
+
+
+def test_a_mamba2_hybrids_config_json_gives_its_presets_shape():
+    """``shape_from_hf`` reads Granite 4.0-H's and Nemotron-H's config.json through attnkit's own loaders' readers:
+    the published sizes give the presets' numbers."""
+    transformers = pytest.importorskip("transformers")
+    from attnkit.cost import HYBRID_PRESETS, hybrid_memory, shape_from_hf
+
+    types = (["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9 + ["attention"]
+             + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4)
+    granite = transformers.GraniteMoeHybridConfig(
+        vocab_size=100352, hidden_size=2048, num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+        mamba_n_heads=64, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
+        num_local_experts=0, shared_intermediate_size=8192, layer_types=types).to_dict()
+    nemotron = transformers.NemotronHConfig(
+        hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-").to_dict()
+    for hf, name in ((granite, "granite-4.0-h-micro"), (nemotron, "nemotron-h-8b")):
+        read, published = shape_from_hf(hf), HYBRID_PRESETS[name]
+        assert hybrid_memory(read, 8192, 2) == hybrid_memory(published, 8192, 2), name
+        assert read.full_kind == published.full_kind, name

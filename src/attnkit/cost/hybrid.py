@@ -25,7 +25,9 @@ class HybridShape:
     """The memory-relevant shape of a hybrid model: its softmax layers' cache per token and layer
     (``full_numbers_per_token``: 2 x KV heads x head dim for GQA; the latent for MLA), its linear layers' state
     (``linear_heads`` x ``linear_k_dim`` x ``linear_v_dim``) and convolution (``conv_channels`` inputs kept
-    (``conv_kernel`` - 1) tokens)."""
+    (``conv_kernel`` - 1) tokens). A Mamba-2 layer is a linear one: its state is heads x state size x head dim, its
+    convolution runs over x, B and C. Layers that mix no tokens (Nemotron-H's MLP and expert layers) are not
+    counted."""
 
     name: str
     full_layers: int
@@ -54,6 +56,19 @@ HYBRID_PRESETS = {
         source="transformers' KimiLinearConfig defaults (moonshotai/Kimi-Linear-48B-A3B-Instruct): 27 layers, MLA on "
                "layers 5, 9, ..., 25 (kv_lora_rank 512, qk_rope 64); KDA 32 heads of 128, short convolutions of 4 on "
                "q, k and v"),
+    "granite-4.0-h-micro": HybridShape(
+        "Granite-4.0-H-Micro", full_layers=4, linear_layers=36, full_numbers_per_token=2 * 8 * 64,
+        full_kind="softmax attention without position embedding, 8 KV heads of 64", linear_heads=64,
+        linear_k_dim=128, linear_v_dim=64, conv_channels=64 * 64 + 2 * 1 * 128, conv_kernel=4,
+        source="ibm-granite/granite-4.0-h-micro's config.json: 40 layers, attention at 5, 15, 25 and 35 (32 heads, 8 KV "
+               "heads of 2048 / 32 = 64); Mamba-2 with 64 heads of 64, state 128, 1 group, conv kernel 4"),
+    "nemotron-h-8b": HybridShape(
+        "Nemotron-H-8B", full_layers=4, linear_layers=24, full_numbers_per_token=2 * 8 * 128,
+        full_kind="softmax attention without position embedding, 8 KV heads of 128", linear_heads=128,
+        linear_k_dim=128, linear_v_dim=64, conv_channels=128 * 64 + 2 * 8 * 128, conv_kernel=4,
+        source="transformers' NemotronHConfig defaults, nvidia/Nemotron-H-8B-Base-8K's sizes, with its pattern "
+               "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M- (24 Mamba-2, 4 attention, 24 MLP layers): "
+               "32 heads with 8 KV heads of 128; Mamba-2 with 128 heads of 64, state 128, 8 groups, conv kernel 4"),
 }
 """The hybrids `attnkit cost` knows by name."""
 
@@ -81,7 +96,8 @@ def hybrid_memory(shape: HybridShape, seq: int, dtype_bytes: int) -> HybridMemor
     return HybridMemory(kv, state, recurrent, conv, everything, crossover, seq * kv + state, seq * everything)
 
 
-HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax")
+HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "bamba",
+                      "granitemoehybrid", "nemotron_h")
 """The transformers ``model_type`` values whose ``config.json`` :func:`shape_from_hf` reads."""
 
 
@@ -128,4 +144,19 @@ def shape_from_hf(hf: dict, name: str = "config.json") -> HybridShape:
             full_numbers_per_token=2 * m.num_kv_heads * m.head_dim,
             full_kind=f"softmax attention, {m.num_kv_heads} KV heads of {m.head_dim}", linear_heads=m.num_heads,
             linear_k_dim=m.head_dim, linear_v_dim=m.head_dim, conv_channels=0, conv_kernel=1, source=name)
+    if kind in ("bamba", "granitemoehybrid", "nemotron_h"):
+        if kind == "nemotron_h":
+            from ..models.nemotron_h import nemotron_h_config_from_hf as read
+        else:
+            from ..models.granite import granite_hybrid_config_from_hf as read
+        c = read(hf)
+        linear = sum(t == LINEAR for t in c.layer_types)
+        full = sum(t == "full_attention" for t in c.layer_types)
+        position = "" if getattr(c, "rotary_dim", 0) else " without position embedding"
+        return HybridShape(
+            name, full_layers=full, linear_layers=linear, full_numbers_per_token=2 * c.num_kv_heads * c.head_dim,
+            full_kind=f"softmax attention{position}, {c.num_kv_heads} KV heads of {c.head_dim}",
+            linear_heads=c.mamba_heads, linear_k_dim=c.state_size, linear_v_dim=c.mamba_head_dim,
+            conv_channels=c.mamba_heads * c.mamba_head_dim + 2 * c.n_groups * c.state_size,
+            conv_kernel=c.conv_kernel, source=name)
     raise ValueError(f"{name}: model_type {kind!r} is not a hybrid attnkit counts ({', '.join(HYBRID_MODEL_TYPES)})")
