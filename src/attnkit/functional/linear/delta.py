@@ -141,7 +141,9 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
     out_dtype = v.dtype
     acc = accumulation_dtype(q.dtype)
     groups = H // Hk
-    q, k = (x.to(acc) if groups == 1 else x.to(acc).repeat_interleave(groups, dim=1) for x in (q, k))
+    # gated linear attention with a decay a head (or none), chunked: the key heads stay shared (_chunked_shared)
+    shared = not delta and (g is None or g.dim() == 3) and L > 1 and chunk_size > 1
+    q, k = (x.to(acc) if groups == 1 or shared else x.to(acc).repeat_interleave(groups, dim=1) for x in (q, k))
     scale = K**-0.5 if scale is None else float(scale)
     if use_qk_l2norm:  # one multiply each: the norm's inverse and the scale together
         q = q * (torch.rsqrt((q * q).sum(dim=-1, keepdim=True) + 1e-6) * scale)
@@ -165,6 +167,8 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
         out, state = _step(q, k, v, g, beta, state, delta)
     elif chunk_size == 1:
         out, state = _recurrent(q, k, v, g, beta, state, delta)
+    elif shared:
+        out, state = _chunked_shared(q, k, v, g, state, chunk_size)
     else:
         out, state = _chunked(q, k, v, g, beta, state, delta, chunk_size)
     if key_mask is not None:
@@ -277,6 +281,60 @@ def _chunked(q, k, v, g, beta, state, delta: bool, C: int):
         carried = S if end_n is None else S * end_n
         S = carried + k_n.transpose(-1, -2) @ taken
     return torch.stack(out, dim=2).reshape(B, H, N * C, V)[:, :, :L], S
+
+
+def _chunked_shared(q, k, v, g, state, C: int):
+    """The chunked form of gated linear attention with one decay a head and token, or none (the SSD algorithm of
+    Mamba-2, Dao and Gu 2024, section 6), for q and k of Hk key heads each serving G = H / Hk value heads, not
+    repeated: a chunk's q k^T is made once a key head and decayed per value head. With no delta each chunk's new
+    values are its values, so every step is batched over all chunks at once, and only the chunk-end states pass
+    from chunk to chunk:
+
+        within a chunk:  (q k^T * exp(gamma_i - gamma_j), j <= i) v
+        chunk states:    K_n^T (v * exp(gamma_C - gamma_j))            (each chunk's own contribution)
+        the pass:        S_n = exp(gamma_C) S_{n-1} + that             (one (K, V) product-free step a chunk)
+        from the state:  exp(gamma_i) q_i S_{n-1}
+
+    q, k (B, Hk, L, K); v (B, H, L, V); g (B, H, L) or None; state (B, H, K, V) or None."""
+    B, Hk, L, K = k.shape
+    H, V = v.shape[1], v.shape[-1]
+    G = H // Hk
+    C = max(1, min(C, L))
+    pad = (-L) % C
+    if pad:  # padded tokens: no update, no decay, outputs dropped
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g = None if g is None else F.pad(g, (0, pad))
+    N = (L + pad) // C
+    q, k = (x.reshape(B, Hk, N, C, K) for x in (q, k))
+    v = v.reshape(B, Hk, G, N, C, V)
+    qk = (q @ k.transpose(-1, -2))[:, :, None]  # (B, Hk, 1, N, C, C): once a key head
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if g is None:
+        scores = qk.masked_fill(~causal, 0.0)
+        rows = cols = end = None
+    else:
+        gamma = g.reshape(B, Hk, G, N, C).cumsum(dim=-1)  # running log-decay inside each chunk
+        # j <= i kept before the exp: an upper entry's exponent is > 0 and may overflow; exp(-inf) = 0 is the tril
+        scores = qk * (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, -math.inf).exp()
+        rows = gamma.exp()  # (B, Hk, G, N, C): the state's decay at token i
+        cols = (gamma[..., -1:] - gamma).exp()  # token j's decay until the chunk's end
+        end = rows[..., -1].permute(0, 1, 3, 2)[..., None, :, None]  # (B, Hk, N, 1, G, 1)
+    out = scores @ v  # (B, Hk, G, N, C, V): within the chunks
+    # The state parts as products of a key head's q or k with its G value heads side by side (K, G V): large
+    # matrix products, where a product broadcast over the G heads would copy q and k G times.
+    taken = v if cols is None else v * cols[..., None]
+    taken = taken.permute(0, 1, 3, 4, 2, 5).reshape(B, Hk, N, C, G * V)
+    written = (k.transpose(-1, -2) @ taken).view(B, Hk, N, K, G, V)  # each chunk's own contribution
+    S = (q.new_zeros(B, Hk, K, G, V) if state is None
+         else state.reshape(B, Hk, G, K, V).transpose(2, 3))  # (B, Hk, K, G, V)
+    before = []  # the state before each chunk
+    for n, written_n in enumerate(written.unbind(2)):
+        before.append(S)
+        S = (S if end is None else S * end[:, :, n]) + written_n
+    read = (q @ torch.stack(before, dim=2).reshape(B, Hk, N, K, G * V)).view(B, Hk, N, C, G, V)
+    read = read.permute(0, 1, 4, 2, 3, 5)  # (B, Hk, G, N, C, V): from the state
+    out = out + (read if rows is None else read * rows[..., None])
+    return out.reshape(B, H, N * C, V)[:, :, :L], S.transpose(2, 3).reshape(B, H, K, V)
 
 
 def _channel_decayed(q: Tensor, k: Tensor, gamma: Tensor, delta: bool) -> tuple[Tensor, Tensor | None]:
