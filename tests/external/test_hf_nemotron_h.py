@@ -108,3 +108,13 @@ def test_the_pattern_of_older_configs_reads_as_transformers_reads_it():
     hf["hybrid_override_pattern"] = "M*-EM"
     assert nemotron_h_config_from_hf(hf).layer_types == (
         "linear_attention", "full_attention", "mlp", "moe", "linear_attention")
+
+
+def test_in_bfloat16_the_router_stays_float32_as_transformers_keeps_it(checkpoint):
+    _, folder = checkpoint
+    ours = load_hf_folder(folder, dtype="bfloat16")
+    router = ours.layers[1].mixer.gate
+    assert router.weight.dtype == router.e_score_correction_bias.dtype == torch.float32
+    assert ours.embeddings.weight.dtype == torch.bfloat16
+    tokens = torch.randint(3, 60, (1, 9))
+    torch.testing.assert_close(ours(tokens).logits.float(), load_hf_folder(folder)(tokens).logits, rtol=0.1, atol=0.1)

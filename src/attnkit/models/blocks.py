@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..functional.precision import accumulation_dtype
 from ..layers.calls import called, hookless, project_by_name
 
-__all__ = ["ACTIVATIONS", "Dropout", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k",
+__all__ = ["ACTIVATIONS", "Dropout", "KeepsFloat32", "FeedForward", "GatedFeedForward", "Experts", "softmax_top_k",
            "sigmoid_group_top_k", "routed_experts",
            "make_norm", "normalised", "count_parameters", "layer_key_masks"]
 
@@ -136,6 +136,27 @@ def softmax_top_k(logits: Tensor, k: int, normalise: bool) -> tuple[Tensor, Tens
     if normalise:
         top = top / top.sum(dim=-1, keepdim=True)
     return chosen, top
+
+
+class KeepsFloat32(nn.Module):
+    """A module whose tensors named in ``FLOAT32`` stay float32 when the model goes to float16 or bfloat16, as
+    transformers keeps a router's weight and score bias (``_keep_in_fp32_modules_strict``): routing reads them in
+    float32, and a bias rounded to bfloat16 would choose other experts than the checkpoint's."""
+
+    FLOAT32: tuple[str, ...] = ()
+
+    def _apply(self, fn, recurse=True):
+        before = {name: getattr(self, name).detach() for name in self.FLOAT32}  # the values, not rounded
+        super()._apply(fn, recurse)
+        for name, value in before.items():
+            now = getattr(self, name)
+            if now.dtype in (torch.float16, torch.bfloat16):
+                exact = value.to(device=now.device, dtype=torch.float32)
+                if isinstance(now, nn.Parameter):
+                    now.data = exact  # the same Parameter object: an optimizer holding it still does
+                else:
+                    setattr(self, name, exact)
+        return self
 
 
 def sigmoid_group_top_k(logits: Tensor, score_bias: Tensor, k: int, *, groups: int = 1, groups_per_token: int = 1,

@@ -28,7 +28,7 @@ from ..functional.checks import check_rank
 from ..functional.precision import accumulation_dtype
 from ..layers import LatentAttention, LatentCache, LightningIndexer, RotaryEmbedding
 from ..layers.calls import called
-from .blocks import GatedFeedForward, layer_key_masks, routed_experts, sigmoid_group_top_k
+from .blocks import GatedFeedForward, KeepsFloat32, layer_key_masks, routed_experts, sigmoid_group_top_k
 from .config import DeepSeekConfig
 from .outputs import LMOutput
 
@@ -40,7 +40,7 @@ as DeepSeek's reference code and transformers' DeepseekV3/V32 build them (only t
 rms_norm_eps)."""
 
 
-class DeepSeekMoE(nn.Module):
+class DeepSeekMoE(KeepsFloat32):
     """Routed experts (fused weights as transformers keeps them: ``gate_up_proj`` (E, 2 F, D), ``down_proj``
     (E, D, F)), the router ``gate`` (``weight`` (E, D), ``e_score_correction_bias`` (E,)) and the shared
     experts (one SwiGLU of width num_shared_experts x F)."""
@@ -59,23 +59,7 @@ class DeepSeekMoE(nn.Module):
         self.shared = (GatedFeedForward(c.d_model, c.moe_d_ff * c.num_shared_experts)
                        if c.num_shared_experts else None)
 
-    ROUTER_FLOAT32 = ("gate_weight", "score_bias")
-    """Kept float32 when the model goes to float16 / bfloat16, as transformers keeps ``gate.weight`` and
-    ``e_score_correction_bias`` (``_keep_in_fp32_modules_strict``): the routing reads them in float32,
-    and a bias rounded to bfloat16 would choose other experts than the checkpoint's."""
-
-    def _apply(self, fn, recurse=True):
-        before = {name: getattr(self, name).detach() for name in self.ROUTER_FLOAT32}  # the values, not rounded
-        super()._apply(fn, recurse)
-        for name, value in before.items():
-            now = getattr(self, name)
-            if now.dtype in (torch.float16, torch.bfloat16):
-                exact = value.to(device=now.device, dtype=torch.float32)
-                if isinstance(now, nn.Parameter):
-                    now.data = exact  # the same Parameter object: an optimizer holding it still does
-                else:
-                    setattr(self, name, exact)
-        return self
+    FLOAT32 = ("gate_weight", "score_bias")  # (KeepsFloat32: the router reads them in float32)
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(experts (N, k), weights (N, k)) for tokens x (N, D); routing in float32 as transformers routes (float64

@@ -29,7 +29,7 @@ from .._files import read_json
 from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2, MultiHeadAttention
 from ..layers.calls import called, project_by_name
-from .blocks import ACTIVATIONS, normalised, routed_experts, sigmoid_group_top_k
+from .blocks import ACTIVATIONS, KeepsFloat32, normalised, routed_experts, sigmoid_group_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import FEED_FORWARD_ONLY, HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
 from .weights import load_placed, read_checkpoint_folder, untied_by_checkpoint
@@ -88,11 +88,13 @@ class SquaredReLUMLP(nn.Module):
         return project_by_name(self, "down_proj", ACTIVATIONS["relu2"](project_by_name(self, "up_proj", x)))
 
 
-class GroupRouter(nn.Module):
+class GroupRouter(KeepsFloat32):
     """The router (``gate``): ``weight`` (E, D) and ``e_score_correction_bias`` (E,), routing in float32 (float64
-    for float64) by :func:`~attnkit.models.blocks.sigmoid_group_top_k`."""
+    for float64) by :func:`~attnkit.models.blocks.sigmoid_group_top_k`; both kept float32 in a half-type model, as
+    transformers keeps them."""
 
     e_score_correction_bias: Tensor
+    FLOAT32 = ("weight", "e_score_correction_bias")
 
     def __init__(self, c: NemotronHConfig):
         super().__init__()
