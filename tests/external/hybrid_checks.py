@@ -23,8 +23,8 @@ LAYER_TYPES = {
 
 MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
              mamba_chunk_size=8)
-"""The Mamba-2 layers of the tiny Bamba and Granite 4.0-H models: 4 heads of 16 channels in 2 groups, a state of 8, chunks of
-8 (so that 12 tokens span two)."""
+"""The Mamba-2 layers of the tiny Bamba and Granite 4.0-H models: 4 heads of 16 channels in 2 groups, a state of 8;
+transformers scans them in chunks of 8 (12 tokens span two), attnkit by its own (``SSD_CHUNK``)."""
 
 
 def tiny_config(family: str, **overrides):

@@ -145,18 +145,17 @@ def shape_from_hf(hf: dict, name: str = "config.json") -> HybridShape:
             full_kind=f"softmax attention, {m.num_kv_heads} KV heads of {m.head_dim}", linear_heads=m.num_heads,
             linear_k_dim=m.head_dim, linear_v_dim=m.head_dim, conv_channels=0, conv_kernel=1, source=name)
     if kind in ("bamba", "granitemoehybrid", "nemotron_h"):
-        if kind == "nemotron_h":
-            from ..models.nemotron_h import nemotron_h_config_from_hf as read
-        else:
-            from ..models.granite import granite_hybrid_config_from_hf as read
-        c = read(hf)
-        linear = sum(t == LINEAR for t in c.layer_types)
-        full = sum(t == "full_attention" for t in c.layer_types)
-        position = "" if getattr(c, "rotary_dim", 0) else " without position embedding"
+        from ..models.granite import granite_hybrid_config_from_hf
+        from ..models.nemotron_h import nemotron_h_config_from_hf
+
+        s = nemotron_h_config_from_hf(hf) if kind == "nemotron_h" else granite_hybrid_config_from_hf(hf)
+        linear = sum(t == LINEAR for t in s.layer_types)
+        full = sum(t == "full_attention" for t in s.layer_types)
+        position = "" if getattr(s, "rotary_dim", 0) else " without position embedding"
         return HybridShape(
-            name, full_layers=full, linear_layers=linear, full_numbers_per_token=2 * c.num_kv_heads * c.head_dim,
-            full_kind=f"softmax attention{position}, {c.num_kv_heads} KV heads of {c.head_dim}",
-            linear_heads=c.mamba_heads, linear_k_dim=c.state_size, linear_v_dim=c.mamba_head_dim,
-            conv_channels=c.mamba_heads * c.mamba_head_dim + 2 * c.n_groups * c.state_size,
-            conv_kernel=c.conv_kernel, source=name)
+            name, full_layers=full, linear_layers=linear, full_numbers_per_token=2 * s.num_kv_heads * s.head_dim,
+            full_kind=f"softmax attention{position}, {s.num_kv_heads} KV heads of {s.head_dim}",
+            linear_heads=s.mamba_heads, linear_k_dim=s.state_size, linear_v_dim=s.mamba_head_dim,
+            conv_channels=s.mamba_heads * s.mamba_head_dim + 2 * s.n_groups * s.state_size,
+            conv_kernel=s.conv_kernel, source=name)
     raise ValueError(f"{name}: model_type {kind!r} is not a hybrid attnkit counts ({', '.join(HYBRID_MODEL_TYPES)})")

@@ -27,7 +27,11 @@ from ..functional.precision import accumulation_dtype
 from .calls import called, project_by_name
 from .delta import LinearStateCache, _checked_input, causal_convolution
 
-__all__ = ["Mamba2", "GroupedGatedRMSNorm"]
+__all__ = ["Mamba2", "GroupedGatedRMSNorm", "SSD_CHUNK"]
+
+SSD_CHUNK = 64
+"""The chunk attnkit's Mamba-2 layers scan by: on a CPU at Mamba-2-2.7B's shape, 64 takes half the time of the 256
+checkpoints name for their GPU kernels (benchmarks/ssd.py); every chunk gives the same numbers to rounding."""
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -66,7 +70,8 @@ class Mamba2(nn.Module):
             ``intermediate_size``). state_size: N. n_groups: G, the groups sharing B and C (num_heads a multiple).
         conv_kernel: the causal convolution's width (4); conv_bias: whether it has a bias (transformers'
             ``use_conv_bias``); bias: whether the projections have biases (``use_bias``).
-        norm_eps: the gated RMSNorm's epsilon. chunk_size: the chunked form's chunk (1: the recurrence).
+        norm_eps: the gated RMSNorm's epsilon. chunk_size: the chunked form's chunk (1: the recurrence; the default
+            :data:`SSD_CHUNK`).
         dt_limit: the steps' bounds (``time_step_limit``).
         norm: whether the output is normed (the grouped gated RMSNorm; without it, y * silu(z): Falcon-H1's
             ``mamba_rms_norm=False``). norm_before_gate: the norm before the gate (:class:`GroupedGatedRMSNorm`).
@@ -77,7 +82,7 @@ class Mamba2(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, state_size: int, *, n_groups: int = 1,
                  conv_kernel: int = 4, conv_bias: bool = True, bias: bool = False, norm_eps: float = 1e-5,
-                 chunk_size: int = 256, dt_limit: tuple[float, float] = (0.0, math.inf), norm: bool = True,
+                 chunk_size: int = SSD_CHUNK, dt_limit: tuple[float, float] = (0.0, math.inf), norm: bool = True,
                  norm_before_gate: bool = False, out_bias: bool | None = None,
                  projection_multipliers: tuple[float, ...] | None = None):
         super().__init__()

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..layers import KVCache, LinearStateCache, Mamba2, MultiHeadAttention, RotaryEmbedding
 from ..layers.calls import called, project_by_name
+from ..layers.mamba2 import SSD_CHUNK
 from .blocks import normalised
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
@@ -195,12 +196,13 @@ class FalconH1LM(HybridLM):
 _READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
          "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",
          "mamba_d_ssm", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
-         "mamba_expand", "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "mamba_norm_before_gate",
+         "mamba_expand", "mamba_conv_bias", "mamba_proj_bias", "mamba_norm_before_gate",
          "mamba_rms_norm", "time_step_limit", "projectors_bias", "rope_parameters", "rope_theta", "lm_head_multiplier",
          "embedding_multiplier", "mlp_multipliers", "key_multiplier", "attention_out_multiplier",
          "attention_in_multiplier", "ssm_multipliers", "ssm_in_multiplier", "ssm_out_multiplier", "attention_bias",
          "mlp_bias", "model_type", "layers_block_type", "layer_types"}
-_HARMLESS = HARMLESS | {"num_logits_to_keep", "time_step_min", "time_step_max", "time_step_floor"}
+_HARMLESS = HARMLESS | {"num_logits_to_keep", "time_step_min", "time_step_max", "time_step_floor",
+                        "mamba_chunk_size"}  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -245,7 +247,7 @@ def falcon_h1_config_from_hf(hf: dict) -> FalconH1Config:
         state_size=hf.get("mamba_d_state", 256), n_groups=hf.get("mamba_n_groups", 1),
         conv_kernel=hf.get("mamba_d_conv", 4), conv_bias=bool(hf.get("mamba_conv_bias", True)),
         proj_bias=bool(hf.get("mamba_proj_bias", False)), projectors_bias=bool(hf.get("projectors_bias", False)),
-        chunk_size=hf.get("mamba_chunk_size", 256), dt_limit=(low, high),
+        chunk_size=SSD_CHUNK, dt_limit=(low, high),
         mamba_rms_norm=bool(hf.get("mamba_rms_norm", False)),
         mamba_norm_before_gate=bool(hf.get("mamba_norm_before_gate", True)), d_ff=hf.get("intermediate_size", 14336),
         mlp_bias=bool(hf.get("mlp_bias", False)), embedding_multiplier=float(hf.get("embedding_multiplier", 1.0)),

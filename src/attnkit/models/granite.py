@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..layers import Mamba2, MultiHeadAttention, RotaryEmbedding
 from ..layers.calls import called, project_by_name
+from ..layers.mamba2 import SSD_CHUNK
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
@@ -193,7 +194,7 @@ class GraniteHybridLM(HybridLM):
 _COMMON = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
            "hidden_act", "rms_norm_eps", "tie_word_embeddings", "rope_parameters", "rope_theta", "attention_bias",
            "max_position_embeddings", "model_type", "layer_types", "layers_block_type", "mamba_n_heads", "mamba_d_head",
-           "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size", "mamba_conv_bias",
+           "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_conv_bias",
            "mamba_proj_bias", "time_step_limit", "intermediate_size"}
 _READ = {
     "bamba": _COMMON | {"attn_layer_indices", "mlp_bias", "partial_rotary_factor"},
@@ -202,7 +203,8 @@ _READ = {
                                    "shared_intermediate_size", "position_embedding_type"},
 }
 _HARMLESS = HARMLESS | {"num_logits_to_keep", "z_loss_coefficient", "time_step_min", "time_step_max",
-                        "time_step_floor", "normalization_function", "init_method"}
+                        "time_step_floor", "normalization_function", "init_method",
+                        "mamba_chunk_size"}  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 _LEGACY_TYPES = {"mamba": LINEAR, "attention": "full_attention"}  # (the names older checkpoints carry)
 
@@ -253,7 +255,7 @@ def granite_hybrid_config_from_hf(hf: dict) -> GraniteHybridConfig:
         attention_bias=bool(hf.get("attention_bias", False)), mamba_heads=mamba_heads, mamba_head_dim=mamba_head_dim,
         state_size=hf.get("mamba_d_state", 256), n_groups=hf.get("mamba_n_groups", 1),
         conv_kernel=hf.get("mamba_d_conv", 4), conv_bias=bool(hf.get("mamba_conv_bias", True)),
-        proj_bias=bool(hf.get("mamba_proj_bias", False)), chunk_size=hf.get("mamba_chunk_size", 256),
+        proj_bias=bool(hf.get("mamba_proj_bias", False)), chunk_size=SSD_CHUNK,
         dt_limit=(low, high),
         d_ff=hf.get("shared_intermediate_size", 1024) if granite else hf.get("intermediate_size", 14336),
         mlp_bias=bool(hf.get("mlp_bias", False)), num_experts=experts,

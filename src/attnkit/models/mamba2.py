@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from .._files import read_json
 from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2
+from ..layers.mamba2 import SSD_CHUNK
 from .blocks import normalised
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
@@ -44,7 +45,7 @@ class Mamba2Config:
     conv_bias: bool = True
     bias: bool = False
     norm_eps: float = 1e-5
-    chunk_size: int = 256
+    chunk_size: int = SSD_CHUNK
     dt_limit: tuple[float, float] = (0.0, math.inf)
     residual_in_fp32: bool = True  # the residual stream in float32 for half types (float64 stays float64)
     tie_embeddings: bool = False
@@ -93,10 +94,11 @@ class Mamba2LM(HybridLM):
 
 # --------------------------------------------------------------------------- transformers checkpoints
 _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size", "n_groups", "expand",
-         "conv_kernel", "use_conv_bias", "use_bias", "layer_norm_epsilon", "chunk_size", "time_step_limit",
+         "conv_kernel", "use_conv_bias", "use_bias", "layer_norm_epsilon", "time_step_limit",
          "residual_in_fp32", "tie_word_embeddings", "hidden_act", "model_type", "layer_types"}
 _HARMLESS = HARMLESS | {"time_step_rank", "time_step_min", "time_step_max", "time_step_floor", "rescale_prenorm_residual",
-                        "num_labels", "max_position_embeddings"}
+                        "num_labels", "max_position_embeddings",
+                        "chunk_size"}  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size")
 
 
@@ -125,7 +127,7 @@ def mamba2_config_from_hf(hf: dict) -> Mamba2Config:
         head_dim=head_dim, state_size=hf["state_size"], n_groups=hf.get("n_groups", 1),
         conv_kernel=hf.get("conv_kernel", 4), conv_bias=bool(hf.get("use_conv_bias", True)),
         bias=bool(hf.get("use_bias", False)), norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        chunk_size=hf.get("chunk_size", 256), dt_limit=(float(limit[0]), float(limit[1])),
+        chunk_size=SSD_CHUNK, dt_limit=(float(limit[0]), float(limit[1])),
         residual_in_fp32=bool(hf.get("residual_in_fp32", True)), tie_embeddings=bool(hf.get("tie_word_embeddings")))
 
 

@@ -29,6 +29,7 @@ from .._files import read_json
 from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2, MultiHeadAttention
 from ..layers.calls import called, project_by_name
+from ..layers.mamba2 import SSD_CHUNK
 from .blocks import ACTIVATIONS, KeepsFloat32, normalised, routed_experts, sigmoid_group_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import FEED_FORWARD_ONLY, HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
@@ -203,7 +204,7 @@ _READ = {"vocab_size", "hidden_size", "layers_block_type", "layer_types", "hybri
          "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "attention_bias",
          "intermediate_size", "mlp_hidden_act", "mlp_bias", "ssm_state_size", "mamba_num_heads", "mamba_head_dim",
          "mamba_hidden_act", "n_groups", "conv_kernel", "expand", "time_step_min", "time_step_limit", "use_conv_bias",
-         "chunk_size", "mamba_proj_bias", "use_bias", "n_routed_experts", "num_local_experts", "n_shared_experts",
+         "mamba_proj_bias", "use_bias", "n_routed_experts", "num_local_experts", "n_shared_experts",
          "moe_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size", "num_experts_per_tok",
          "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob", "layer_norm_epsilon",
          "tie_word_embeddings", "max_position_embeddings", "model_type", "num_nextn_predict_layers",
@@ -212,6 +213,7 @@ _HARMLESS = HARMLESS | {
     "num_logits_to_keep", "use_mamba_kernels", "time_step_max", "time_step_floor", "mamba_ssm_cache_dtype",
     "moe_shared_expert_overlap", "hidden_dropout", "rescale_prenorm_residual",
     "residual_in_fp32",  # (transformers' model does not read it: its residual stays in the model's dtype)
+    "chunk_size",  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
 }
 _REQUIRED = ("vocab_size", "hidden_size", "num_attention_heads")
 
@@ -245,7 +247,7 @@ def nemotron_h_config_from_hf(hf: dict) -> NemotronHConfig:
         attention_bias=bool(hf.get("attention_bias", False)), mamba_heads=mamba_heads, mamba_head_dim=mamba_head_dim,
         state_size=hf.get("ssm_state_size", 128), n_groups=hf.get("n_groups", 8), conv_kernel=hf.get("conv_kernel", 4),
         conv_bias=bool(hf.get("use_conv_bias", True)), proj_bias=bool(hf.get("use_bias", False)),
-        chunk_size=hf.get("chunk_size", 128), dt_limit=(low, math.inf), d_ff=hf.get("intermediate_size", 21504),
+        chunk_size=SSD_CHUNK, dt_limit=(low, math.inf), d_ff=hf.get("intermediate_size", 21504),
         mlp_bias=bool(hf.get("mlp_bias", False)), num_experts=experts,
         experts_per_token=hf.get("num_experts_per_tok", 2), moe_d_ff=hf.get("moe_intermediate_size", 7688),
         shared_d_ff=hf.get("moe_shared_expert_intermediate_size", 7688), latent_size=hf.get("moe_latent_size"),
