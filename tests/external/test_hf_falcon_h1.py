@@ -1,9 +1,6 @@
-"""attnkit's native Falcon-H1 (``attnkit.models.falcon_h1``: Mamba-2 and attention side by side in every layer, muP
-multipliers) loaded from a transformers checkpoint by the one loader: the same logits as transformers'
-FalconH1ForCausalLM (float32, a batch as it is and left-padded; float64 to 1e-10 with transformers' float32 steps kept
-in float64) with the Mamba-2 output normed after the gate, before it, or not at all; the same greedy tokens (a
-left-padded batch too), cached decoding equal to one pass, each layer's heads side by side, every multiplier read,
-and config keys refused by name."""
+"""What attnkit's native Falcon-H1 (``attnkit.models.falcon_h1``) adds to the checks every Mamba-2 model passes
+(test_hf_mamba2_hybrids.py, its three norms among them): each layer's attention and Mamba-2 heads side by side,
+cached columns NaN for the Mamba-2 heads, every muP multiplier read, and config keys refused by name."""
 
 from __future__ import annotations
 
@@ -19,49 +16,18 @@ from attnkit.models.falcon_h1 import FalconH1LM, falcon_h1_config_from_hf  # noq
 from attnkit.models.hf_config import UnsupportedConfigError  # noqa: E402
 from attnkit.models.pretrained import load_hf_folder  # noqa: E402
 
-from float64_checks import assert_float64_logits_equal  # noqa: E402
 from hybrid_checks import (  # noqa: E402
-    assert_same_greedy_tokens,
-    assert_same_logits,
-    assert_same_padded_greedy_tokens,
     cached_decoding_equals_one_pass,
     saved_checkpoint,
     tiny_config,
 )
 
-NORMS = {"norm_then_gate": dict(mamba_rms_norm=True, mamba_norm_before_gate=True),
-         "gate_then_norm": dict(mamba_rms_norm=True, mamba_norm_before_gate=False),
-         "no_norm": dict(mamba_rms_norm=False)}
 
-
-@pytest.fixture(scope="module", params=sorted(NORMS))
-def checkpoint(request):
-    config = tiny_config("falcon_h1", **NORMS[request.param])
-    theirs, folder = saved_checkpoint(lambda: transformers.FalconH1ForCausalLM(config))
+@pytest.fixture(scope="module")
+def checkpoint():
+    theirs, folder = saved_checkpoint(lambda: transformers.FalconH1ForCausalLM(tiny_config("falcon_h1")))
     yield theirs, folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_the_one_loader_gives_transformers_logits_padded_or_not(checkpoint):
-    theirs, folder = checkpoint
-    ours = load_hf_folder(folder)
-    assert isinstance(ours, FalconH1LM)
-    assert_same_logits(ours, theirs, tol=2e-4)
-
-
-def test_float64_equals_transformers_to_1e_10_with_its_float32_steps_in_float64(checkpoint):
-    theirs, folder = checkpoint
-    assert_float64_logits_equal(load_hf_folder(folder, dtype=torch.float64), theirs)
-
-
-def test_greedy_generation_gives_transformers_tokens(checkpoint):
-    theirs, folder = checkpoint
-    assert_same_greedy_tokens(load_hf_folder(folder), theirs, new=10)
-
-
-def test_a_left_padded_batch_generates_as_each_prompt_alone_and_as_transformers(checkpoint):
-    theirs, folder = checkpoint
-    assert_same_padded_greedy_tokens(load_hf_folder(folder), theirs)
 
 
 def test_cached_decoding_equals_one_pass_and_each_layer_has_both_kinds_of_heads(checkpoint):

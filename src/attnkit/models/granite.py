@@ -21,19 +21,17 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..layers import Mamba2, MultiHeadAttention, RotaryEmbedding
 from ..layers.calls import called, project_by_name
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
-from .weights import load_placed, read_checkpoint_folder, untied_by_checkpoint
+from .weights import load_native_folder
 
 __all__ = ["GraniteHybridConfig", "GraniteHybridLM", "MODEL_TYPES", "granite_hybrid_config_from_hf",
            "load_checkpoint_folder"]
@@ -303,12 +301,6 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     """A :class:`GraniteHybridLM` from a transformers Bamba or GraniteMoeHybrid checkpoint folder (``config.json``
     and safetensors), in eval mode; every tensor must find its place and every parameter a tensor. Loading never
     runs code."""
-    folder = Path(folder)
-    config = granite_hybrid_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
-    tensors = read_checkpoint_folder(folder)
-    config = untied_by_checkpoint(config, tensors, "model.embed_tokens.weight")
-    model = GraniteHybridLM(config)
-    load_placed(model, {_attnkit_name(name): tensor for name, tensor in tensors.items()}, source=folder,
-                tied=config.tie_embeddings)
-    model = model if dtype is None else model.to(dtype)
-    return model.eval()
+    return load_native_folder(folder, config_from_hf=granite_hybrid_config_from_hf, build=GraniteHybridLM, dtype=dtype,
+                              embedding=("model.embed_tokens.weight",),
+                              state=lambda tensors, _: {_attnkit_name(n): t for n, t in tensors.items()})

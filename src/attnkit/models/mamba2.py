@@ -13,19 +13,17 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import normalised
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
-from .weights import load_placed, read_checkpoint_folder, untied_by_checkpoint
+from .weights import load_native_folder
 
 __all__ = ["Mamba2Config", "Mamba2LM", "mamba2_config_from_hf", "load_checkpoint_folder"]
 
@@ -139,12 +137,6 @@ def _attnkit_name(name: str) -> str:
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Mamba2LM:
     """A :class:`Mamba2LM` from a transformers Mamba-2 checkpoint folder (``config.json`` and safetensors), in eval
     mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
-    folder = Path(folder)
-    config = mamba2_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
-    tensors = read_checkpoint_folder(folder)
-    config = untied_by_checkpoint(config, tensors, "backbone.embeddings.weight")
-    model = Mamba2LM(config)
-    load_placed(model, {_attnkit_name(name): tensor for name, tensor in tensors.items()}, source=folder,
-                tied=config.tie_embeddings)
-    model = model if dtype is None else model.to(dtype)
-    return model.eval()
+    return load_native_folder(folder, config_from_hf=mamba2_config_from_hf, build=Mamba2LM, dtype=dtype,
+                              embedding=("backbone.embeddings.weight",),
+                              state=lambda tensors, _: {_attnkit_name(n): t for n, t in tensors.items()})

@@ -20,12 +20,10 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2, MultiHeadAttention
 from ..layers.calls import called, project_by_name
@@ -33,7 +31,7 @@ from ..layers.mamba2 import SSD_CHUNK
 from .blocks import ACTIVATIONS, KeepsFloat32, normalised, routed_experts, sigmoid_group_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import FEED_FORWARD_ONLY, HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
-from .weights import load_placed, read_checkpoint_folder, untied_by_checkpoint
+from .weights import load_native_folder
 
 __all__ = ["NemotronHConfig", "NemotronHLM", "nemotron_h_config_from_hf", "load_checkpoint_folder"]
 
@@ -303,12 +301,5 @@ def _state(tensors: dict[str, Tensor], config: NemotronHConfig) -> dict[str, Ten
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> NemotronHLM:
     """A :class:`NemotronHLM` from a transformers Nemotron-H checkpoint folder (``config.json`` and safetensors), in
     eval mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
-    folder = Path(folder)
-    config = nemotron_h_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
-    tensors = read_checkpoint_folder(folder)
-    embedding = "backbone.embeddings.weight" if "backbone.embeddings.weight" in tensors else "model.embeddings.weight"
-    config = untied_by_checkpoint(config, tensors, embedding)
-    model = NemotronHLM(config)
-    load_placed(model, _state(tensors, config), source=folder, tied=config.tie_embeddings)
-    model = model if dtype is None else model.to(dtype)
-    return model.eval()
+    return load_native_folder(folder, config_from_hf=nemotron_h_config_from_hf, build=NemotronHLM, dtype=dtype,
+                              embedding=("backbone.embeddings.weight", "model.embeddings.weight"), state=_state)

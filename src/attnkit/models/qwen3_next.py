@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
 from ..layers.calls import called, project_by_name
 from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
-from .weights import fused_experts, load_placed, read_checkpoint_folder, untied_by_checkpoint
+from .weights import fused_experts, load_native_folder
 
 __all__ = ["Qwen3NextConfig", "Qwen3NextLM", "qwen3_next_config_from_hf", "load_checkpoint_folder"]
 
@@ -218,12 +216,5 @@ def _state(tensors: dict[str, Tensor], config: Qwen3NextConfig) -> dict[str, Ten
 def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Qwen3NextLM:
     """A :class:`Qwen3NextLM` from a transformers Qwen3-Next or Qwen3.5 text checkpoint folder (``config.json`` and safetensors), in
     eval mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
-    folder = Path(folder)
-    config = qwen3_next_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
-    tensors = read_checkpoint_folder(folder)
-    config = untied_by_checkpoint(config, tensors, "model.embed_tokens.weight")
-    model = Qwen3NextLM(config)
-    load_placed(model, _state(tensors, config), source=folder, tied=config.tie_embeddings)
-    model = model if dtype is None else model.to(dtype)
-    return model.eval()
-
+    return load_native_folder(folder, config_from_hf=qwen3_next_config_from_hf, build=Qwen3NextLM, dtype=dtype,
+                              embedding=("model.embed_tokens.weight",), state=_state)

@@ -7,17 +7,19 @@ Tied parameters (e.g. shared embeddings and output layer) are stored once, under
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from .._files import atomic_path
+from .._files import atomic_path, read_json
 from ..errors import InputError
 
 __all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts",
            "read_checkpoint_folder", "untied_by_checkpoint", "LEGACY_NAMES", "read_safetensors", "mixtral_names",
-           "load_placed"]
+           "load_placed", "load_native_folder"]
 
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -225,3 +227,27 @@ def load_placed(model: nn.Module, state: dict[str, Tensor], *, source: object, u
                          f"; parameters the checkpoint lacks: {_listed(missing) if missing else 'none'}")
     state = state | {name: own[name] for name in expected - set(state)}  # the derived buffers it does not carry
     model.load_state_dict(state, strict=not tied)
+
+
+ConfigT = TypeVar("ConfigT")
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+def load_native_folder(folder: str | os.PathLike, *, config_from_hf: Callable[[dict], ConfigT],
+                       build: Callable[[ConfigT], ModelT], embedding: Sequence[str],
+                       state: Callable[[dict[str, Tensor], ConfigT], dict[str, Tensor]],
+                       dtype: torch.dtype | None = None) -> ModelT:
+    """One of attnkit's native models from a transformers checkpoint folder, in eval mode, as every family's
+    ``load_checkpoint_folder`` makes it: the config read (``config_from_hf``: every key read, harmless or refused by
+    name), the tensors read (:func:`read_checkpoint_folder`), a tied head untied where the checkpoint holds its own
+    (:func:`untied_by_checkpoint`; ``embedding``: the embedding's checkpoint names, the first present used), the model
+    built (``build(config)``), the tensors under its names (``state(tensors, config)``) placed
+    (:func:`load_placed`: every tensor a place, every parameter a tensor), then cast to ``dtype``. Never runs code."""
+    folder = Path(folder)
+    config = config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    tensors = read_checkpoint_folder(folder)
+    config = untied_by_checkpoint(config, tensors, next((n for n in embedding if n in tensors), embedding[0]))
+    model = build(config)
+    load_placed(model, state(tensors, config), source=folder, tied=config.tie_embeddings)
+    model = model if dtype is None else model.to(dtype)
+    return model.eval()
