@@ -29,7 +29,7 @@ import torch
 
 from attnkit._files import write_json
 from attnkit.bench import machine_info
-from attnkit.bench.harness import peak_extra_mb, run_worker, serve_worker, time_round_robin
+from attnkit.bench.harness import in_mode, peak_extra_mb, run_worker, serve_worker, time_round_robin
 
 H, E, CHUNK = 16, 128, 64
 
@@ -63,15 +63,7 @@ def _call(kind: str, n: int, mode: str):
     else:
         def run():
             return attnkit.attention(q, k, v, is_causal=True).output
-    if mode == "fwd":
-        def call():
-            with torch.no_grad():
-                return run()
-        return call
-
-    def step():
-        run().sum().backward()
-    return step
+    return in_mode(run, mode)
 
 
 def decode_rows(threads: int) -> list[dict]:

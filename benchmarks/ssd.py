@@ -34,7 +34,7 @@ import torch
 
 from attnkit._files import write_json
 from attnkit.bench import machine_info
-from attnkit.bench.harness import peak_extra_mb, run_worker, serve_worker, time_round_robin
+from attnkit.bench.harness import in_mode, peak_extra_mb, run_worker, serve_worker, time_round_robin
 
 H, P, N, G = 80, 64, 128, 1
 KINDS = {"attnkit": ("attnkit", 64), "attnkit-256": ("attnkit", 256), "transformers": ("transformers", 256),
@@ -68,15 +68,7 @@ def _call(kind: str, n: int, mode: str):
         def run():
             return mamba2_chunk_scan(t(x), t(dt), A, t(B), t(C), chunk_size=chunk, D=D, dt_bias=dt_bias,
                                      dt_softplus=True)
-    if mode == "fwd":
-        def call():
-            with torch.no_grad():
-                return run()
-        return call
-
-    def step():
-        run().sum().backward()
-    return step
+    return in_mode(run, mode)
 
 
 def worker(spec: dict) -> dict:

@@ -26,8 +26,24 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["time_round_robin", "cuda_median_ms", "median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info",
+__all__ = ["in_mode", "time_round_robin", "cuda_median_ms", "median_ms", "cuda_back_to_back_ms", "peak_extra_mb", "run_worker", "serve_worker", "machine_info",
            "gpu_report", "finish_gpu_report"]
+
+
+def in_mode(run: Callable[[], torch.Tensor], mode: str) -> Callable[[], object]:
+    """The call a benchmark times for ``run`` (a function returning an output): ``"fwd"`` runs it without
+    gradients, ``"fwd+bwd"`` runs it and back-propagates its sum."""
+    if mode == "fwd":
+        def forward():
+            with torch.no_grad():
+                return run()
+        return forward
+    if mode != "fwd+bwd":
+        raise ValueError(f"mode must be 'fwd' or 'fwd+bwd', got {mode!r}")
+
+    def forward_backward():
+        run().sum().backward()
+    return forward_backward
 
 
 def time_round_robin(
