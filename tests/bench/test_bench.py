@@ -123,3 +123,15 @@ def test_a_gpu_reports_head_names_the_card_and_versions_and_its_end_writes_and_p
     assert json.loads(out.read_text())["rows"] == [1, 2]
     printed = capsys.readouterr().out
     assert f"torch {torch.__version__}" in printed and "| a table |" in printed and str(out) in printed
+
+
+def test_in_mode_runs_forward_without_gradients_and_forward_backward_with_them():
+    from attnkit.bench.harness import in_mode
+
+    x = torch.randn(3, requires_grad=True)
+    out = in_mode(lambda: x * 2, "fwd")()
+    assert not out.requires_grad and x.grad is None
+    in_mode(lambda: x * 2, "fwd+bwd")()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    with pytest.raises(ValueError, match="mode must be"):
+        in_mode(lambda: x, "bwd")
