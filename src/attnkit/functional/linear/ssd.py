@@ -50,7 +50,7 @@ def ssd_decays(dt: Tensor, A: Tensor, *, dt_bias: Tensor | None = None, dt_softp
 def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | None = None,
         dt_bias: Tensor | None = None, dt_softplus: bool = True, dt_limit: tuple[float, float] = (0.0, math.inf),
         initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
-        key_mask: Tensor | None = None, check_values: bool = True) -> LinearAttentionOutput:
+        key_mask: Tensor | None = None, check_values: bool = True, backend: str = "auto") -> LinearAttentionOutput:
     """Mamba-2's selective state space (module docstring), through attnkit's linear-attention core.
 
     Args:
@@ -64,6 +64,8 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | N
         key_mask: (B, L) True at real tokens: a padded token writes nothing, decays nothing and gets zeros.
         check_values: refuse a positive, NaN or -inf log-decay (A > 0, or a NaN step) by name (a look at the
             values; False for a caller whose A and dt are in range by construction).
+        backend: ``"auto"``, ``"torch"`` or ``"fla"``: whose kernel computes the scan (:mod:`.kernels`; fla's
+            ``chunk_simple_gla`` for float16 and bfloat16 on CUDA where fla-core is installed).
 
     Returns:
         :class:`~.delta.LinearAttentionOutput`: y (B, H, L, P) in x's dtype, the final state or None.
@@ -83,7 +85,7 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | N
     v = x * dt[..., None].to(x.dtype)  # (B, H, L, P): the input the state takes up, dt x
     result = gated_linear_attention(C, B, v, g, scale=1.0, initial_state=initial_state,
                                     output_final_state=output_final_state, chunk_size=chunk_size, key_mask=key_mask,
-                                    check_values=check_values)
+                                    check_values=check_values, backend=backend)
     if D is None:
         return result
     skip = x * (D[:, None, None] if D.dim() == 1 else D[:, None, :]).to(x.dtype)  # (B, H, L, P)
