@@ -124,3 +124,29 @@ def test_fla_on_the_cpu_without_the_interpreter_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="backend='fla' runs Triton kernels: q must be on a CUDA device, got cpu"):
         gated_delta_rule(q, k, v, g, beta, backend="fla")
+
+
+def test_the_ssd_equals_flas_naive_simple_gla_reference():
+    """Mamba-2's SSD in attnkit's chunked form against fla's own PyTorch reference of simple GLA (no kernel), fed
+    the duality's arguments by hand: q = C and k = B repeated to each head of their group, v = dt x, g = dt A, no
+    scale; plus the skip D x."""
+    from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
+
+    g = torch.Generator().manual_seed(6)
+    heads, groups, P, N = 4, 2, 8, 16
+    x, dt = torch.randn(B, heads, L, P, generator=g), torch.randn(B, heads, L, generator=g)
+    A, D, dt_bias = -torch.rand(heads, generator=g), torch.randn(heads, generator=g), torch.randn(heads, generator=g)
+    Bm, Cm = torch.randn(B, groups, L, N, generator=g), torch.randn(B, groups, L, N, generator=g)
+    ours, state = ssd(x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, output_final_state=True, backend="torch")
+    step = torch.nn.functional.softplus(dt + dt_bias[:, None])  # (B, H, L)
+    per_head = heads // groups
+
+    def fla_layout(t):
+        return t.transpose(1, 2)  # (B, L, H, .)
+
+    theirs, their_state = naive_recurrent_simple_gla(
+        fla_layout(Cm.repeat_interleave(per_head, dim=1)), fla_layout(Bm.repeat_interleave(per_head, dim=1)),
+        fla_layout(x * step[..., None]), fla_layout(step * A[:, None]), scale=1.0, output_final_state=True)
+    theirs = theirs.transpose(1, 2) + x * D[:, None, None]  # back to (B, H, L, P), with the skip
+    assert _relative(ours, theirs.double()) < 1e-5
+    assert _relative(state, their_state.double()) < 1e-5
