@@ -128,22 +128,15 @@ def test_the_quick_demo_finishes_and_its_report_says_nothing_false(tmp_path, cap
     assert (report / "bleu_by_length.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_an_interrupted_demo_stops_with_130_and_resume_finishes_it_as_an_uninterrupted_one(signal_name, tmp_path,
-                                                                                          monkeypatch, capsys):
-    """Ctrl-C or SIGTERM while the second model trains: the demo stops there (exit 130) and says to --resume; the
-    same command with --resume finishes it, with the results of a demo never stopped. A finished demo's --out is
-    refused without --resume or --overwrite (its runs and report are kept)."""
+QUICK_DEMO = ["--epochs", "2", "--train-limit", "150", "--test-limit", "30", "--beam", "2", "--quiet"]
+
+
+def _stop_the_second_model_at_step_6(monkeypatch, signal_name: str) -> None:
+    """The demo's training steps, with ``signal_name`` sent to this process at the Bahdanau model's sixth step."""
     import os
     import signal
 
     from attnkit.training import loop
-
-    quick = ["--epochs", "2", "--train-limit", "150", "--test-limit", "30", "--beam", "2", "--quiet"]
-    assert main(["demo", "--out", str(tmp_path / "whole"), *quick]) == 0
-    whole = json.loads((tmp_path / "whole" / "report" / "results.json").read_text())["results"]
-    capsys.readouterr()
 
     real_step = loop._Trainer._step
 
@@ -153,6 +146,32 @@ def test_an_interrupted_demo_stops_with_130_and_resume_finishes_it_as_an_uninter
         return real_step(self, indices)
 
     monkeypatch.setattr(loop._Trainer, "_step", step)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_demo_with_130_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a job scheduler's stop) while the second model trains: exit 130, the pointer to --resume, no
+    report; the resume that follows is Ctrl-C's (the next test)."""
+    _stop_the_second_model_at_step_6(monkeypatch, "SIGTERM")
+    assert main(["demo", "--out", str(tmp_path / "split"), *QUICK_DEMO]) == 130
+    assert "--resume" in capsys.readouterr().err and not (tmp_path / "split" / "report").exists()
+    runs = tmp_path / "split" / "runs"  # the first model's finished run kept, the second's checkpoint saved
+    assert (runs / "bottleneck" / "best" / "model.safetensors").is_file()
+    assert (runs / "bahdanau" / "last" / "trainer.json").is_file()
+
+
+@pytest.mark.slow
+def test_an_interrupted_demo_stops_with_130_and_resume_finishes_it_as_an_uninterrupted_one(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Ctrl-C while the second model trains: the demo stops there (exit 130) and says to --resume; the same
+    command with --resume finishes it, with the results of a demo never stopped. A finished demo's --out is
+    refused without --resume or --overwrite (its runs and report are kept)."""
+    quick = QUICK_DEMO
+    assert main(["demo", "--out", str(tmp_path / "whole"), *quick]) == 0
+    whole = json.loads((tmp_path / "whole" / "report" / "results.json").read_text())["results"]
+    capsys.readouterr()
+
+    _stop_the_second_model_at_step_6(monkeypatch, "SIGINT")
     split = tmp_path / "split"
     assert main(["demo", "--out", str(split), *quick]) == 130
     assert "--resume" in capsys.readouterr().err and not (split / "report").exists()

@@ -15,7 +15,8 @@ from attnkit.functional.linear import gated_delta_rule, gated_linear_attention, 
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1 (tests/functional/test_linear_kernels.py does)"
 
-B, HK, H, L, K, V = 2, 1, 2, 80, 16, 8  # two key heads' worth of value heads; 80 tokens: two of fla's 64-token chunks
+B, HK, H, L, K, V = 1, 1, 2, 80, 16, 8  # two value heads on one key head; 80 tokens: two of fla's 64-token chunks
+# (one sequence: the interpreter runs a kernel's program per batch and head, one after another)
 
 # name: (function, decay shape (None: no decay), delta rule)
 CASES = {
@@ -95,7 +96,7 @@ def test_the_ssd_through_fla_equals_the_float64_recurrence():
     A, D, dt_bias = -torch.rand(heads, generator=g), torch.randn(heads, generator=g), torch.randn(heads, generator=g)
     Bm, Cm = torch.randn(B, groups, L, N, generator=g), torch.randn(B, groups, L, N, generator=g)
     key_mask = torch.ones(B, L, dtype=torch.bool)
-    key_mask[1, :5] = False
+    key_mask[0, :5] = False
     out, final = ssd(x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, key_mask=key_mask, output_final_state=True, backend="fla")
     reference = ssd(*(t.double() for t in (x, dt, A, Bm, Cm)), D=D.double(), dt_bias=dt_bias.double(),
                     key_mask=key_mask, output_final_state=True, backend="torch", chunk_size=1)
