@@ -71,11 +71,6 @@ def _spawn(world: int, families, timeout: float) -> None:
 
 
 @pytest.mark.slow
-def test_a_few_families_at_two_processes_equal_one_process():
-    _spawn(2, ("llama", "gemma2", "gpt2"), timeout=240)
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_listed_family_equals_one_process(world):
     _spawn(world, CONTEXT_PARALLEL_FAMILIES, timeout=900)
