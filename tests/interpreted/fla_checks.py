@@ -151,3 +151,35 @@ def test_the_ssd_equals_flas_naive_simple_gla_reference():
     theirs = theirs.transpose(1, 2) + x * D[:, None, None]  # back to (B, H, L, P), with the skip
     assert _relative(ours, theirs.double()) < 1e-5
     assert _relative(state, their_state.double()) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["GatedDeltaNet", "Mamba2"])
+def test_a_layer_through_fla_equals_its_own_form(name, monkeypatch):
+    """A layer with ``backend="fla"``: a left-padded batch, then a prefill and decoding steps through its cache,
+    equal to the same layer's ``backend="torch"``."""
+    from attnkit.layers import GatedDeltaNet, LinearStateCache, Mamba2
+
+    torch.manual_seed(7)
+    layer = GatedDeltaNet(32, 2, 4, 8, 8) if name == "GatedDeltaNet" else Mamba2(32, 4, 8, 16, n_groups=2)
+    x = torch.randn(1, 70, 32)
+    key_mask = torch.ones(1, 70, dtype=torch.bool)
+    key_mask[0, :6] = False
+
+    def run(backend):
+        layer.backend = backend
+        whole = layer(x, key_mask=key_mask).output
+        cache = LinearStateCache()
+        parts = [layer(x[:, :66], cache=cache).output] + [layer(x[:, t:t + 1], cache=cache).output
+                                                          for t in range(66, 70)]
+        return whole, torch.cat(parts, dim=1)
+
+    from attnkit.functional.linear import delta
+
+    calls = []
+    real = delta.fla_linear
+    monkeypatch.setattr(delta, "fla_linear", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    through_fla = run("fla")
+    assert len(calls) == 6  # "fla" is fla on every call: the padded batch, the prefill and the four steps
+    for ours, reference in zip(through_fla, run("torch")):
+        assert _relative(ours, reference.double()) < 1e-5
+    assert len(calls) == 6  # and "torch" never

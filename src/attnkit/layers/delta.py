@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..functional.attention import AttentionOutput, make_output
 from ..functional.checks import check_int, check_rank
 from ..functional.linear import gated_delta_rule, gated_linear_attention, implicit_attention
+from ..functional.linear.kernels import check_backend
 from ..functional.precision import accumulation_dtype
 from .calls import called, project_by_name
 
@@ -132,13 +133,15 @@ def _checked_input(x: Tensor, d_model: int, key_mask: Tensor | None, cache: Line
 
 
 def _rule_through_cache(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cache: LinearStateCache | None,
-                        key_mask: Tensor | None, chunk_size: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+                        key_mask: Tensor | None, chunk_size: int, need_weights: bool,
+                        backend: str) -> tuple[Tensor, Tensor | None]:
     """The gated delta rule (q and k normalised) over the call's tokens from the cache's state, the new state kept
     in the cache; and the call's implicit attention matrix when asked: (output (B, H, L, V), weights or None)."""
     state = None if cache is None else cache.state
     # g <= 0 and beta in [0, 1] by construction (-exp(.) softplus(.), a sigmoid): no look at their values
     result = gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
-                              chunk_size=chunk_size, use_qk_l2norm=True, key_mask=key_mask, check_values=False)
+                              chunk_size=chunk_size, use_qk_l2norm=True, key_mask=key_mask, check_values=False,
+                              backend=backend)
     if cache is not None:
         cache.state = result.final_state
         cache.position += v.shape[2]
@@ -155,11 +158,15 @@ class GatedDeltaNet(nn.Module):
         head_k_dim, head_v_dim: their widths (128 and 128).
         conv_kernel: the causal convolution's width (4). norm_eps: the gated RMSNorm's epsilon.
         chunk_size: the chunked form's chunk (64; 1 is the recurrence).
+        backend: whose kernel computes the rule: ``"auto"`` (flash-linear-attention's for float16 and bfloat16 on
+            CUDA where fla-core is installed), ``"torch"`` or ``"fla"`` (:mod:`attnkit.functional.linear.kernels`);
+            an attribute, settable on a loaded model's layers.
     """
 
     def __init__(self, d_model: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, *,
-                 conv_kernel: int = 4, norm_eps: float = 1e-6, chunk_size: int = 64):
+                 conv_kernel: int = 4, norm_eps: float = 1e-6, chunk_size: int = 64, backend: str = "auto"):
         super().__init__()
+        self.backend = check_backend(backend)
         for name, value in (("d_model", d_model), ("num_k_heads", num_k_heads), ("num_v_heads", num_v_heads),
                             ("head_k_dim", head_k_dim), ("head_v_dim", head_v_dim), ("conv_kernel", conv_kernel),
                             ("chunk_size", chunk_size)):
@@ -208,7 +215,8 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid().transpose(1, 2)  # (B, Hv, L)
         acc = accumulation_dtype(x.dtype)
         g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)
-        output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
+        output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights,
+                                              self.backend)
         heads = called(self._modules["norm"])(output.transpose(1, 2), z)  # (B, L, Hv, V)
         return make_output((project_by_name(self, "out_proj", heads.reshape(B, L, self.value_dim)), weights, None))
 
@@ -243,11 +251,13 @@ class KimiDeltaAttention(nn.Module):
 
     Parameters carry transformers' names (``q_proj``, ``k_proj``, ``v_proj``, ``conv1d``, ``forget_gate.*``,
     ``b_proj``, ``g_a_proj``, ``g_b_proj``, ``o_norm``, ``o_proj``). (B, L, D) -> :class:`AttentionOutput`, with
-    the implicit attention matrix (B, H, L, L) when asked; ``cache`` a :class:`LinearStateCache`."""
+    the implicit attention matrix (B, H, L, L) when asked; ``cache`` a :class:`LinearStateCache`. ``chunk_size`` and
+    ``backend`` as :class:`GatedDeltaNet`'s."""
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, *, conv_kernel: int = 4, norm_eps: float = 1e-6,
-                 chunk_size: int = 64):
+                 chunk_size: int = 64, backend: str = "auto"):
         super().__init__()
+        self.backend = check_backend(backend)
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
                             ("conv_kernel", conv_kernel), ("chunk_size", chunk_size)):
             check_int(name, value, 1)
@@ -273,7 +283,8 @@ class KimiDeltaAttention(nn.Module):
         q, k, v = (t.reshape(B, L, H, E).transpose(1, 2) for t in (q, k, v))
         g = called(self._modules["forget_gate"])(x)
         beta = torch.sigmoid(project_by_name(self, "b_proj", x)).transpose(1, 2)
-        output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights)
+        output, weights = _rule_through_cache(q, k, v, g, beta, cache, key_mask, self.chunk_size, need_weights,
+                                              self.backend)
         gate = project_by_name(self, "g_b_proj", project_by_name(self, "g_a_proj", x)).view(B, L, H, E)
         heads = called(self._modules["o_norm"])(output.transpose(1, 2), gate)
         return make_output((project_by_name(self, "o_proj", heads.reshape(B, L, H * E)), weights, None))
@@ -289,13 +300,14 @@ class LightningAttention(nn.Module):
     sets them. Parameters and buffers carry transformers' names (``qkv_proj``, ``output_gate``, ``norm``,
     ``out_proj``; ``slope_rate`` and the block decays its state dict holds), so its tensors load as they are.
     (B, L, D) -> :class:`AttentionOutput` with the implicit attention matrix when asked; ``cache`` a
-    :class:`LinearStateCache` (the state only: no convolution)."""
+    :class:`LinearStateCache` (the state only: no convolution). ``backend`` as :class:`GatedDeltaNet`'s."""
 
     slope_rate: Tensor
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, *, layer_idx: int, num_layers: int,
-                 block_size: int = 256, norm_eps: float = 1e-6):
+                 block_size: int = 256, norm_eps: float = 1e-6, backend: str = "auto"):
         super().__init__()
+        self.backend = check_backend(backend)
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
                             ("num_layers", num_layers), ("block_size", block_size)):
             check_int(name, value, 1)
@@ -330,7 +342,7 @@ class LightningAttention(nn.Module):
         g = (-self.slope_rate.to(acc)).view(1, H, 1).expand(B, H, L)
         state = None if cache is None else cache.state
         result = gated_linear_attention(q, k, v, g, scale=1.0, initial_state=state, output_final_state=cache is not None,
-                                        chunk_size=min(self.block_size, 64), key_mask=key_mask)
+                                        chunk_size=min(self.block_size, 64), key_mask=key_mask, backend=self.backend)
         if cache is not None:
             cache.state = result.final_state
             cache.position += L

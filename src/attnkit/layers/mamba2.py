@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..functional.attention import AttentionOutput, make_output
 from ..functional.checks import check_int
 from ..functional.linear import implicit_attention, ssd, ssd_decays
+from ..functional.linear.kernels import check_backend
 from ..functional.precision import accumulation_dtype
 from .calls import called, project_by_name
 from .delta import LinearStateCache, _checked_input, causal_convolution
@@ -78,14 +79,16 @@ class Mamba2(nn.Module):
         out_bias: whether ``out_proj`` has a bias (default: ``bias``; Falcon-H1's ``projectors_bias``).
         projection_multipliers: five factors of ``in_proj``'s output sections z, x, B, C, dt (Falcon-H1's
             ``ssm_multipliers``, its muP vector), or None.
+        backend: whose kernel computes the scan (:class:`~attnkit.layers.GatedDeltaNet`'s ``backend``).
     """
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, state_size: int, *, n_groups: int = 1,
                  conv_kernel: int = 4, conv_bias: bool = True, bias: bool = False, norm_eps: float = 1e-5,
                  chunk_size: int = SSD_CHUNK, dt_limit: tuple[float, float] = (0.0, math.inf), norm: bool = True,
                  norm_before_gate: bool = False, out_bias: bool | None = None,
-                 projection_multipliers: tuple[float, ...] | None = None):
+                 projection_multipliers: tuple[float, ...] | None = None, backend: str = "auto"):
         super().__init__()
+        self.backend = check_backend(backend)
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
                             ("state_size", state_size), ("n_groups", n_groups), ("conv_kernel", conv_kernel),
                             ("chunk_size", chunk_size)):
@@ -137,9 +140,9 @@ class Mamba2(nn.Module):
         Bs, Cs = (t.reshape(Bsz, L, G, N).transpose(1, 2) for t in (Bs, Cs))  # (B, G, L, N)
         A = -self.A_log.to(accumulation_dtype(x.dtype)).exp()
         dt = dt.transpose(1, 2)  # (B, H, L)
-        result = ssd(xs, dt, A, Bs, Cs, D=self.D, dt_bias=self.dt_bias, dt_limit=self.dt_limit,
+        result = ssd(xs, dt, A, Bs, Cs, D=self.D, dt_bias=self.dt_bias, dt_limit=self.dt_limit,  # A <= 0, dt > 0 by make
                      initial_state=None if cache is None else cache.state, output_final_state=cache is not None,
-                     chunk_size=self.chunk_size, key_mask=key_mask, check_values=False)  # (A <= 0, dt > 0 by make)
+                     chunk_size=self.chunk_size, key_mask=key_mask, check_values=False, backend=self.backend)
         if cache is not None:
             cache.state = result.final_state
             cache.position += L

@@ -45,7 +45,7 @@ from importlib.util import find_spec
 import torch
 from torch import Tensor
 
-__all__ = ["BACKENDS", "FLA_DTYPES", "AUTO_DTYPES", "fla_installed", "fla_backward_refused", "uses_fla"]
+__all__ = ["BACKENDS", "FLA_DTYPES", "AUTO_DTYPES", "fla_installed", "fla_backward_refused", "check_backend", "uses_fla"]
 
 BACKENDS = ("auto", "torch", "fla")
 """The values of the linear functions' ``backend=`` (module docstring)."""
@@ -66,6 +66,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def check_backend(backend: str) -> str:
+    """``backend``, refused by name unless one of :data:`BACKENDS`."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    return backend
+
+
 @cache
 def fla_backward_refused() -> bool:
     """Whether fla's own guard refuses its gated backward on this machine (a Hopper GPU, Triton 3.4 to 3.7.0, no
@@ -81,9 +88,7 @@ def uses_fla(backend: str, q: Tensor, k: Tensor, v: Tensor, chunk_size: int, *ot
     """Whether a call with these inputs (``others``: its g, beta and initial state, for whether it needs
     gradients) runs fla's kernels under ``backend`` (module docstring); ``"fla"`` on a call they cannot run is
     refused by name."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    if backend == "torch":
+    if check_backend(backend) == "torch":
         return False
     one_dtype = q.dtype == k.dtype == v.dtype
     if backend == "auto":
