@@ -89,3 +89,29 @@ def test_cached_decoding_equals_one_pass_and_every_mixing_layer_has_causal_atten
             assert a is None
         else:  # (B, heads, L, L): a Mamba-2 layer's implicit attention or a softmax layer's weights, causal
             assert a.shape[0] == 1 and a.shape[2:] == (9, 9) and (a.triu(1) == 0).all(), block.kind
+
+
+CONFIG_READERS = {  # the families whose configs keep time_step_limit: config reader, tiny config family
+    "mamba2": ("attnkit.models.mamba2", "mamba2_config_from_hf", "mamba2"),
+    "bamba": ("attnkit.models.granite", "granite_hybrid_config_from_hf", "bamba"),
+    "granitemoehybrid": ("attnkit.models.granite", "granite_hybrid_config_from_hf", "granitemoehybrid"),
+    "falcon_h1": ("attnkit.models.falcon_h1", "falcon_h1_config_from_hf", "falcon_h1"),
+}
+
+
+@pytest.mark.parametrize("family", CONFIG_READERS)
+def test_each_family_reads_time_step_limit_and_refuses_a_malformed_one(family):
+    """models.mamba2.dt_limit_from_hf, shared: [low, high] read as floats, null as no limit, anything else refused
+    by name in the family's own words."""
+    import importlib
+
+    from attnkit.models.hf_config import UnsupportedConfigError
+
+    module, reader, tiny = CONFIG_READERS[family]
+    read = getattr(importlib.import_module(module), reader)
+    hf = tiny_config(tiny).to_dict()
+    assert read(hf | {"time_step_limit": [0.01, 5]}).dt_limit == (0.01, 5.0)
+    assert read(hf | {"time_step_limit": None}).dt_limit == (0.0, float("inf"))
+    for bad in ([0.1], "0.1, 2", [0.1, "two"]):
+        with pytest.raises(UnsupportedConfigError, match=f"{family} config: time_step_limit"):
+            read(hf | {"time_step_limit": bad})

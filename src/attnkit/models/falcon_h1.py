@@ -32,7 +32,8 @@ from ..layers.calls import called, project_by_name
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import normalised
 from .hf_config import UnsupportedConfigError
-from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
+from .mamba2 import dt_limit_from_hf, mamba_heads_from_hf
 from .weights import load_native_folder
 
 __all__ = ["FalconH1Config", "FalconH1LM", "ParallelCache", "falcon_h1_config_from_hf", "load_checkpoint_folder"]
@@ -220,18 +221,9 @@ def falcon_h1_config_from_hf(hf: dict) -> FalconH1Config:
         raise UnsupportedConfigError(f"falcon_h1 config: every layer is Mamba-2 and attention side by side "
                                      f"('hybrid'), got layer types {sorted(set(types))}")
     inner = hf.get("mamba_d_ssm") or int(hf.get("mamba_expand", 2) * d_model)
-    mamba_heads = hf.get("mamba_n_heads", 128)
-    mamba_head_dim = hf.get("mamba_d_head", "auto")
-    if mamba_head_dim in (None, "auto"):
-        mamba_head_dim = inner // mamba_heads
-    if mamba_heads * mamba_head_dim != inner:
-        raise UnsupportedConfigError(f"falcon_h1 config: mamba_n_heads x mamba_d_head = {mamba_heads} x "
-                                     f"{mamba_head_dim} must equal the mixer's width {inner} (mamba_d_ssm, else "
-                                     "mamba_expand x hidden_size)")
-    limit = hf.get("time_step_limit") or (0.0, math.inf)
-    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
-        raise UnsupportedConfigError(f"falcon_h1 config: time_step_limit must be [low, high], got {limit!r}")
-    low, high = (json_float(bound, "falcon_h1 config: time_step_limit") for bound in limit)
+    mamba_heads, mamba_head_dim = mamba_heads_from_hf(
+        hf, "falcon_h1", inner, f"the mixer's width {inner} (mamba_d_ssm, else mamba_expand x hidden_size)")
+    dt_limit = dt_limit_from_hf(hf, "falcon_h1")
     mlp = tuple(float(m) for m in hf.get("mlp_multipliers") or (1.0, 1.0))
     ssm = tuple(float(m) for m in hf.get("ssm_multipliers") or (1.0,) * 5)
     if len(mlp) != 2 or len(ssm) != 5:
@@ -245,7 +237,7 @@ def falcon_h1_config_from_hf(hf: dict) -> FalconH1Config:
         state_size=hf.get("mamba_d_state", 256), n_groups=hf.get("mamba_n_groups", 1),
         conv_kernel=hf.get("mamba_d_conv", 4), conv_bias=bool(hf.get("mamba_conv_bias", True)),
         proj_bias=bool(hf.get("mamba_proj_bias", False)), projectors_bias=bool(hf.get("projectors_bias", False)),
-        chunk_size=SSD_CHUNK, dt_limit=(low, high),
+        chunk_size=SSD_CHUNK, dt_limit=dt_limit,
         mamba_rms_norm=bool(hf.get("mamba_rms_norm", False)),
         mamba_norm_before_gate=bool(hf.get("mamba_norm_before_gate", True)), d_ff=hf.get("intermediate_size", 14336),
         mlp_bias=bool(hf.get("mlp_bias", False)), embedding_multiplier=float(hf.get("embedding_multiplier", 1.0)),

@@ -18,7 +18,6 @@ has no position embedding (``position_embedding_type`` None; "rope" is read too)
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -30,7 +29,8 @@ from ..layers.calls import called, project_by_name
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
 from .hf_config import UnsupportedConfigError
-from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
+from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
+from .mamba2 import dt_limit_from_hf, mamba_heads_from_hf
 from .weights import load_native_folder
 
 __all__ = ["GraniteHybridConfig", "GraniteHybridLM", "MODEL_TYPES", "granite_hybrid_config_from_hf",
@@ -231,18 +231,10 @@ def granite_hybrid_config_from_hf(hf: dict) -> GraniteHybridConfig:
             raise UnsupportedConfigError(f"{kind} config: position_embedding_type must be None or 'rope', got "
                                          f"{position!r}")
         rotary_dim = head_dim if position == "rope" else 0
-    expand = hf.get("mamba_expand", 2)
-    mamba_heads = hf.get("mamba_n_heads", 128)
-    mamba_head_dim = hf.get("mamba_d_head", "auto")
-    if mamba_head_dim in (None, "auto"):
-        mamba_head_dim = expand * d_model // mamba_heads
-    if mamba_heads * mamba_head_dim != expand * d_model:
-        raise UnsupportedConfigError(f"{kind} config: mamba_n_heads x mamba_d_head = {mamba_heads} x {mamba_head_dim} "
-                                     f"must equal mamba_expand x hidden_size = {expand * d_model} (the mixer's width)")
-    limit = hf.get("time_step_limit") or (0.0, math.inf)
-    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
-        raise UnsupportedConfigError(f"{kind} config: time_step_limit must be [low, high], got {limit!r}")
-    low, high = (json_float(bound, f"{kind} config: time_step_limit") for bound in limit)
+    inner = hf.get("mamba_expand", 2) * d_model
+    mamba_heads, mamba_head_dim = mamba_heads_from_hf(hf, kind, inner,
+                                                      f"mamba_expand x hidden_size = {inner} (the mixer's width)")
+    dt_limit = dt_limit_from_hf(hf, kind)
     granite = kind == "granitemoehybrid"
     experts = hf.get("num_local_experts", 8) if granite else 0
     scale = hf.get("attention_multiplier", 1.0) if granite else None
@@ -254,7 +246,7 @@ def granite_hybrid_config_from_hf(hf: dict) -> GraniteHybridConfig:
         state_size=hf.get("mamba_d_state", 256), n_groups=hf.get("mamba_n_groups", 1),
         conv_kernel=hf.get("mamba_d_conv", 4), conv_bias=bool(hf.get("mamba_conv_bias", True)),
         proj_bias=bool(hf.get("mamba_proj_bias", False)), chunk_size=SSD_CHUNK,
-        dt_limit=(low, high),
+        dt_limit=dt_limit,
         d_ff=hf.get("shared_intermediate_size", 1024) if granite else hf.get("intermediate_size", 14336),
         mlp_bias=bool(hf.get("mlp_bias", False)), num_experts=experts,
         experts_per_token=hf.get("num_experts_per_tok", 2) if experts else 1,

@@ -25,7 +25,7 @@ from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
 from .weights import load_native_folder
 
-__all__ = ["Mamba2Config", "Mamba2LM", "mamba2_config_from_hf", "load_checkpoint_folder"]
+__all__ = ["dt_limit_from_hf", "mamba_heads_from_hf", "Mamba2Config", "Mamba2LM", "mamba2_config_from_hf", "load_checkpoint_folder"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,31 @@ _HARMLESS = HARMLESS | {"time_step_rank", "time_step_min", "time_step_max", "tim
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size")
 
 
+def dt_limit_from_hf(hf: dict, kind: str) -> tuple[float, float]:
+    """A Mamba-2 config's ``time_step_limit`` as (low, high): absent or null is no limit, (0, inf); anything but two
+    numbers is refused by name. The limit of every family that keeps the key (Mamba-2, Bamba, Granite 4.0-H,
+    Falcon-H1)."""
+    limit = hf.get("time_step_limit") or (0.0, math.inf)
+    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
+        raise UnsupportedConfigError(f"{kind} config: time_step_limit must be [low, high], got {limit!r}")
+    low, high = (json_float(bound, f"{kind} config: time_step_limit") for bound in limit)
+    return low, high
+
+
+def mamba_heads_from_hf(hf: dict, kind: str, inner: int, width: str) -> tuple[int, int]:
+    """(heads, head width) from a hybrid's ``mamba_n_heads`` and ``mamba_d_head`` (``"auto"`` or absent: the
+    mixer's width ``inner`` over the heads), refused by name unless heads x head width is ``inner``; ``width`` says
+    where ``inner`` comes from (Bamba, Granite 4.0-H, Falcon-H1)."""
+    heads = hf.get("mamba_n_heads", 128)
+    head_dim = hf.get("mamba_d_head", "auto")
+    if head_dim in (None, "auto"):
+        head_dim = inner // heads
+    if heads * head_dim != inner:
+        raise UnsupportedConfigError(f"{kind} config: mamba_n_heads x mamba_d_head = {heads} x {head_dim} must equal "
+                                     f"{width}")
+    return heads, head_dim
+
+
 def mamba2_config_from_hf(hf: dict) -> Mamba2Config:
     """attnkit's config from a transformers Mamba-2 ``config.json``: every key read, harmless in evaluation, or
     refused by name (:class:`UnsupportedConfigError`). ``time_step_rank`` is an initialisation size Mamba-2 does not
@@ -116,16 +141,12 @@ def mamba2_config_from_hf(hf: dict) -> Mamba2Config:
     if types is not None and set(types) - {"mamba"}:
         raise UnsupportedConfigError(f"mamba2 config: layer_types other than 'mamba' are not Mamba-2's, got "
                                      f"{sorted(set(types))}")
-    limit = hf.get("time_step_limit") or (0.0, math.inf)
-    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
-        raise UnsupportedConfigError(f"mamba2 config: time_step_limit must be [low, high], got {limit!r}")
-    limit = [json_float(bound, "mamba2 config: time_step_limit") for bound in limit]
     return Mamba2Config(
         vocab_size=hf["vocab_size"], d_model=d_model, num_layers=hf["num_hidden_layers"], num_heads=heads,
         head_dim=head_dim, state_size=hf["state_size"], n_groups=hf.get("n_groups", 1),
         conv_kernel=hf.get("conv_kernel", 4), conv_bias=bool(hf.get("use_conv_bias", True)),
         bias=bool(hf.get("use_bias", False)), norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        chunk_size=SSD_CHUNK, dt_limit=(float(limit[0]), float(limit[1])),
+        chunk_size=SSD_CHUNK, dt_limit=dt_limit_from_hf(hf, "mamba2"),
         residual_in_fp32=bool(hf.get("residual_in_fp32", True)), tie_embeddings=bool(hf.get("tie_word_embeddings")))
 
 
