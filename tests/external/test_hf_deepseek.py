@@ -217,6 +217,9 @@ def test_the_one_loader_takes_deepseek_and_refuses_other_families_by_name(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "jamba"}))
     with pytest.raises(UnsupportedConfigError, match="model_type 'jamba' is not one attnkit has natively"):
         load_hf_folder(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": ["llama"]}))  # not a name: refused as such
+    with pytest.raises(UnsupportedConfigError, match=r"config.json's model_type must be a string, got \['llama'\]"):
+        load_hf_folder(tmp_path)
 
 
 def test_a_checkpoint_with_a_key_attnkit_does_not_implement_is_refused(tmp_path):

@@ -34,8 +34,12 @@ from .hf_names import (
     to_hf,
 )
 
-NATIVE_MODEL_TYPES = (*MODEL_TYPES, "deepseek_v3", "deepseek_v32", *qwen3_next.MODEL_TYPES, "kimi_linear", "minimax",
-                      "mamba2", *granite.MODEL_TYPES, "nemotron_h", "falcon_h1")
+_OWN_LOADERS = {  # model_type: the module whose load_checkpoint_folder(folder, dtype=) builds it (the rest: hf_names)
+    "deepseek_v3": deepseek, "deepseek_v32": deepseek, **dict.fromkeys(qwen3_next.MODEL_TYPES, qwen3_next),
+    "kimi_linear": kimi_linear, "minimax": minimax, "mamba2": mamba2, **dict.fromkeys(granite.MODEL_TYPES, granite),
+    "nemotron_h": nemotron_h, "falcon_h1": falcon_h1,
+}
+NATIVE_MODEL_TYPES = (*MODEL_TYPES, *_OWN_LOADERS)
 """Every transformers ``model_type`` attnkit has natively, each loaded by :func:`load_hf_folder`."""
 
 REFUSED_MODEL_TYPES = {
@@ -88,22 +92,10 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype: torch.dtype | str | None
     config = read_json(folder / "config.json", "Hugging Face config")
     dtype = _load_dtype(dtype, config, folder)
     kind = config.get("model_type") if isinstance(config, dict) else None
-    if kind in ("deepseek_v3", "deepseek_v32"):
-        return deepseek.load_checkpoint_folder(folder, dtype=dtype)
-    if kind in qwen3_next.MODEL_TYPES:
-        return qwen3_next.load_checkpoint_folder(folder, dtype=dtype)
-    if kind == "kimi_linear":
-        return kimi_linear.load_checkpoint_folder(folder, dtype=dtype)
-    if kind == "minimax":
-        return minimax.load_checkpoint_folder(folder, dtype=dtype)
-    if kind == "mamba2":
-        return mamba2.load_checkpoint_folder(folder, dtype=dtype)
-    if kind in granite.MODEL_TYPES:
-        return granite.load_checkpoint_folder(folder, dtype=dtype)
-    if kind == "nemotron_h":
-        return nemotron_h.load_checkpoint_folder(folder, dtype=dtype)
-    if kind == "falcon_h1":
-        return falcon_h1.load_checkpoint_folder(folder, dtype=dtype)
+    if kind is not None and not isinstance(kind, str):
+        raise UnsupportedConfigError(f"{folder}: config.json's model_type must be a string, got {kind!r}")
+    if kind in _OWN_LOADERS:
+        return _OWN_LOADERS[kind].load_checkpoint_folder(folder, dtype=dtype)
     if kind in REFUSED_MODEL_TYPES:
         raise UnsupportedConfigError(f"{folder}: model_type {kind!r} is not implemented natively: "
                                      f"{REFUSED_MODEL_TYPES[kind]}; run transformers' own model")
