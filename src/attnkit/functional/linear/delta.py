@@ -140,20 +140,41 @@ def implicit_attention(q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | No
 def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm,
          key_mask, check_values: bool = True, backend: str = "auto") -> LinearAttentionOutput:
     B, Hk, L, K, H, V = _check(q, k, v, g, beta, initial_state, chunk_size, key_mask, check_values, delta, scale)
-    if uses_fla(backend, q, k, v, chunk_size, g, beta, initial_state) and L > 0:  # flash-linear-attention's kernel for the same call (.kernels)
-        out, state = fla_linear(q, k, v, g, beta, scale=K**-0.5 if scale is None else float(scale),
-                                initial_state=initial_state, output_final_state=output_final_state,
-                                use_qk_l2norm=use_qk_l2norm, key_mask=key_mask)
-        return LinearAttentionOutput(out.to(v.dtype), state)
+    out_dtype = v.dtype
+    real = None
+    if key_mask is not None:  # a padded token: no write (k, v and beta 0), no decay (g 0), a zero output
+        real = key_mask.to(device=v.device, dtype=torch.bool)[:, None, :, None]  # (B, 1, L, 1)
+        # selected, not multiplied: a NaN or inf in a padded token's inputs reaches nothing (NaN x 0 is NaN)
+        q, k, v = (torch.where(real, x, 0.0) for x in (q, k, v))
+        beta = None if beta is None else torch.where(real[..., 0], beta, 0.0)
+        if g is not None:
+            g = torch.where(real[..., 0] if g.dim() == 3 else real, g, 0.0)
+    scale = K**-0.5 if scale is None else float(scale)
+    if uses_fla(backend, q, k, v, chunk_size, g, beta, initial_state) and L > 0:
+        # flash-linear-attention's kernel for the same call (.kernels)
+        out, state = fla_linear(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm)
+    else:
+        out, state = _torch_forms(q, k, v, g, beta, delta=delta, scale=scale, initial_state=initial_state,
+                                  chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm)
+    if real is not None:
+        out = torch.where(real, out, 0.0)
+    return LinearAttentionOutput(out.to(out_dtype), state if output_final_state else None)
+
+
+def _torch_forms(q, k, v, g, beta, *, delta: bool, scale: float, initial_state, chunk_size: int,
+                 use_qk_l2norm: bool) -> tuple[Tensor, Tensor]:
+    """attnkit's own forms (backend "torch"), on checked inputs with padded tokens already selected away: (output
+    in the accumulation dtype, final state)."""
+    B, Hk, L, K = q.shape
+    H, V = v.shape[1], v.shape[-1]
     if beta is None:  # gated linear attention: the update is the value itself
         beta = v.new_ones(B, H, L)
-    out_dtype = v.dtype
     acc = accumulation_dtype(q.dtype)
     groups = H // Hk
     # gated linear attention with a decay a head (or none), chunked: the key heads stay shared (_chunked_shared)
     shared = not delta and (g is None or g.dim() == 3) and L > 1 and chunk_size > 1
     q, k = (x.to(acc) if groups == 1 or shared else x.to(acc).repeat_interleave(groups, dim=1) for x in (q, k))
-    scale = K**-0.5 if scale is None else float(scale)
     if use_qk_l2norm:  # one multiply each: the norm's inverse and the scale together
         q = q * (torch.rsqrt((q * q).sum(dim=-1, keepdim=True) + 1e-6) * scale)
         k = l2norm(k)
@@ -161,13 +182,6 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
         q = q * scale
     v, beta = v.to(acc), beta.to(acc)
     g = None if g is None else g.to(acc)
-    if key_mask is not None:  # a padded token: no write (k, v and beta 0), no decay (g 0), a zero output
-        real = key_mask.to(device=v.device, dtype=torch.bool)[:, None, :, None]  # (B, 1, L, 1)
-        # selected, not multiplied: a NaN or inf in a padded token's inputs reaches nothing (NaN x 0 is NaN)
-        q, k, v = (torch.where(real, x, 0.0) for x in (q, k, v))
-        beta = torch.where(real[..., 0], beta, 0.0)
-        if g is not None:
-            g = torch.where(real[..., 0] if g.dim() == 3 else real, g, 0.0)
     state = None if initial_state is None else initial_state.to(acc)
     if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output), both
         out = v * 0.0  # in the inputs' graph (a backward through them gives zero gradients, not an error)
@@ -180,9 +194,7 @@ def _run(q, k, v, g, beta, *, delta: bool, scale, initial_state, output_final_st
         out, state = _chunked_shared(q, k, v, g, state, chunk_size)
     else:
         out, state = _chunked(q, k, v, g, beta, state, delta, chunk_size)
-    if key_mask is not None:
-        out = torch.where(real, out, 0.0)
-    return LinearAttentionOutput(out.to(out_dtype), state if output_final_state else None)
+    return out, state
 
 
 def _recurrent(q, k, v, g, beta, state, delta: bool):

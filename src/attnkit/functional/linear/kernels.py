@@ -31,7 +31,7 @@ gated linear attention, a decay a channel   ``chunk_gla``
 ==========================================  ==============================
 
 The arguments are attnkit's (checked by :func:`.delta._check` first) and so are the semantics: ``key_mask``
-zeroes a padded token's q, k, v, beta and decay before the kernel (no write, no decay) and its output after, the
+zeroes a padded token's q, k, v, beta and decay before either form (no write, no decay) and its output after, the
 final state comes back in float32, the output in v's dtype. The kernels keep grouped key heads shared where fla's
 kernel does (the delta rules); the others get them repeated.
 """
@@ -110,18 +110,13 @@ def uses_fla(backend: str, q: Tensor, k: Tensor, v: Tensor, chunk_size: int, *ot
 
 
 def fla_linear(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None, *, scale: float,
-               initial_state: Tensor | None, output_final_state: bool, use_qk_l2norm: bool,
-               key_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """(output (B, H, L, V) in v's dtype, final state (B, H, K, V) float32 or None) from fla's kernel for the
-    call (module docstring's table): the delta rules with ``beta``, gated linear attention without. Arguments as
-    :func:`.delta.gated_delta_rule`'s, already checked."""
+               initial_state: Tensor | None, output_final_state: bool,
+               use_qk_l2norm: bool) -> tuple[Tensor, Tensor | None]:
+    """(output (B, H, L, V), final state (B, H, K, V) float32 or None) from fla's kernel for the call (module
+    docstring's table): the delta rules with ``beta``, gated linear attention without. Arguments as
+    :func:`.delta.gated_delta_rule`'s, already checked, padded tokens already selected away by the caller (which
+    zeroes their outputs after)."""
     Hk, H = q.shape[1], v.shape[1]
-    if key_mask is not None:  # a padded token: no write, no decay (selected, so that a NaN there reaches nothing)
-        real = key_mask.to(device=v.device, dtype=torch.bool)[:, None, :, None]  # (B, 1, L, 1)
-        q, k, v = (torch.where(real, x, 0.0) for x in (q, k, v))
-        beta = None if beta is None else torch.where(real[..., 0], beta, 0.0)
-        if g is not None:
-            g = torch.where(real[..., 0] if g.dim() == 3 else real, g, 0.0)
     # fla's layout (B, L, H, .): a transpose, free where the caller's (B, H, L, .) is itself a transposed view
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     g = None if g is None else g.transpose(1, 2).float()  # log-decays in float32, as fla's layers give them
@@ -149,7 +144,4 @@ def fla_linear(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor |
             from fla.ops.gla import chunk_gla
 
             out, final = chunk_gla(q, k, v, g, **options)
-    out = out.transpose(1, 2)
-    if key_mask is not None:
-        out = torch.where(real, out, 0.0)
-    return out, final if output_final_state else None
+    return out.transpose(1, 2), final if output_final_state else None
