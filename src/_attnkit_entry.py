@@ -1,12 +1,18 @@
 """The ``attnkit`` console script's entry point, a module apart from the package: importing
 ``attnkit`` (and torch with it) takes seconds, and a Ctrl-C then would end in a traceback from the
 import machinery. Here it ends with "interrupted" and exit status 130, like a Ctrl-C later on. An
-environment switch attnkit refuses at import (``ATTNKIT_NAN_RULE=yes``) is one line and exit status 2."""
+environment switch attnkit refuses at import (``ATTNKIT_NAN_RULE=yes``) is one line and exit status 2.
+``attnkit --version`` reads the installed version without importing attnkit."""
 
 import sys
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--version"]:  # answered without importing torch (seconds)
+        version = _installed_version()
+        if version is not None:
+            print(f"attnkit {version}")
+            return 0
     try:
         from attnkit.cli import main as run
     except KeyboardInterrupt:
@@ -18,6 +24,15 @@ def main() -> int:
         print(f"attnkit: {error}", file=sys.stderr)
         return 2
     return run()
+
+
+def _installed_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("attnkit")
+    except metadata.PackageNotFoundError:  # run from a source tree: the package says it
+        return None
 
 
 if __name__ == "__main__":

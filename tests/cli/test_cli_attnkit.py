@@ -23,6 +23,23 @@ def test_unknown_command_exits_with_usage(capsys):
     assert "invalid choice: 'nope'" in capsys.readouterr().err
 
 
+def test_bare_attnkit_prints_its_help_and_the_help_lists_no_retired_command(capsys):
+    code, out, err = run_cli([], capsys)
+    assert code == 0 and not err and out.startswith("usage: attnkit") and "generate" in out
+    assert "build-ext" not in out
+
+
+def test_version_answers_without_importing_torch():
+    """``attnkit --version`` reads the installed version (the entry point, src/_attnkit_entry.py): no second of
+    torch's import."""
+    from importlib import metadata
+
+    script = ("import sys; sys.argv = ['attnkit', '--version']; import _attnkit_entry; code = _attnkit_entry.main(); "
+              "print('torch' in sys.modules, code)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout == f"attnkit {metadata.version('attnkit')}\nFalse 0\n", done.stderr
+
+
 def test_every_option_of_every_command_has_help_text():
     import argparse
 

@@ -149,11 +149,11 @@ def _stop_the_second_model_at_step_6(monkeypatch, signal_name: str) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_demo_with_130_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
-    """SIGTERM (a job scheduler's stop) while the second model trains: exit 130, the pointer to --resume, no
+def test_sigterm_stops_a_demo_as_ctrl_c_does_with_143(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a job scheduler's stop) while the second model trains: exit 143 (128 + 15), the pointer to --resume, no
     report; the resume that follows is Ctrl-C's (the next test)."""
     _stop_the_second_model_at_step_6(monkeypatch, "SIGTERM")
-    assert main(["demo", "--out", str(tmp_path / "split"), *QUICK_DEMO]) == 130
+    assert main(["demo", "--out", str(tmp_path / "split"), *QUICK_DEMO]) == 143
     assert "--resume" in capsys.readouterr().err and not (tmp_path / "split" / "report").exists()
     runs = tmp_path / "split" / "runs"  # the first model's finished run kept, the second's checkpoint saved
     assert (runs / "bottleneck" / "best" / "model.safetensors").is_file()

@@ -147,10 +147,104 @@ def test_the_nan_rule_is_off_by_default_on_when_asked_and_restored_on_exit(rng):
         attnkit.nan_rule(1)
 
 
+def _written_out(q, k, v, mask, scale):
+    """softmax(q k^T scale, masked) v in float64, grouped heads repeated: the oracle the rule's gradients are held to."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, torch.finfo(q.dtype).min)
+    return torch.softmax(scores, dim=-1) @ v * mask.any(-1, keepdim=True)  # a row with no allowed key: zeros
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["q", "k", "v", "k masked"])
+def test_with_the_rule_on_a_poisoned_row_passes_no_gradient(backend, where, rng, small_tiles, nan_rule_on):
+    """docs/semantics.md: with the rule on a poisoned row's gradient is zero, a NaN entry gets zero, and every other
+    gradient is the one of the call without the NaN entries: held to a float64 oracle (the same call written out,
+    NaN entries replaced by 0, the poisoned rows' upstream gradient 0), equal in every backend. A loss that leaves
+    the NaN rows out gave NaN in dk and dv of the whole head (and dq of the row in sdpa and tiled) before."""
+    q, k, v = (randn(2, 4, 9, 8, generator=rng, dtype=torch.float64), randn(2, 2, 11, 8, generator=rng, dtype=torch.float64),
+               randn(2, 2, 11, 8, generator=rng, dtype=torch.float64))
+    mask = torch.ones(2, 1, 9, 11, dtype=torch.bool)
+    mask[:, :, :, 6] = False
+    mask[0, :, 3] = False  # a row with no allowed key
+    tensor, key = {"q": (q, 6), "k": (k, 2), "v": (v, 2), "k masked": (k, 6)}[where]
+    tensor[1, 1, key, 2] = float("nan")
+    upstream = randn(2, 4, 9, 8, generator=rng, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = attnkit.attention(*leaves, mask=mask, backend=backend).output
+    (torch.where(out.isnan(), 0.0, out) * upstream).sum().backward()
+
+    poisoned = torch.zeros(2, 4, 9, 1, dtype=torch.bool)
+    if where == "q":
+        poisoned[1, 1, 6] = True
+    else:
+        poisoned[1, 2:4] = True  # query heads 2 and 3 read key/value head 1
+    assert torch.equal(out.isnan().any(-1, keepdim=True), poisoned)
+    clean = [torch.nan_to_num(x, nan=0.0).requires_grad_() for x in (q, k, v)]
+    expected = _written_out(*clean, mask, 8 ** -0.5)
+    (torch.where(poisoned, 0.0, expected) * upstream).sum().backward()
+    for name, got, want in zip("qkv", leaves, clean):
+        assert not got.grad.isnan().any(), (backend, name)
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-10, atol=1e-12, msg=f"{backend} d{name}")
+    assert (leaves[0].grad[poisoned.expand_as(q)] == 0).all()  # a poisoned row's dq
+
+
+@pytest.mark.parametrize("backend", ["reference", "tiled", "auto"])
+@pytest.mark.parametrize("rule", [False, True], ids=["nan_rule_off", "nan_rule_on"])
+def test_a_nan_bias_at_a_masked_key_reaches_no_gradient_through_a_score_mod(backend, rule, rng):
+    """A NaN in bias where the mask rules the key out, with a score_mod (softcapping): the output and dq, dk and dv
+    are those of the same call with a 0 there (the score_mod's derivative at NaN, times the weight's 0, gave NaN)."""
+    q, k, v = (randn(1, 2, 5, 4, generator=rng, dtype=torch.float64), randn(1, 2, 6, 4, generator=rng, dtype=torch.float64),
+               randn(1, 2, 6, 4, generator=rng, dtype=torch.float64))
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[:, 4] = False
+    results = []
+    for poison in (True, False):
+        bias = torch.zeros(5, 6, dtype=torch.float64)
+        bias[1, 4] = float("nan") if poison else 0.0
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with attnkit.nan_rule(rule):
+            out = attnkit.attention(*leaves, mask=mask, bias=bias, backend=backend,
+                                    score_mod=lambda s, b, h, i, j: 30 * torch.tanh(s / 30)).output
+        out.sum().backward()
+        results.append([out.detach(), *(x.grad for x in leaves)])
+    for got, want in zip(*results):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_rule_is_set_per_thread():
+    """nan_rule follows torch.set_grad_enabled: each thread its own setting, every thread starting from the
+    environment's (off here); two threads inside their own blocks at once leave the rule off when both are done."""
+    import threading
+
+    from attnkit.functional import nan
+
+    inside, done, seen = threading.Barrier(2), threading.Barrier(2), {}
+
+    def blocked(name: str) -> None:
+        seen[name, "start"] = nan.on()
+        with attnkit.nan_rule(True):
+            inside.wait(timeout=30)  # both blocks entered before either leaves
+            seen[name, "inside"] = nan.on()
+            done.wait(timeout=30)
+        seen[name, "after"] = nan.on()
+
+    with attnkit.nan_rule(True):  # the main thread's setting reaches no other thread
+        threads = [threading.Thread(target=blocked, args=(name,)) for name in "ab"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert nan.on()
+    assert not nan.on()
+    assert seen == {(name, when): when == "inside" for name in "ab" for when in ("start", "inside", "after")}
+
+
 _SWITCH = "import attnkit; from attnkit.functional import nan; print(nan.on())"
 
 
-@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), (" 1 ", True), (None, False)])
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), (None, False)])
 def test_the_environment_switches_the_rule_on_for_the_process(value, on):
     """ATTNKIT_NAN_RULE=1 turns the rule on from import on; 0, empty or unset leave it off."""
     import os
@@ -167,15 +261,17 @@ def test_the_environment_switches_the_rule_on_for_the_process(value, on):
 
 def test_a_value_the_switch_does_not_take_is_refused_in_one_line():
     """ATTNKIT_NAN_RULE=yes: import raises attnkit's InputError naming the variable and the values it takes; the
-    command line says it in one line with exit status 2 (--version and --help included)."""
+    command line says it in one line with exit status 2 (--help included; --version imports nothing of attnkit's)."""
     import os
     import subprocess
     import sys
 
+    for value in (" 1", "1 ", "true"):  # the docs take 1, 0 and empty only: no blanks read away
+        env = {**os.environ, "ATTNKIT_NAN_RULE": value}
+        done = subprocess.run([sys.executable, "-c", _SWITCH], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and f"InputError: ATTNKIT_NAN_RULE={value!r}: expected 1" in done.stderr
     env = {**os.environ, "ATTNKIT_NAN_RULE": "yes"}
-    done = subprocess.run([sys.executable, "-c", _SWITCH], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "InputError: ATTNKIT_NAN_RULE='yes': expected 1" in done.stderr
-    for flag in ("--version", "--help"):
+    for flag in ("--help", "tour"):
         cli = subprocess.run([sys.executable, "-c", "import sys, _attnkit_entry; sys.exit(_attnkit_entry.main())",
                               flag], env=env, capture_output=True, text=True, timeout=120)
         assert cli.returncode == 2, cli.stderr

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of every error, user mistakes included")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     # every sub-command's --help shows the defaults its help text does not already give
     commands.add_parser = functools.partial(commands.add_parser, formatter_class=DefaultsHelpFormatter)  # type: ignore[method-assign]
     tools.add_tour_parser(commands)
@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COMMANDS = ("tour", "demo", "train", "translate", "evaluate", "align", "cost", "generate", "bench", "inspect")
+"""The sub-commands ``--help`` lists (the retired ``build-ext`` still answers, unlisted)."""
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (InputError, OSError, ImportError)
 """What ends a command with one line and exit status 2: a mistake in how it was called
 (:class:`~attnkit.cli.arguments.UsageError`) or a file or config it was given that cannot be used
@@ -75,10 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while the parsers import their tools
         print("interrupted", file=sys.stderr)
         return 130
+    if args.command is None:  # bare `attnkit`: what it can do
+        parser.print_help()
+        return 0
     # The library logs; the command shows its INFO messages (epochs, steps of a report) on stdout.
     # --quiet turns progress bars off, not messages.
     handler = logging.StreamHandler(sys.stdout)
@@ -87,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     root.addHandler(handler)
     previous_level = root.level
     root.setLevel(logging.INFO)
+    signals = _Signals()
     try:
-        with _sigterm_as_ctrl_c():
-            return args.run(args)
+        with _sigterm_as_ctrl_c(signals):
+            code = args.run(args)
+        return 143 if code == 130 and signals.terminated else code  # (a command that caught the interrupt)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        print("terminated" if signals.terminated else "interrupted", file=sys.stderr)
+        return 143 if signals.terminated else 130
     except USER_ERRORS as error:  # a user mistake: a message, not a traceback
         if args.debug:
             raise
@@ -103,16 +113,24 @@ def main(argv: list[str] | None = None) -> int:
         root.setLevel(previous_level)
 
 
+class _Signals:
+    """Whether SIGTERM stopped the command (its exit status is then 143, 128 + SIGTERM, not Ctrl-C's 130)."""
+
+    terminated = False
+
+
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[None]:
+def _sigterm_as_ctrl_c(signals: _Signals) -> Iterator[None]:
     """SIGTERM (a scheduler's time limit, ``timeout``, a closed terminal) ends a command as Ctrl-C does: the
     folders it was filling are left as Ctrl-C leaves them (a training run checkpoints, an unfinished --out
-    folder is removed or marked), exit status 130. In the main thread only (signals are delivered there)."""
+    folder is removed or marked), with exit status 143, the shells' 128 + 15. In the main thread only (signals
+    are delivered there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum, frame):
+        signals.terminated = True
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -54,8 +54,8 @@ def _build_ext(args: argparse.Namespace) -> int:
 
 def add_build_ext_parser(commands) -> None:
     """The retired ``build-ext`` sub-command: kept one release so that set-up scripts that run it say why it is
-    gone instead of failing; it takes its old flags and does nothing."""
-    build = commands.add_parser("build-ext", help="gone: attnkit compiles nothing (says so, and does nothing)")
+    gone instead of failing; it takes its old flags and does nothing. ``attnkit --help`` does not list it."""
+    build = commands.add_parser("build-ext", description="gone: attnkit compiles nothing (says so, and does nothing)")
     for flag in ("--verbose", "--quiet", "--status"):
         build.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     build.set_defaults(run=_build_ext)

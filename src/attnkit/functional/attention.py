@@ -42,7 +42,7 @@ from .routing import (  # auto's rules (choose_backend and lse_backend re-export
     classified,
     lse_backend,
 )
-from .sdpa_names import CausalBias, causal_bias_alignment, check_enable_gqa, sdpa_mask, unexpected_keywords
+from .sdpa_names import causal_bias_alignment, check_enable_gqa, is_causal_bias, sdpa_mask, unexpected_keywords
 from .softmax import masked_softmax
 from .torch_block_mask import as_block_mask
 from .tracing import exportable, exporting, is_compiling, one_graph, traced, transformed
@@ -217,7 +217,7 @@ def attention(
         if attn_mask is not None or enable_gqa is not None or unknown:
             if unknown:
                 raise unexpected_keywords("attention", unknown, _KEYWORDS)
-            if isinstance(attn_mask, CausalBias):
+            if is_causal_bias(attn_mask):
                 causal_bias_alignment(attn_mask, is_causal, causal_align, q, k)  # (of fixed lengths: named)
             check_enable_gqa(enable_gqa, q, k)
         return _nested.attention(attention, q, k, v, is_causal=is_causal, causal_align=causal_align, window=window,
@@ -227,14 +227,14 @@ def attention(
     if (mask is None and bias is None and window is None and scale is None and score_mod is None and sinks is None
             and attn_mask is None and enable_gqa is None and need_weights is False and dropout_p == 0 and not return_lse
             and not unknown and type(is_causal) is bool and backend in _PLAIN_BACKENDS):
-        if not _nan._on and not _any_autocast():
+        if not _nan._state.on and not _any_autocast():  # (compiling, the shortcut steps aside: .plain)
             output = one_head_shape(q, k, v, is_causal, causal_align)  # settled before any other check
             if output is not None:
                 return make_output((output, None, None))
     if attn_mask is not None or enable_gqa is not None or unknown:  # SDPA's names, or a wrong one
         if unknown:
             raise unexpected_keywords("attention", unknown, _KEYWORDS)
-        if isinstance(attn_mask, CausalBias):  # torch's causal_upper_left / causal_lower_right
+        if is_causal_bias(attn_mask):  # torch's causal_upper_left / causal_lower_right
             causal_align = causal_bias_alignment(attn_mask, is_causal, causal_align, q, k)
             is_causal, attn_mask = True, None
         if attn_mask is not None:
@@ -281,7 +281,21 @@ def attention_trusted(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
                dropout_p, backend, need_weights, score_mod, sinks, return_lse: bool = False) -> AttentionOutput:
-    """:func:`attention` once q, k and v are known to fit ``dims``."""
+    """:func:`attention` once q, k and v are known to fit ``dims``; with the NaN rule on, run on q, k and v without
+    their NaN and the rule's rows set after (:func:`.nan.guarded`)."""
+    if not _nan.on():
+        return _computed(q, k, v, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
+                         need_weights, score_mod, sinks, return_lse)
+    q, k, v, poisoned = _nan.guarded(q, k, v, dims.groups)
+    output, weights, lse = _computed(q, k, v, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p,
+                                     backend, need_weights, score_mod, sinks, return_lse)
+    output, lse, weights = _nan.marked(poisoned, output, lse, weights, _heads(need_weights, dims.H))
+    return AttentionOutput(output=output, weights=weights, lse=lse)
+
+
+def _computed(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, causal_align, window, bias, scale,
+              dropout_p, backend, need_weights, score_mod, sinks, return_lse: bool) -> AttentionOutput:
+    """The backend's result for a call the NaN rule has settled (:func:`_attention`)."""
     if scale is not None and not (type(scale) is float and abs(scale) * (dims.E or 1) <= _LARGEST.get(q.dtype, 0.0)):
         scale = _checked_scale(scale, dims, q.dtype)  # (the line above: a finite float that cannot overflow, as is)
     if (mask is None and bias is None and score_mod is None and sinks is None and window is None
@@ -304,11 +318,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
                     output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale)
                 else:
                     output = F.scaled_dot_product_attention(q, k, v, attn_mask=direct, scale=scale, enable_gqa=True)
-                return make_output((_nan.with_nan_rows(q, k, v, dims, output) if _nan._on else output, None, None))
+                return make_output((output, None, None))
             options = {"dropout_p": 0.0, "scale": _default_scale(dims.E) if scale is None else scale,
                        "enable_gqa": dims.H != dims.Hkv}
             output = sdpa.masked(q, k, v, direct, None, options)
-            return make_output((_nan.with_nan_rows(q, k, v, dims, output), None, None))
+            return make_output((output, None, None))
     if scale is None:
         scale = _default_scale(dims.E)
     problem, heads = _problem(q, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
@@ -345,8 +359,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, dims: Dims, mask, is_causal, cau
             weights = result.weights if heads == list(range(dims.H)) else result.weights[:, heads]
         else:
             weights = head_weights(q, k, problem, heads)
-    output, lse, weights = _nan.applied(q, k, v, dims, result.output, result.lse, weights, heads)
-    return AttentionOutput(output=output, weights=weights, lse=lse)
+    return AttentionOutput(output=result.output, weights=weights, lse=result.lse)
 
 
 _PLAIN_BACKENDS = ("auto", "sdpa")

@@ -15,63 +15,81 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .checks import Dims
 from .heads import repeat_kv
+from .tracing import is_compiling
 
-__all__ = ["ENVIRONMENT_VARIABLE", "nan_rule", "on", "poisoned_rows", "applied", "with_nan_rows"]
+__all__ = ["ENVIRONMENT_VARIABLE", "nan_rule", "on", "poisoned_rows", "guarded", "marked"]
 
 ENVIRONMENT_VARIABLE = "ATTNKIT_NAN_RULE"
-"""``1`` turns the rule on for the process from import on, ``0`` (or unset, or empty) leaves it off."""
+"""``1`` turns the rule on for every thread from import on, ``0`` (or unset, or empty) leaves it off."""
 
 
 def _from_environment() -> bool:
-    value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "")
     if value not in ("", "0", "1"):
         raise InputError(f"{ENVIRONMENT_VARIABLE}={value!r}: expected 1 (the NaN rule on), 0 or empty (off)")
     return value == "1"
 
 
-_on = _from_environment()
+class _State(threading.local):
+    """The rule's setting in this thread; every thread starts from the environment variable (:data:`_default`)."""
+
+    def __init__(self) -> None:
+        self.on = _default
+
+
+_default = _from_environment()
+_state = _State()
+_traced = _default
+"""The setting a ``torch.compile`` trace reads: the last one made in any thread. TorchDynamo guards module globals
+but not a ``threading.local`` (it would fold the tracing thread's value into the graph for every thread), so a
+compiled function follows the setting last made; in one thread that is the thread's own."""
 
 
 class nan_rule:
-    """Turn the NaN rule on (``True``) or off (``False``, the default): a global switch, and a context manager
-    that restores the previous setting on exit, as ``torch.set_grad_enabled`` is both::
+    """Turn the NaN rule on (``True``) or off (``False``, the default) in the calling thread. Like
+    ``torch.set_grad_enabled``, a call and a context manager that restores the thread's previous setting on exit::
 
-        attnkit.nan_rule(True)            # from here on, in every thread
+        attnkit.nan_rule(True)            # from here on, in this thread
         with attnkit.nan_rule(True):      # within the block only
             ...
 
+    The setting is per thread, as grad mode is: every thread starts from ``ATTNKIT_NAN_RULE`` (off when unset).
     With the rule on, NaN propagates by one rule in every backend (:mod:`attnkit.functional.nan`), at the cost of
-    reading q, k and v once more and a ``where`` over the output. ``torch.compile`` reads the setting at trace time
-    (a change recompiles)."""
+    reading q, k and v once more and a ``where`` over the output. ``torch.compile`` reads the setting when it
+    traces (a change recompiles); as TorchDynamo guards no thread-local value, a compiled function follows the
+    setting last made in any thread: threads that call one compiled function with different settings share its
+    graphs."""
 
     def __init__(self, enabled: bool):
         if not isinstance(enabled, bool):
             raise TypeError(f"nan_rule(enabled) takes True or False, got {type(enabled).__name__} {enabled!r}")
-        global _on
+        global _traced
         self.enabled = enabled
-        self.previous, _on = _on, enabled
+        self.previous, _state.on = _state.on, enabled
+        _traced = enabled
 
     def __enter__(self) -> nan_rule:
         return self
 
     def __exit__(self, *exc) -> None:
-        global _on
-        _on = self.previous
+        global _traced
+        _state.on = _traced = self.previous
 
     def __repr__(self) -> str:
         return f"nan_rule({self.enabled})"
 
 
 def on() -> bool:
-    """Whether the rule applies now (:class:`nan_rule`)."""
-    return _on
+    """Whether the rule applies now in this thread (:class:`nan_rule`); while ``torch.compile`` traces, the setting
+    last made in any thread (what TorchDynamo guards)."""
+    return _traced if is_compiling() else _state.on
 
 
 def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, groups: int) -> Tensor | None:
@@ -90,23 +108,32 @@ def poisoned_rows(q: Tensor, k: Tensor, v: Tensor, groups: int) -> Tensor | None
     return torch.isnan(torch.maximum(q_max, repeat_kv(kv_max, groups)))
 
 
-def applied(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor, lse: Tensor | None, weights: Tensor | None,
-            heads: list[int] | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """``output`` (B, H, L, Ev), ``lse`` (B, H, L) and ``weights`` (of query ``heads``) as the backend returned
-    them, or, with the rule on, with the rows it poisons set to NaN: what :func:`attnkit.attention` and
-    :func:`attnkit.functional.topk.topk_attention` do after any backend."""
-    if not _on:
-        return output, lse, weights
-    poisoned = poisoned_rows(q, k, v, dims.groups)
+def guarded(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The rule's first half: q, k and v with every NaN replaced by 0, and the rows the rule poisons
+    (:func:`poisoned_rows`; None where q has no head dim, and then q, k and v as they are). The call runs on the
+    NaN-free inputs and :func:`marked` sets its poisoned rows to NaN: no backend sees a NaN, so every backend gives
+    the same finite numbers elsewhere, and a poisoned row's gradient is zero (the ``where`` passes none to it, and
+    none reaches a NaN entry of q, k or v), where a kernel's backward would spread NaN from one row to the whole
+    key/value head (dS = P (dP - D) with D = rowsum(dO O) = 0 x NaN)."""
+    poisoned = poisoned_rows(q, k, v, groups)
+    if poisoned is None:
+        return q, k, v, None
+    return _without_nan(q), _without_nan(k), _without_nan(v), poisoned
+
+
+def _without_nan(x: Tensor) -> Tensor:
+    return torch.where(torch.isnan(x), 0.0, x)  # (its gradient: none at a NaN entry, as it is elsewhere)
+
+
+def marked(poisoned: Tensor | None, output: Tensor, lse: Tensor | None, weights: Tensor | None,
+           heads: list[int] | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The rule's second half: ``output`` (B, H, L, Ev), ``lse`` (B, H, L) and ``weights`` (of query ``heads``) of a
+    call on :func:`guarded`'s inputs, with the ``poisoned`` rows (B, H, L, 1) set to NaN."""
     if poisoned is None:
         return output, lse, weights
     output = torch.where(poisoned, math.nan, output)
     lse = None if lse is None else torch.where(poisoned[..., 0], math.nan, lse)
     if weights is not None:
-        weights = torch.where(poisoned if heads == list(range(dims.H)) else poisoned[:, heads], math.nan, weights)
+        weights = torch.where(poisoned if heads == list(range(poisoned.shape[1])) else poisoned[:, heads], math.nan,
+                              weights)
     return output, lse, weights
-
-
-def with_nan_rows(q: Tensor, k: Tensor, v: Tensor, dims: Dims, output: Tensor) -> Tensor:
-    """:func:`applied` for an output alone: as the backend returned it, or with the rule's rows where it is on."""
-    return applied(q, k, v, dims, output, None, None, None)[0]

@@ -1,6 +1,6 @@
 """The plain call: no mask, bias, window, score_mod, sinks, dropout, weights or lse. :func:`attnkit.attention`
 hands it to SDPA as it is, without a :class:`~.backends.common.Problem` or routing (what ``auto`` would choose
-anyway); the NaN rule, where it is on, is :mod:`.nan`'s.
+anyway); the NaN rule, where it is on, is :func:`attnkit.attention`'s (:mod:`.nan`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import nan as _nan
 from .backends import sdpa
 from .checks import Dims, check_qkv, readable_query
 from .mask_mods import ALIGNMENTS
@@ -52,14 +51,14 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
 
 
 def plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, causal: bool) -> Tensor:
-    """SDPA's output for a plain call, with the NaN rule's rows where it is on (:mod:`.nan`). The commonest call (as
+    """SDPA's output for a plain call (the NaN rule, where it is on, is the caller's: :mod:`.nan`). The commonest call (as
     many key as query heads, values as wide as the queries, SDPA's own scale) goes to SDPA here, without
     :func:`.backends.sdpa.plain`'s questions."""
     if dims.H == dims.Hkv and dims.Ev >= dims.E and scale is None:
         output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if causal else F.scaled_dot_product_attention(q, k, v)
     else:
         output = sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
-    return _nan.with_nan_rows(q, k, v, dims, output) if _nan._on else output
+    return output
 
 
 def plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:

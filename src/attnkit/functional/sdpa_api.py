@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .nested import any_nested
-from .sdpa_names import SYNONYMS, CausalBias, causal_bias_alignment, check_enable_gqa, sdpa_mask, unexpected_keywords
+from .sdpa_names import SYNONYMS, causal_bias_alignment, check_enable_gqa, is_causal_bias, sdpa_mask, unexpected_keywords
 
 __all__ = ["scaled_dot_product_attention", "sdpa_mask", "check_enable_gqa", "unexpected_keywords", "SYNONYMS"]
 
@@ -53,7 +53,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal=True: pass one (torch's SDPA refuses both as well)")
     align = "top-left"
-    if isinstance(attn_mask, CausalBias):  # torch's causal_upper_left / causal_lower_right: a causal call
+    if is_causal_bias(attn_mask):  # torch's causal_upper_left / causal_lower_right: a causal call
         align, is_causal, attn_mask = causal_bias_alignment(attn_mask, False, align, query, key), True, None
     if any_nested(query, key, value):  # jagged sequences, as torch's SDPA takes them (:mod:`.nested`)
         return attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

@@ -6,12 +6,22 @@ attention() and the drop-in :func:`attnkit.functional.sdpa_api.scaled_dot_produc
 from __future__ import annotations
 
 import difflib
+import sys
+from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn.attention.bias import CausalBias, CausalVariant
 
-__all__ = ["SYNONYMS", "unexpected_keywords", "check_enable_gqa", "sdpa_mask", "causal_bias_alignment"]
+__all__ = ["SYNONYMS", "unexpected_keywords", "check_enable_gqa", "sdpa_mask", "is_causal_bias", "causal_bias_alignment"]
+
+_BIAS_MODULE = "torch.nn.attention.bias"
+
+
+def is_causal_bias(attn_mask: Any) -> bool:
+    """Whether ``attn_mask`` is torch's ``CausalBias``. Asked of ``torch.nn.attention.bias`` only where it has been
+    imported (a CausalBias comes from it): importing it imports TorchDynamo, a second and more of attnkit's import."""
+    module = sys.modules.get(_BIAS_MODULE)
+    return module is not None and isinstance(attn_mask, module.CausalBias)
 
 SYNONYMS = {
     # other libraries' names -> what attnkit.attention takes instead
@@ -83,14 +93,14 @@ def sdpa_mask(attn_mask: Tensor, mask, bias) -> tuple[Tensor | None, Tensor | No
     return mask, attn_mask
 
 
-def causal_bias_alignment(attn_mask: CausalBias, is_causal, causal_align: str, q, k) -> str:
+def causal_bias_alignment(attn_mask: Any, is_causal, causal_align: str, q, k) -> str:
     """torch's ``CausalBias`` as SDPA's ``attn_mask`` (``torch.nn.attention.bias.causal_upper_left(L, S)`` and
     ``causal_lower_right(L, S)``): a causal call, aligned top-left or bottom-right, which attention() takes as
     ``is_causal=True`` with that ``causal_align``. Its lengths must be q's and k's; ``is_causal`` or another
     ``causal_align`` beside it is refused by name, as torch refuses an attn_mask with is_causal."""
     if is_causal:
         raise ValueError("attn_mask (torch's CausalBias) and is_causal=True: pass one (torch's SDPA refuses both)")
-    align = "bottom-right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "top-left"
+    align = "bottom-right" if attn_mask.variant == sys.modules[_BIAS_MODULE].CausalVariant.LOWER_RIGHT else "top-left"
     if causal_align != "top-left" and causal_align != align:
         raise ValueError(f"causal_align={causal_align!r} and attn_mask=torch's CausalBias ({attn_mask.variant.name}, "
                          f"which is {align!r}): pass one")

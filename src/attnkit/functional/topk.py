@@ -100,6 +100,9 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
     if causal_align not in _masks.ALIGNMENTS:
         raise ValueError(f"causal_align must be one of {_masks.ALIGNMENTS}, got {causal_align!r}")
     scale = 1.0 / math.sqrt(dims.E) if scale is None else float(scale)
+    poisoned = None
+    if _nan.on():
+        q, k, v, poisoned = _nan.guarded(q, k, v, dims.groups)
     selection = indices if indices.dim() == 4 else indices[:, None]  # (B, Hkv|1, L, K)
     offset = _masks.causal_offset(L, S, causal_align)
     acc = compute_dtype(q.dtype)
@@ -138,7 +141,7 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, *, key_mask
             if weight is not None:  # repeated slots hold 0
                 weight[..., s0:s1, :] = weight[..., s0:s1, :].scatter_add(-1, safe[:, :, None].expand_as(p), p)
     weight = None if weight is None else weight.flatten(1, 2)[:, heads].to(q.dtype)
-    out, row_lse, weight = _nan.applied(q, k, v, dims, output.flatten(1, 2).to(q.dtype), lse.flatten(1, 2), weight, heads)
+    out, row_lse, weight = _nan.marked(poisoned, output.flatten(1, 2).to(q.dtype), lse.flatten(1, 2), weight, heads)
     return AttentionOutput(output=out, weights=weight, lse=row_lse)
 
 

@@ -7,6 +7,7 @@ never copied, except under torch.export, where the keys and values are repeated 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -39,12 +40,14 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True)
     if problem.bias is not None:
         bias = group_heads(problem.bias, dims) if grouped else problem.bias
         scores = scores + (bias.to(acc) if bias.dtype is not acc else bias)
-    if problem.score_mod is not None:
-        scores = (problem.modify_scores(scores.flatten(1, 2), 0, 0).view(scores.shape) if grouped
-                  else problem.modify_scores(scores, 0, 0))
     mask = problem.dense_mask(q.device)
     if grouped:
         mask = group_heads(mask, dims)
+    if problem.score_mod is not None:
+        if mask is not None:  # a masked key's score enters the score_mod as 0: what it made of a NaN there (a bias's)
+            scores = torch.where(mask, scores, 0.0)  # would reach the gradients as 0 x NaN
+        scores = (problem.modify_scores(scores.flatten(1, 2), 0, 0).view(scores.shape) if grouped
+                  else problem.modify_scores(scores, 0, 0))
     weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
     attended = F.dropout(weights, p=problem.dropout_p) if problem.dropout_p > 0 else weights
     output = attended @ v_g  # (B, Hkv, G, L, Ev), or (B, H, L, Ev)

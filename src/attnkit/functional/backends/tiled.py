@@ -308,7 +308,8 @@ def _backward(
             if modified:  # chain through score_mod: d raw = (d modified / d raw)^T d_s
                 raw, new = modified[0]
                 (d_raw,) = torch.autograd.grad(new, raw, d_s.flatten(1, 2))
-                d_s = d_raw
+                # none at a masked key (d_s = 0 there), whatever the score_mod made of a NaN there (0 x NaN)
+                d_s = torch.where(d_s == 0, 0.0, d_raw)
             d_q[..., q0:q1, :] += d_s @ k_g[..., k0:k1, :]
             d_k[:, :, k0:k1] += torch.einsum("bhgqk,bhgqe->bhke", d_s, q_raw)
     d_q = (d_q * problem.scale).flatten(1, 2)
