@@ -91,3 +91,21 @@ def test_need_weights_returns_the_implicit_attention_matrix():
     x = torch.randn(1, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     result = ours(x, need_weights=True)
     assert result.weights.shape == (1, 4, 11, 11) and (result.weights.triu(1) == 0).all()
+
+
+def test_with_a_projection_bias_a_left_padded_row_equals_its_prompt_alone_where_transformers_does_not():
+    """use_bias=True: a padded token projects to in_proj's bias. attnkit zeroes a padded token's convolution input,
+    so the row's real tokens give what the prompt alone gives (docs/linear.md); transformers convolves the bias of
+    the padded tokens into the first real ones."""
+    theirs, ours = _pair(torch.float64, use_bias=True)
+    x = torch.randn(2, 15, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 15, dtype=torch.long)
+    mask[1, :5] = 0
+    with torch.no_grad(), float64_inside():
+        padded = ours(x, key_mask=mask.bool()).output[1, 5:]
+        alone = ours(x[1:, 5:]).output[0]
+        theirs_padded = theirs(x, attention_mask=mask)[1, 5:]
+        theirs_alone = theirs(x[1:, 5:])[0]
+    torch.testing.assert_close(padded, alone, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(alone, theirs_alone, rtol=1e-10, atol=1e-10)
+    assert (theirs_padded - theirs_alone)[:3].abs().max() > 1e-3  # the bias carried into the first real tokens

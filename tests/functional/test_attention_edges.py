@@ -213,6 +213,21 @@ def test_a_nan_bias_at_a_masked_key_reaches_no_gradient_through_a_score_mod(back
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("other", ["nan", "huge"])
+def test_a_tiled_examples_numbers_depend_on_that_example_alone(other, rng):
+    """The tiled loop asks each query row whether its scores are bounded (its query's norm, its example's keys), never
+    the whole batch at once: a NaN or huge numbers in example 1 leave example 0's output bit for bit as it was."""
+    q, k, v = (randn(2, 2, 300, 16, generator=rng, dtype=torch.float64) for _ in range(3))
+    alone = attnkit.attention(q, k, v, backend="tiled", is_causal=True).output
+    q = q.clone()
+    if other == "nan":
+        q[1, 0, 5, 3] = float("nan")
+    else:
+        q[1] *= 100  # scores beyond the bound: example 1's rows keep a running maximum
+    beside = attnkit.attention(q, k, v, backend="tiled", is_causal=True).output
+    assert torch.equal(beside[0], alone[0])
+
+
 def test_the_rule_is_set_per_thread():
     """nan_rule follows torch.set_grad_enabled: each thread its own setting, every thread starting from the
     environment's (off here); two threads inside their own blocks at once leave the rule off when both are done."""
@@ -312,6 +327,22 @@ def test_a_query_whose_rows_overlap_in_memory_gives_the_contiguous_querys_number
         got = attnkit.attention(q, k, v, backend=backend, **kwargs).output
         torch.testing.assert_close(got, attnkit.attention(q.contiguous(), k, v, backend=backend, **kwargs).output)
     torch.testing.assert_close(attnkit.attention(q, k, v, backend=backend).output, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["vmap", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_an_overlapping_query_is_read_as_its_copy_compiled_and_under_vmap(how):
+    """The same copy under torch.compile(fullgraph=True) and vmap, where the query's strides settle it (torch's
+    overlap question has no batching rule, and SDPA misread the view: NaN compiled, 1e29 under vmap)."""
+    base = torch.randn(100000, generator=torch.Generator().manual_seed(0))
+    q = base.as_strided((2, 4, 16, 32), (20000, 5000, 1, 1))
+    k, v = torch.randn(2, 4, 16, 32), torch.randn(2, 4, 16, 32)
+    want = attnkit.attention(q.contiguous(), k, v, backend="reference").output
+    if how == "vmap":
+        got = torch.vmap(lambda q: attnkit.attention(q, k, v).output)(q.unsqueeze(0).expand(2, *q.shape))[1]
+    else:
+        torch._dynamo.reset()
+        got = torch.compile(lambda q, k, v: attnkit.attention(q, k, v).output, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_query_that_is_a_slice_or_a_head_split_is_not_copied():

@@ -297,14 +297,33 @@ def test_inputs_of_another_kind_are_named(case, rng):
             call()
 
 
-def test_no_token_keeps_the_output_in_the_graph(rng):
-    """L = 0: the empty output and the state are in the inputs' graph (a backward gives zero gradients, as an
-    empty attention() output does, not "does not require grad")."""
-    q, k, v, g, beta = (None if x is None else x.requires_grad_() for x in _inputs(rng, L=0))
-    out = gated_delta_rule(q, k, v, g, beta, output_final_state=True)
-    assert out.output.requires_grad and out.final_state.requires_grad
-    (out.output.sum() + out.final_state.sum()).backward()
-    assert v.grad is not None and q.grad is not None and not v.grad.any()
+@pytest.mark.parametrize("learned", ["q", "k", "v", "g", "beta", "x", "dt", "A", "B", "C"])
+def test_no_token_keeps_the_output_in_the_graph_of_each_input(rng, learned):
+    """L = 0: the empty output and the state are in the graph of whichever input requires grad, alone (a backward
+    gives zero gradients, as an empty attention() output does, not "does not require grad"): the delta rule, gated
+    linear attention and the SSD."""
+    from attnkit.functional.linear import ssd
+
+    if learned in ("x", "dt", "A", "B", "C"):
+        inputs = {"x": torch.randn(1, 2, 0, 3), "dt": torch.randn(1, 2, 0), "A": -torch.rand(2),
+                  "B": torch.randn(1, 1, 0, 4), "C": torch.randn(1, 1, 0, 4)}
+        inputs[learned].requires_grad_()
+        calls = [lambda: ssd(**inputs, D=torch.ones(2), output_final_state=True)]
+    else:
+        q, k, v, g, beta = _inputs(rng, L=0)
+        named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+        named[learned].requires_grad_()
+        calls = [lambda: gated_delta_rule(q, k, v, g, beta, output_final_state=True)]
+        if learned != "beta":
+            calls.append(lambda: gated_linear_attention(q, k, v, g, output_final_state=True))
+        inputs = named
+    for call in calls:
+        out = call()
+        assert out.output.requires_grad and out.final_state.requires_grad
+        (out.output.sum() + out.final_state.sum()).backward()
+        grad = inputs[learned].grad
+        assert grad is not None and not grad.any()
+        inputs[learned].grad = None
 
 
 def test_linear_attention_refuses_a_chunk_below_one_and_selects_its_padding(rng):

@@ -99,10 +99,67 @@ def test_wrong_input_is_named(rng):
         ssd(x, dt, A[:2], Bm, Cm)
     with pytest.raises(ValueError, match=r"dt must have shape \(B, H, L\)"):
         ssd(x, dt[..., :3], A, Bm, Cm)
-    with pytest.raises(ValueError, match="g must be finite and <= 0"):
+    with pytest.raises(ValueError, match=r"dt and A must give a finite log-decay .* A = 1\.\d+ at batch 0, head 0"):
         ssd(x, dt, -A, Bm, Cm)
+    nan_step = dt.clone()
+    nan_step[1, 2, 7] = float("nan")
+    with pytest.raises(ValueError, match="got dt = nan .* at batch 1, head 2, token 7"):
+        ssd(x, nan_step, A, Bm, Cm)
     with pytest.raises(ValueError, match="dt_limit must be"):
         ssd(x, dt, A, Bm, Cm, dt_limit=(1.0, 0.5))
-    with pytest.raises(ValueError, match="must be a multiple of"):
-        ssd(x[:, :3], dt[:, :3], A[:3], Bm, Cm)
+    # every error names ssd's own arguments, not the inner gated linear attention's (q, k, v, g, Hk)
+    for call, words in [
+        (lambda: ssd(x[:, :3], dt[:, :3], A[:3], Bm, Cm), r"B's groups G=2 must divide x's heads H=3"),
+        (lambda: ssd(x, dt, A, Bm, Cm[..., :5]), r"C must have B's shape \(B, G, L, N\) = \(2, 2, 45, 8\)"),
+        (lambda: ssd(x, dt, A, Bm[:, :, :9], Cm[:, :, :9]), r"B must have shape \(B, G, L, N\) with B=2, L=45"),
+        (lambda: ssd(x, dt, A, Bm, Cm, initial_state=torch.zeros(2, 4, 6, 8)),
+         r"initial_state must have shape \(B, H, N, P\) = \(2, 4, 8, 6\)"),
+        (lambda: ssd(x, dt, A, Bm, Cm, key_mask=torch.ones(2, 44, dtype=torch.bool)),
+         r"key_mask must be boolean .* \(B, L\) = \(2, 45\)"),
+        (lambda: ssd(x, dt, A, Bm, Cm, chunk_size=0), "chunk_size must be an int >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            call()
+    with pytest.raises(TypeError, match="B must be a real floating-point tensor"):
+        ssd(x, dt, A, Bm.long(), Cm)
+
+
+def test_a_padded_tokens_nan_reaches_no_gradient(rng):
+    """A NaN or inf in a padded token's x or dt stays out of the gradients of D, dt_bias and A (and of x and dt):
+    the padded tokens are selected away before x D, x dt and dt A are formed."""
+    x, dt, A, Bm, Cm, D, dt_bias = _inputs(rng, L=20)
+    real = torch.ones(2, 20, dtype=torch.bool)
+    real[1, :3] = False
+    grads = []
+    for poison in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, dt, A, D, dt_bias)]
+        lx, ldt, lA, lD, lbias = leaves
+        if poison:
+            with torch.no_grad():
+                lx[1, 0, 1, 2], ldt[1, 3, 0] = float("nan"), float("inf")
+        ssd(lx, ldt, lA, Bm, Cm, D=lD, dt_bias=lbias, key_mask=real, chunk_size=8).output.sum().backward()
+        grads.append([t.grad for t in leaves])
+    for name, clean, poisoned in zip(("x", "dt", "A", "D", "dt_bias"), *grads):
+        assert not poisoned.isnan().any(), name
+        torch.testing.assert_close(poisoned, clean, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_in_bfloat16_the_steps_and_their_products_are_formed_in_float32(rng):
+    """dt (after dt_bias and the softplus), dt x and dt A in float32 as transformers forms them: closer to the
+    float64 result than the same call with them formed in bfloat16 (what the input dtype alone gave)."""
+    x, dt, A, Bm, Cm, D, dt_bias = _inputs(rng, B=2, H=4, L=64)
+    want = ssd(x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias).output
+    half = [t.bfloat16() for t in (x, dt, A, Bm, Cm, D, dt_bias)]
+    got = ssd(*half[:5], D=half[5], dt_bias=half[6]).output
+    assert got.dtype == torch.bfloat16
+    step, g = ssd_decays(half[1], half[2], dt_bias=half[6])  # the steps formed in bfloat16, as before
+    from attnkit.functional.linear import gated_linear_attention
+
+    rounded = (gated_linear_attention(half[4], half[3], half[0] * step[..., None], g, scale=1.0).output
+               + half[0] * half[5][:, None, None])
+
+    def error(y):
+        return ((y.double() - want).abs() / want.abs().clamp(min=1e-2)).mean().item()
+
+    assert error(got) < error(rounded)
     assert F.softplus(torch.tensor(0.0)) > 0  # (dt's softplus keeps steps positive: g <= 0 for A <= 0)

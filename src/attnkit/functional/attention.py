@@ -245,7 +245,7 @@ def attention(
             mask=mask, is_causal=is_causal, causal_align=causal_align, window=window, scale=scale, dropout_p=dropout_p,
             backend=backend, need_weights=need_weights, score_mod=score_mod, sinks=sinks, return_lse=return_lse))
     dims = check_qkv(q, k, v)
-    if not q.is_contiguous() and not traced():  # a query whose rows overlap in memory: copied (torch misreads it)
+    if not q.is_contiguous():  # a query whose rows overlap in memory: copied (torch misreads it)
         q = readable_query(q)
     return _attention(q, k, v, dims, mask, is_causal, causal_align, window, bias, scale, dropout_p, backend,
                       need_weights, score_mod, sinks, return_lse)

@@ -14,6 +14,8 @@ from typing import Literal, NamedTuple, overload
 import torch
 from torch import Tensor
 
+from .tracing import traced
+
 __all__ = ["Dims", "check_int", "check_qkv", "check_mask", "check_block_mask", "check_bias", "check_same", "check_rank",
            "check_sinks", "readable_query"]
 
@@ -262,8 +264,11 @@ def readable_query(q: Tensor) -> Tensor:
     (errors up to 1e30 and NaN, different every run; keys and values it reads right), while the written-out
     softmax is right. The caller asks only for a query that is not contiguous, so an ordinary call pays one flag
     read; a view torch cannot settle (a slice, a head split of a packed projection) is settled by its strides:
-    sorted by stride, each must pass the span of those below it."""
-    overlap = torch._debug_has_internal_overlap(q)  # 0: none; 1: overlaps; 2: torch cannot tell
+    sorted by stride, each must pass the span of those below it. The same, compiled and under ``vmap`` (whose
+    per-sample loop hands SDPA the overlapping view)."""
+    # 0: none; 1: overlaps; 2: torch cannot tell. Traced (compiling, or under a torch.func transform, where the
+    # query is a per-sample view with no batching rule for the question) the strides alone settle it.
+    overlap = 2 if traced() else torch._debug_has_internal_overlap(q)
     if overlap == 0:
         return q
     if overlap == 2:

@@ -11,7 +11,7 @@ from torch import Tensor
 from .backends import sdpa
 from .checks import Dims, check_qkv, readable_query
 from .mask_mods import ALIGNMENTS
-from .tracing import is_compiling, transformed
+from .tracing import is_compiling
 
 __all__ = ["one_head_shape", "plain", "plain_causal"]
 
@@ -39,8 +39,8 @@ def one_head_shape(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, causal_alig
         if causal is None:  # a mask is needed, or the alignment is wrong (named by the checked path)
             return None
         is_causal = causal
-    if not q.is_contiguous() and not transformed():  # (an ordinary call pays one flag read; an overlapping query
-        q = readable_query(q)                         # is copied; under vmap a query is the loop's own)
+    if not q.is_contiguous():  # (an ordinary call pays one flag read; an overlapping query is copied)
+        q = readable_query(q)
     try:
         if is_causal:  # (a keyword costs SDPA's argument parser a quarter of a microsecond: only where needed)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)

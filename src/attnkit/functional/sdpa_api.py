@@ -25,7 +25,14 @@ import torch
 from torch import Tensor
 
 from .nested import any_nested
-from .sdpa_names import SYNONYMS, causal_bias_alignment, check_enable_gqa, is_causal_bias, sdpa_mask, unexpected_keywords
+from .sdpa_names import (
+    SYNONYMS,
+    causal_bias_alignment,
+    check_enable_gqa,
+    is_causal_bias,
+    sdpa_mask,
+    unexpected_keywords,
+)
 
 __all__ = ["scaled_dot_product_attention", "sdpa_mask", "check_enable_gqa", "unexpected_keywords", "SYNONYMS"]
 

@@ -132,9 +132,12 @@ class Mamba2(nn.Module):
             projected = projected * self.projection_multipliers.to(projected.dtype)
         z, xBC, dt = projected.split([self.inner, self.conv_dim, H], dim=-1)
         conv = self.conv1d
+        if key_mask is not None:  # a padded token's convolution input is zero, in_proj's bias too: a left-padded
+            real = key_mask.bool()[..., None]  # row's real tokens see what they see alone (transformers' Mamba-2
+            xBC = torch.where(real, xBC, 0.0)  # convolves the bias of its padded tokens into its first real ones)
         xBC = causal_convolution(xBC.transpose(1, 2), conv.weight, cache, conv.bias).transpose(1, 2)  # (B, L, C)
         if key_mask is not None:  # as transformers: a padded token's convolved inputs are zeros too
-            xBC = torch.where(key_mask.bool()[..., None], xBC, 0.0)
+            xBC = torch.where(real, xBC, 0.0)
         xs, Bs, Cs = xBC.split([self.inner, G * N, G * N], dim=-1)
         xs = xs.reshape(Bsz, L, H, P).transpose(1, 2)  # (B, H, L, P)
         Bs, Cs = (t.reshape(Bsz, L, G, N).transpose(1, 2) for t in (Bs, Cs))  # (B, G, L, N)

@@ -183,9 +183,12 @@ def _torch_forms(q, k, v, g, beta, *, delta: bool, scale: float, initial_state, 
     v, beta = v.to(acc), beta.to(acc)
     g = None if g is None else g.to(acc)
     state = None if initial_state is None else initial_state.to(acc)
-    if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output), both
-        out = v * 0.0  # in the inputs' graph (a backward through them gives zero gradients, not an error)
-        state = q.new_zeros(B, H, K, V) + (q.sum() + k.sum()) * 0.0 if state is None else state
+    if L == 0:  # no token: an empty output, the state as it was (as attention() gives an empty output), both in
+        # every input's graph (a backward through them gives zero gradients, not an error): the sums of empty
+        # tensors are exact zeros
+        anchor = q.sum() + k.sum() + v.sum() + beta.sum() + (0.0 if g is None else g.sum())
+        out = v * 0.0 + anchor
+        state = (q.new_zeros(B, H, K, V) if state is None else state) + anchor
     elif L == 1:  # a decoding step: the recurrence's one step in five small products (_step)
         out, state = _step(q, k, v, g, beta, state, delta)
     elif chunk_size == 1:
