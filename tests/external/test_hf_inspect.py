@@ -227,8 +227,8 @@ def test_a_gguf_file_is_parsed_once_within_a_load_and_gguf_is_itself_again_after
 def test_inspect_cli_on_a_hybrid_folder_reads_every_layer(tmp_path, family, capsys):
     """A hybrid folder is inspected through attnkit's own model: every layer is recorded (a linear layer's implicit
     attention beside a softmax layer's weights, 4 layers numbered as the model numbers them, of several head counts
-    for Kimi Linear; Mamba-2's and Falcon-H1's 3; the 3 of Nemotron-H's 5 that mix tokens), rollout runs over all of them, and the
-    report says it is a decoder's."""
+    for Kimi Linear; Mamba-2's and Falcon-H1's 3; the 3 of Nemotron-H's 5 that mix tokens), the report says it is a
+    decoder's, and the linear heads are read as implicit attention, not probabilities."""
     from attnkit.inspect.hf_models import InspectedDecoder, load_for_inspection
 
     torch.manual_seed(0)
@@ -250,3 +250,11 @@ def test_inspect_cli_on_a_hybrid_folder_reads_every_layer(tmp_path, family, caps
     assert text.startswith("# attnkit inspect: decoder") and f"{layers} layers" in text
     assert all((out / f"heads-layer{layer}.png").is_file() for layer in range(layers))
     assert "through attnkit's own model" in capsys.readouterr().out
+    # a linear layer's heads are implicit attention, not probabilities: no role share or entropy, and the report
+    # says what their numbers mean; every entropy and share given is a distribution's
+    roles = json.loads((out / "results.json").read_text())["roles"]
+    implicit = [row for row in roles if row["role"] == "implicit"]
+    assert implicit and all(row["entropy"] is None and row["previous"] is None for row in implicit)
+    defined = [row for row in roles if row["entropy"] is not None]
+    assert all(row["entropy"] >= 0 and 0 <= row["self"] <= 1 + 1e-6 for row in defined)
+    assert "are a linear or state-space layer's implicit attention" in text

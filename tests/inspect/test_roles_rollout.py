@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnkit.inspect.roles import ROLES, entropy, head_roles
+from attnkit.inspect.roles import ROLES, entropy, head_roles, implicit_heads, magnitude_shares
 from attnkit.inspect.rollout import attention_flow, attention_rollout, residual_attention
 
 TOKENS = ["[CLS]", "the", "cat", ",", "sat", ".", "[SEP]"]
@@ -44,6 +44,29 @@ def test_constructed_heads_get_their_roles():
         roles.heads("verbs")
     with pytest.raises(ValueError, match="does not fit 6 tokens"):
         head_roles([[_heads()]], [TOKENS[:-1]])
+
+
+def test_a_head_that_is_not_a_distribution_gets_no_role_or_entropy():
+    """A state-space head's implicit attention (a negative entry, rows summing to 0.85 and -0.46) is not a
+    distribution: NaN shares and entropy, the role "implicit"; a softmax head beside it in the same layer keeps its
+    numbers, and a head a layer lacks (NaN) is neither."""
+    weights = _heads()
+    weights[1] = torch.tril(torch.randn(len(TOKENS), len(TOKENS), dtype=torch.float64,
+                                        generator=torch.Generator().manual_seed(0)))
+    weights[2, :, :] = weights[2].clone()
+    weights[2, 3, 3] = 1e-4  # a softmax head's row off by float32-ish rounding stays a distribution
+    weights[3] = math.nan
+    assert implicit_heads([[weights]]).tolist() == [[False, True, False, False]]
+    roles = head_roles([[weights]], [TOKENS])
+    assert np.isnan(roles.entropy[0, 1]) and all(np.isnan(roles.shares[r][0, 1]) for r in ROLES)
+    assert roles.shares["previous"][0, 0] == 1 and roles.entropy[0, 0] == 0
+    assert roles.dominant()[0].tolist() == ["previous", "implicit", "sep", "-"]
+    assert roles.table()[1]["role"] == "implicit"
+
+
+def test_magnitude_shares_split_each_rows_absolute_entries():
+    rows = torch.tensor([[0.5, -1.5, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert magnitude_shares(rows).tolist() == [[0.25, 0.75, 0.0], [0.0, 0.0, 0.0]]
 
 
 def test_entropy_ignores_zero_weights():

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .._files import write_json
@@ -29,7 +30,7 @@ from ..data.batching import collate
 from ..errors import InputError
 from .aer import score_alignments
 from .agreement import Agreement, encoder_agreement, seq2seq_agreement, summarise
-from .roles import ROLES, SENTENCES, encoder_attentions, head_roles
+from .roles import ROLES, SENTENCES, encoder_attentions, head_roles, magnitude_shares
 from .rollout import attention_flow, attention_rollout
 
 __all__ = ["inspect_encoder", "inspect_translation", "inspect_encoder_decoder", "evaluate_alignment",
@@ -80,6 +81,15 @@ def _agreement_section(examples: Sequence[Agreement], out: Path, what: str) -> t
     return lines, rows
 
 
+_IMPLICIT_NOTE = (
+    "{heads} (layers {layers}) are a linear or state-space layer's implicit attention (Mamba-2's SSD, the delta "
+    "rule): entry (i, j) is how much of token j's input to the layer (for Mamba-2, dt x) reaches output i. Its "
+    "entries may be negative and its rows need not sum to one, so they are not probabilities: such a head has no "
+    "role share or entropy (\"implicit\" below), its grid is drawn on a diverging scale around zero, rollout and "
+    "flow go through the softmax heads only, and the viewer shows each row's shares of its absolute entries, "
+    "|a_ij| / sum_j |a_ij|.")
+
+
 def _checked_layers(layers: Sequence[int] | None, count: int) -> list[int]:
     """The layers to draw, in order and once each: every one for None; else each of ``layers`` in [0, count)."""
     if layers is None:
@@ -115,21 +125,28 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     plot_head_values({**{f"share: {r}": roles.shares[r] for r in ROLES}, "entropy (nats)": roles.entropy},
                      out / "roles.png", title=f"Head roles over {_count(len(texts), 'text')} ({roles.tokens} tokens)",
                      vmax={f"share: {r}": 1.0 for r in ROLES})
+    implicit = torch.as_tensor(roles.implicit)  # (layers, H): a linear or state-space layer's heads
     first, first_tokens = attentions[0], tokens[0]
     plot_overview(first, out / "overview.png", title=f"All heads on: {texts[0][:80]}")
     for layer in drawn:
         weights = first[layer]
+        signed = " (implicit attention: signed, rows need not sum to 1)" if implicit[layer].any() else ""
         plot_heads(weights, out / f"heads-layer{layer}.png", x_labels=first_tokens, y_labels=first_tokens,
-                   title=f"layer {layer}: {texts[0][:80]}")
-    rollout = attention_rollout(first)
-    plot_heatmap(rollout, out / "rollout.png", x_labels=first_tokens, y_labels=first_tokens, title="attention rollout",
-                 x_title="input token", y_title="output position")
-    with_flow = len(first_tokens) <= MAX_FLOW_TOKENS
+                   title=f"layer {layer}{signed}: {texts[0][:80]}", per_head_scale=bool(signed))
+    # Rollout and flow compose each layer's head-averaged distribution: through the softmax heads only.
+    softmax_layers = [torch.where(implicit[l, :, None, None], math.nan, a) for l, a in enumerate(first)
+                      if not implicit[l].all()]
+    with_rollout = bool(softmax_layers)
+    with_flow = with_rollout and len(first_tokens) <= MAX_FLOW_TOKENS
+    if with_rollout:
+        plot_heatmap(attention_rollout(softmax_layers), out / "rollout.png", x_labels=first_tokens,
+                     y_labels=first_tokens, title="attention rollout", x_title="input token", y_title="output position")
     if with_flow:
-        plot_heatmap(attention_flow(first), out / "flow.png", x_labels=first_tokens, y_labels=first_tokens,
+        plot_heatmap(attention_flow(softmax_layers), out / "flow.png", x_labels=first_tokens, y_labels=first_tokens,
                      title="attention flow", x_title="input token", y_title="output position")
-    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, [a.nan_to_num(0.0) for a in att])
-             for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
+    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, [
+        torch.where(implicit[l, :, None, None], magnitude_shares(a.nan_to_num(0.0)), a.nan_to_num(0.0))
+        for l, a in enumerate(att)]) for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
     seen_as = "encoder self-attention" if kind == "encoder" else "decoder self-attention (causal)"
     write_viewer(out / "viewer.html", views, title=f"attnkit inspect: {seen_as}", top_k=top_k)
     log(f"head roles, pictures and viewer written; attribution ({steps} integrated-gradient steps per text) ...")
@@ -148,14 +165,21 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     found = {role: roles.heads(role) for role in ROLES}
     lines += markdown_table(["role", "heads (layer, head: share)"], (
         [role, ", ".join(f"L{l} H{h}: {s:.2f}" for l, h, s in found[role]) if found[role] else
-         f"none (largest {roles.shares[role].max():.2f})"] for role in ROLES))
+         "none" + ("" if np.isnan(roles.shares[role]).all() else f" (largest {np.nanmax(roles.shares[role]):.2f})")]
+        for role in ROLES))
     dominant = roles.dominant()
+    if implicit.any():
+        lines += ["", _IMPLICIT_NOTE.format(heads=_count(int(implicit.sum()), "head"), layers=", ".join(
+            str(l) for l in range(len(implicit)) if implicit[l].any()))]
     lines += ["", "Dominant role and entropy (nats) per head:", ""]
     lines += markdown_table(["layer", *(f"H{h}" for h in range(roles.shape[1]))], (
-        [l, *(f"{dominant[l, h]} {roles.entropy[l, h]:.2f}" for h in range(roles.shape[1]))]
+        [l, *(dominant[l, h] if dominant[l, h] in ("implicit", "-") else f"{dominant[l, h]} {roles.entropy[l, h]:.2f}"
+              for h in range(roles.shape[1]))]
         for l in range(roles.shape[0])))
     lines += ["", "![head roles](roles.png)", "", "## All heads on text 1", "", f"> {_md(texts[0])}", "",
-              "![overview](overview.png)", "", "![rollout](rollout.png)", ""]
+              "![overview](overview.png)", ""]
+    if with_rollout:
+        lines += ["![rollout](rollout.png)", ""]
     if with_flow:
         lines += ["![flow](flow.png)", ""]
     lines += ["Per-layer head grids: " + ", ".join(f"[layer {l}](heads-layer{l}.png)" for l in drawn)

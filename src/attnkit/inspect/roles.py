@@ -5,6 +5,12 @@ token, [CLS], [SEP], punctuation and itself, and the entropy of its attention di
 Shares are means over the query tokens of every sentence (each query's weights sum to 1; a
 query with no previous token, the first, is left out of the "previous" mean, likewise the last
 for "next"). Weights come as one (H, L, L) tensor per layer for one sentence.
+
+Shares and entropy are defined for weights that are probabilities. A linear or state-space layer's implicit
+attention (Mamba-2's SSD, the delta rule: :func:`attnkit.functional.linear.implicit_attention`) is not: its
+entries may be negative and its rows need not sum to one. Such heads (:func:`implicit_heads`) get no share and
+no entropy (NaN) and the role "implicit"; :func:`magnitude_shares` is the named normalisation the viewer shows
+for them.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["SENTENCES", "ROLES", "HeadRoles", "head_roles", "entropy", "encoder_attentions"]
+__all__ = ["SENTENCES", "ROLES", "HeadRoles", "head_roles", "entropy", "encoder_attentions", "implicit_heads",
+           "magnitude_shares", "DISTRIBUTION_TOLERANCE"]
 
 # A small bundled set: the Winograd trophy sentence and others with coreference, clauses,
 # punctuation and repeated words, so that positional, delimiter and punctuation heads show.
@@ -73,6 +80,34 @@ def entropy(weights: torch.Tensor) -> torch.Tensor:
     return -(w * torch.where(w > 0, w.log(), torch.zeros_like(w))).sum(-1)
 
 
+DISTRIBUTION_TOLERANCE = 1e-3
+"""A head's rows are a distribution where no entry is below -this and every row with a weight sums to 1 within
+it (float32 softmax rows sum to 1 within 1e-6; a state-space head's sums ranged from -0.46 to 0.85)."""
+
+
+def implicit_heads(attentions: Sequence[Sequence[torch.Tensor]]) -> np.ndarray:
+    """(layers, H) True where a head's rows are not probability distributions in some sentence (a negative entry,
+    or a row whose sum is not 1): a linear or state-space layer's implicit attention. ``attentions[k][l]`` is
+    sentence k's (H, L, S) weights in layer l; a head a layer lacks (NaN) is not implicit."""
+    found = None
+    for layers in attentions:
+        w = torch.stack([torch.as_tensor(a).double() for a in layers])  # (layers, H, L, S)
+        sums = w.sum(-1)
+        weighted = w.abs().sum(-1) > 0  # a row with no key (a padded or empty one) says nothing
+        off = ((w < -DISTRIBUTION_TOLERANCE).any(-1) | (weighted & ((sums - 1).abs() > DISTRIBUTION_TOLERANCE)))
+        head = (off & ~torch.isnan(sums)).any(-1)  # (layers, H)
+        found = head if found is None else found | head
+    return np.zeros((0, 0), dtype=bool) if found is None else found.numpy()
+
+
+def magnitude_shares(weights: torch.Tensor) -> torch.Tensor:
+    """Each row of ``weights`` (..., S) as the shares of its absolute entries, |a_ij| / sum_j |a_ij| (a row of
+    zeros stays zeros): how an implicit-attention row splits its magnitude among the keys, the normalisation the
+    inspection viewer shows for a head that is not a distribution."""
+    magnitude = weights.abs()
+    return magnitude / magnitude.sum(-1, keepdim=True).clamp_min(torch.finfo(magnitude.dtype).tiny)
+
+
 def _is_punctuation(token: str) -> bool:
     return bool(token) and all(ch in _PUNCTUATION for ch in token)
 
@@ -81,12 +116,14 @@ def _is_punctuation(token: str) -> bool:
 class HeadRoles:
     """Per (layer, head) arrays of shape (layers, heads): one for each role in :data:`ROLES`, and
     ``entropy`` (nats), each averaged over all query tokens of all sentences; ``sentences``
-    and ``tokens`` say what they were measured on."""
+    and ``tokens`` say what they were measured on. ``implicit``: the heads whose rows are not distributions
+    (:func:`implicit_heads`), whose shares and entropy are NaN."""
 
     shares: dict[str, np.ndarray]
     entropy: np.ndarray
     sentences: int
     tokens: int
+    implicit: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -101,12 +138,13 @@ class HeadRoles:
         return sorted(found, key=lambda x: -x[2])
 
     def dominant(self) -> np.ndarray:
-        """(layers, heads) array of each head's largest-share role name ("broad" below 0.5; "-" for a head its layer
-        lacks)."""
+        """(layers, heads) array of each head's largest-share role name ("broad" below 0.5; "implicit" for a head
+        that is not a distribution; "-" for a head its layer lacks)."""
         stacked = np.stack([self.shares[r] for r in ROLES])
         absent = np.isnan(stacked).all(0)  # a head its layer lacks (layers of several head counts: NaN)
         names = np.array(ROLES, dtype=object)[np.where(absent, 0, np.nan_to_num(stacked, nan=-1.0).argmax(0))]
-        return np.where(absent, "-", np.where(np.nan_to_num(stacked, nan=-1.0).max(0) > 0.5, names, "broad"))
+        named = np.where(absent, "-", np.where(np.nan_to_num(stacked, nan=-1.0).max(0) > 0.5, names, "broad"))
+        return named if self.implicit is None else np.where(self.implicit, "implicit", named)
 
     def table(self) -> list[dict]:
         """One row per head: layer, head, each role's share, entropy and the dominant role."""
@@ -147,8 +185,10 @@ def head_roles(attentions: Sequence[Sequence[torch.Tensor]], tokens: Sequence[Se
             counts[role] += values.shape[-1]
         entropy_sum = entropy_sum + entropy(w).sum(-1)
         n_tokens += L
-    shares = {r: (sums[r] / counts[r]).numpy() for r in ROLES}
-    return HeadRoles(shares, (entropy_sum / n_tokens).numpy(), len(tokens), n_tokens)
+    implicit = implicit_heads(attentions)
+    shares = {r: np.where(implicit, np.nan, (sums[r] / counts[r]).numpy()) for r in ROLES}
+    return HeadRoles(shares, np.where(implicit, np.nan, (entropy_sum / n_tokens).numpy()), len(tokens), n_tokens,
+                     implicit)
 
 
 @torch.no_grad()

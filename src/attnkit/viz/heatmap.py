@@ -96,8 +96,14 @@ def plot_heads(
     x_labels: Sequence[str] | None = None,
     y_labels: Sequence[str] | None = None,
     title: str = "",
+    per_head_scale: bool = False,
 ) -> Picture:
-    """A grid of (H, L, S) per-head weights, one panel per head (written to ``path`` if given; returned).
+    """A grid of (H, L, S) per-head weights, one panel per head (written to ``path`` if given; returned), on one
+    colour scale with its bar: [0, the largest weight] in viridis, or, where some entry is negative (a linear or
+    state-space layer's implicit attention), a diverging scale symmetric around 0 (red above, blue below). With
+    ``per_head_scale`` each panel has its own scale and bar, chosen the same way from its own entries (a layer
+    whose implicit-attention heads are orders of magnitude apart, or sit beside softmax heads). NaN cells (a head
+    its layer lacks) are left blank.
 
     Every panel has the same tokens: the keys are labelled under the lowest panel of each column and the
     queries beside the first column only (a label on every panel drew nine times the text and took most of
@@ -109,15 +115,20 @@ def plot_heads(
     columns = min(H, 4)
     rows = int(np.ceil(H / columns))
     fig, axes = subplots(
-        rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False, constrained_layout=True
+        rows, columns, figsize=(3.4 * columns + 0.8, 3.4 * rows), squeeze=False, constrained_layout=True
     )
     _check_labels(x_labels, S, "x")
     _check_labels(y_labels, L, "y")
+    shared = _colour_scale(data)
+    image = None
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
             continue
-        ax.imshow(data[h], cmap="viridis", aspect="auto", vmin=0, vmax=max(1e-9, data.max()))
+        scale = _colour_scale(data[h]) if per_head_scale else shared
+        image = ax.imshow(data[h], aspect="auto", cmap=scale[0], vmin=scale[1], vmax=scale[2])
+        if per_head_scale:
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
         ax.set_title(f"head {h}", fontsize=9)
         if h + columns >= H:  # the lowest panel of its column
             _label_axis(ax, x_labels, S, "x", max_labels=20)
@@ -127,8 +138,21 @@ def plot_heads(
             _label_axis(ax, y_labels, L, "y", max_labels=20)
         elif y_labels is not None:
             ax.set_yticks([])
+    if image is not None and not per_head_scale:
+        fig.colorbar(image, ax=axes, fraction=0.046 / columns, pad=0.02,
+                     label="entry (signed)" if shared[0] == "RdBu_r" else "attention weight")
     fig.suptitle(title)
     return finish(fig, path)
+
+
+def _colour_scale(data: np.ndarray) -> tuple[str, float, float]:
+    """(colour map, least, greatest) for weights: viridis over [0, the largest], or, with a negative entry, a
+    diverging map symmetric around 0."""
+    finite = data[np.isfinite(data)]
+    largest = max(1e-9, float(np.abs(finite).max())) if finite.size else 1e-9
+    if finite.size and finite.min() < 0:
+        return "RdBu_r", -largest, largest
+    return "viridis", 0.0, largest
 
 
 def text_colour(rgba) -> str:
@@ -145,6 +169,8 @@ def _annotate(ax, data: np.ndarray, fmt: str, image) -> None:
     (for any colormap: dark cells get white text, light cells black)."""
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
+            if not np.isfinite(data[i, j]):  # (a head its layer lacks, or a quantity not defined there: blank)
+                continue
             ax.text(j, i, fmt.format(data[i, j]), ha="center", va="center", fontsize=6,
                     color=text_colour(image.cmap(image.norm(data[i, j]))))
 
@@ -222,7 +248,8 @@ def plot_head_values(
                              squeeze=False, constrained_layout=True)
     for ax, (name, data) in zip(axes.flat, arrays.items()):
         top = (vmax or {}).get(name)
-        image = ax.imshow(data, cmap="magma", aspect="auto", vmin=0, vmax=top if top is not None else max(1e-9, data.max()))
+        largest = float(np.nanmax(data)) if np.isfinite(data).any() else 0.0
+        image = ax.imshow(data, cmap="magma", aspect="auto", vmin=0, vmax=top if top is not None else max(1e-9, largest))
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
         _annotate(ax, data, fmt, image)
         ax.set_xticks(range(heads))
