@@ -29,7 +29,7 @@ PROBES = [
     # (argv with {placeholders}, words the message must contain)
     (["cost", "--model", "{list.json}"], ["--model", "JSON object"]),
     (["cost", "--model", "{partial.json}"], ["required key"]),
-    (["cost", "--model", "{stringy.json}"], ["d_model", "'wide'"]),
+    (["cost", "--model", "{stringy.json}"], ["n_embd", "'wide'"]),  # the config's own key
     (["cost", "--model", "gpt2-small", "--seq", "99999999999999"], ["--seq"]),
     (["cost", "--model", "gpt2-small", "--seq", "nan"], ["--seq"]),
 ]
@@ -122,3 +122,39 @@ def test_a_transformers_hybrid_config_is_counted_and_unknown_presets_name_the_hy
     assert from_file == capsys.readouterr().out.splitlines()[1:-1]
     assert main(["cost", "--model", "no-such-model"]) == 2
     assert "qwen3-next-80b-a3b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["mamba2", "falcon_h1"])
+def test_a_mamba2_or_falcon_h1_config_and_a_model_folder_are_counted(tmp_path, capsys, family):
+    """The Mamba-2 families attnkit loads are counted too, from a config.json or the model folder holding it (as
+    generate and inspect take one): Mamba-2 has nothing that grows with the context; Falcon-H1 holds attention and
+    Mamba-2 in every layer, so its all-softmax model has as many softmax layers as it has."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from attnkit.cost import hybrid_memory, shape_from_hf
+
+    config = {"mamba2": transformers.Mamba2Config, "falcon_h1": transformers.FalconH1Config}[family]().to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for model in (tmp_path / "config.json", tmp_path):
+        assert main(["cost", "--model", str(model), "--seq", "4096"]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "constant state per sequence" in out
+        if family == "mamba2":
+            assert "KV cache of the softmax layers: 0 bytes per token" in out and "the same at any length" in out
+    shape = shape_from_hf(config)
+    memory = hybrid_memory(shape, 100, 2)
+    if family == "falcon_h1":
+        assert shape.parallel and shape.full_layers == shape.linear_layers == config["num_hidden_layers"]
+        assert memory.all_softmax_bytes_per_token == memory.kv_bytes_per_token  # every layer already holds its KV
+    else:
+        assert memory.all_softmax_bytes_per_token == 0 and memory.total_bytes == memory.state_bytes
+
+
+def test_a_config_with_no_heads_is_refused_by_its_key(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 0, "intermediate_size": 10}))
+    refused(["cost", "--model", path], capsys, "num_attention_heads must be an integer >= 1, got 0")

@@ -10,6 +10,7 @@ import torch
 import attnkit
 from attnkit.functional.backends import flex
 
+
 def _where_nan(x: torch.Tensor | None, keys: bool = False) -> str | None:
     """Where a (1, 2, n, E) tensor (an output or a gradient) is NaN, in the table's words: "-" nowhere, "row" in row
     2 of head 1 alone (the poisoned query), "row 1" in row 1 of both heads alone (the bias's NaN), "head" in every

@@ -37,8 +37,14 @@ would silently be a default model's: GPT-2 small's for a decoder). The others ta
 in the output."""
 
 
+def _config_file(spec: str) -> str:
+    """--model as a file: a model folder (as ``generate`` and ``inspect`` take one) stands for its config.json."""
+    folder = Path(spec)
+    return str(folder / "config.json") if folder.is_dir() and (folder / "config.json").is_file() else spec
+
+
 def _model_config(spec: str):
-    """A preset name, an attnkit config JSON, or a Hugging Face config.json."""
+    """A preset name, an attnkit config JSON, or a Hugging Face config.json (or its model folder)."""
     from .._files import read_json
     from ..models import PRESETS
     from ..models.config import config_from_dict
@@ -46,11 +52,13 @@ def _model_config(spec: str):
 
     if spec in PRESETS:
         return PRESETS[spec], []
+    spec = _config_file(spec)
     if not Path(spec).is_file():
         from ..cost import HYBRID_PRESETS
 
         raise UsageError(f"--model must be a preset ({', '.join(sorted(PRESETS))}), a hybrid preset "
-                         f"({', '.join(sorted(HYBRID_PRESETS))}) or a config JSON file, got {spec!r}")
+                         f"({', '.join(sorted(HYBRID_PRESETS))}), a config JSON file or a model folder holding a "
+                         f"config.json, got {spec!r}")
     data = read_json(spec, "config file")
     if not isinstance(data, dict):
         raise UsageError(f"--model {spec}: a config file holds a JSON object, got {type(data).__name__}")
@@ -89,9 +97,13 @@ def _hybrid_cost(args: argparse.Namespace) -> int:
           f"for {args.seq:,} tokens")
     print(f"constant state per sequence: {bytes_text(m.state_bytes)} (recurrent state {bytes_text(m.recurrent_state_bytes)} in "
           f"float32, convolution tails {bytes_text(m.conv_state_bytes)})")
-    print(f"decoding memory at {args.seq:,} tokens: {bytes_text(m.total_bytes)}; every layer softmax: "
-          f"{bytes_text(m.all_softmax_total_bytes)} ({m.all_softmax_bytes_per_token:,} bytes per token)")
-    print(f"the hybrid holds less than the all-softmax model from {m.crossover:,} tokens on")
+    if m.all_softmax_bytes_per_token == 0:  # (Mamba-2: no attention, so no all-softmax model of its sizes)
+        print(f"decoding memory at {args.seq:,} tokens: {bytes_text(m.total_bytes)}, the same at any length (no "
+              "softmax layer: nothing grows with the context)")
+    else:
+        print(f"decoding memory at {args.seq:,} tokens: {bytes_text(m.total_bytes)}; every layer softmax: "
+              f"{bytes_text(m.all_softmax_total_bytes)} ({m.all_softmax_bytes_per_token:,} bytes per token)")
+        print(f"the hybrid holds less than the all-softmax model from {m.crossover:,} tokens on")
     print(f"note: sizes from {shape.source}")
     if args.plot is not None:
         from ..viz.curves import plot_lines
@@ -99,7 +111,10 @@ def _hybrid_cost(args: argparse.Namespace) -> int:
         lengths = [2**i for i in range(8, 21)]
         hybrid = [hybrid_memory(shape, n, DTYPE_BYTES[args.dtype]).total_bytes / 2**20 for n in lengths]
         softmax = [n * m.all_softmax_bytes_per_token / 2**20 for n in lengths]
-        plot_lines({"hybrid (softmax KV + constant state)": (lengths, hybrid), "every layer softmax": (lengths, softmax)},
+        lines = {"hybrid (softmax KV + constant state)": (lengths, hybrid)}
+        if m.all_softmax_bytes_per_token:
+            lines["every layer softmax"] = (lengths, softmax)
+        plot_lines(lines,
                    args.plot, x_title="tokens in the context", y_title="decoding memory, MiB",
                    title=f"{shape.name}: one sequence's cache, {args.dtype}", log_x=True, log_y=True)
         print(f"plot: {args.plot}")
@@ -111,16 +126,18 @@ def _hybrid_shape(spec: str):
     from .._files import read_json
     from ..cost import shape_from_hf
 
+    spec = _config_file(spec)
     try:
         return shape_from_hf(read_json(spec, "config file"), name=str(spec))
     except ValueError as error:
-        raise UsageError(f"--model {error}") from error
+        raise UsageError(f"--model {spec}: {error}" if not str(error).startswith(str(spec)) else f"--model {error}") from error
 
 
 def _is_hybrid_config(spec: str) -> bool:
     from .._files import read_json
     from ..cost import HYBRID_MODEL_TYPES
 
+    spec = _config_file(spec)
     if not Path(spec).is_file():
         return False
     data = read_json(spec, "config file")

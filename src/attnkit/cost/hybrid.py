@@ -40,6 +40,7 @@ class HybridShape:
     conv_channels: int
     conv_kernel: int
     source: str  # where the sizes come from
+    parallel: bool = False  # each layer holds both (Falcon-H1): the same depth all softmax has full_layers layers
 
 
 HYBRID_PRESETS = {
@@ -90,14 +91,15 @@ def hybrid_memory(shape: HybridShape, seq: int, dtype_bytes: int) -> HybridMemor
     kv = shape.full_layers * shape.full_numbers_per_token * dtype_bytes
     recurrent = shape.linear_layers * shape.linear_heads * shape.linear_k_dim * shape.linear_v_dim * STATE_BYTES
     conv = shape.linear_layers * (shape.conv_kernel - 1) * shape.conv_channels * dtype_bytes
-    everything = (shape.full_layers + shape.linear_layers) * shape.full_numbers_per_token * dtype_bytes
+    depth = shape.full_layers if shape.parallel else shape.full_layers + shape.linear_layers
+    everything = depth * shape.full_numbers_per_token * dtype_bytes  # (0 for a model with no attention to compare)
     state = recurrent + conv
     crossover = state // (everything - kv) + 1 if everything > kv else 0  # the first n with n kv + state < n all
     return HybridMemory(kv, state, recurrent, conv, everything, crossover, seq * kv + state, seq * everything)
 
 
 HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "bamba",
-                      "granitemoehybrid", "nemotron_h")
+                      "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2")
 """The transformers ``model_type`` values whose ``config.json`` :func:`shape_from_hf` reads."""
 
 
@@ -158,4 +160,24 @@ def shape_from_hf(hf: dict, name: str = "config.json") -> HybridShape:
             linear_heads=s.mamba_heads, linear_k_dim=s.state_size, linear_v_dim=s.mamba_head_dim,
             conv_channels=s.mamba_heads * s.mamba_head_dim + 2 * s.n_groups * s.state_size,
             conv_kernel=s.conv_kernel, source=name)
+    if kind == "falcon_h1":  # Mamba-2 and attention side by side in every layer
+        from ..models.falcon_h1 import falcon_h1_config_from_hf
+
+        f = falcon_h1_config_from_hf(hf)
+        return HybridShape(
+            name, full_layers=f.num_layers, linear_layers=f.num_layers,
+            full_numbers_per_token=2 * f.num_kv_heads * f.head_dim,
+            full_kind=f"softmax attention beside Mamba-2 in every layer, {f.num_kv_heads} KV heads of {f.head_dim}",
+            linear_heads=f.mamba_heads, linear_k_dim=f.state_size, linear_v_dim=f.mamba_head_dim,
+            conv_channels=f.mamba_heads * f.mamba_head_dim + 2 * f.n_groups * f.state_size,
+            conv_kernel=f.conv_kernel, source=name, parallel=True)
+    if kind == "mamba2":  # no attention at all: nothing grows with the context
+        from ..models.mamba2 import mamba2_config_from_hf
+
+        m2 = mamba2_config_from_hf(hf)
+        return HybridShape(
+            name, full_layers=0, linear_layers=m2.num_layers, full_numbers_per_token=0, full_kind="none",
+            linear_heads=m2.num_heads, linear_k_dim=m2.state_size, linear_v_dim=m2.head_dim,
+            conv_channels=m2.num_heads * m2.head_dim + 2 * m2.n_groups * m2.state_size, conv_kernel=m2.conv_kernel,
+            source=name)
     raise ValueError(f"{name}: model_type {kind!r} is not a hybrid attnkit counts ({', '.join(HYBRID_MODEL_TYPES)})")

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..functional import kept
 from ..functional.checks import check_rank
 from ..functional.precision import accumulation_dtype
@@ -193,12 +192,12 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     (:func:`attnkit.models.hf_config.deepseek_config_from_hf`); every tensor must find its place, and every
     parameter a tensor. Loading never runs code (safetensors)."""
     from .hf_config import deepseek_config_from_hf
-    from .weights import fused_experts, load_placed, read_checkpoint_folder, untied_by_checkpoint
+    from .weights import config_from_folder, fused_experts, load_placed, read_checkpoint_folder, untied_by_checkpoint
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"DeepSeek checkpoint folder not found: {folder}")
-    config = deepseek_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    config = config_from_folder(folder, deepseek_config_from_hf)
     tensors = read_checkpoint_folder(folder, num_layers=config.num_layers)  # (the multi-token-prediction layer left out)
     config = untied_by_checkpoint(config, tensors, "model.embed_tokens.weight")
     model = DeepSeekLM(config)

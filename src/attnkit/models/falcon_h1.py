@@ -31,6 +31,20 @@ from ..layers import KVCache, LinearStateCache, Mamba2, MultiHeadAttention, Rota
 from ..layers.calls import called, project_by_name
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import normalised
+from .config_values import (
+    FLAG,
+    MAPPING,
+    NAME,
+    NAMES,
+    NON_NEGATIVE,
+    NUMBER,
+    NUMBERS,
+    POSITIVE,
+    SIZE,
+    STEP_LIMIT,
+    nullable,
+    size_or,
+)
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .mamba2 import dt_limit_from_hf, mamba_heads_from_hf
@@ -192,14 +206,20 @@ class FalconH1LM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-         "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",
-         "mamba_d_ssm", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
-         "mamba_expand", "mamba_conv_bias", "mamba_proj_bias", "mamba_norm_before_gate",
-         "mamba_rms_norm", "time_step_limit", "projectors_bias", "rope_parameters", "rope_theta", "lm_head_multiplier",
-         "embedding_multiplier", "mlp_multipliers", "key_multiplier", "attention_out_multiplier",
-         "attention_in_multiplier", "ssm_multipliers", "ssm_in_multiplier", "ssm_out_multiplier", "attention_bias",
-         "mlp_bias", "model_type", "layers_block_type", "layer_types"}
+_READ = {"vocab_size": SIZE, "hidden_size": SIZE, "intermediate_size": SIZE, "num_hidden_layers": SIZE,
+         "num_attention_heads": SIZE, "num_key_value_heads": nullable(SIZE), "head_dim": nullable(SIZE),
+         "hidden_act": NAME, "rms_norm_eps": NON_NEGATIVE, "tie_word_embeddings": nullable(FLAG),
+         "max_position_embeddings": SIZE, "mamba_d_ssm": nullable(SIZE), "mamba_n_heads": SIZE,
+         "mamba_d_head": nullable(size_or("auto")), "mamba_n_groups": SIZE, "mamba_d_state": SIZE,
+         "mamba_d_conv": SIZE, "mamba_expand": SIZE, "mamba_conv_bias": FLAG, "mamba_proj_bias": FLAG,
+         "mamba_norm_before_gate": FLAG, "mamba_rms_norm": FLAG, "time_step_limit": nullable(STEP_LIMIT),
+         "projectors_bias": FLAG, "rope_parameters": nullable(MAPPING), "rope_theta": POSITIVE,
+         "lm_head_multiplier": NUMBER, "embedding_multiplier": NUMBER, "mlp_multipliers": nullable(NUMBERS),
+         "key_multiplier": NUMBER, "attention_out_multiplier": NUMBER, "attention_in_multiplier": NUMBER,
+         "ssm_multipliers": nullable(NUMBERS), "ssm_in_multiplier": NUMBER, "ssm_out_multiplier": NUMBER,
+         "attention_bias": FLAG, "mlp_bias": FLAG, "model_type": NAME, "layers_block_type": nullable(NAMES),
+         "layer_types": nullable(NAMES)}
+"""Every key the loader reads, with the kind of value it takes (:mod:`.config_values`)."""
 _HARMLESS = HARMLESS | {"num_logits_to_keep", "time_step_min", "time_step_max", "time_step_floor",
                         "mamba_chunk_size"}  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")

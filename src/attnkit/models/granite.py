@@ -28,6 +28,21 @@ from ..layers import Mamba2, MultiHeadAttention, RotaryEmbedding
 from ..layers.calls import called, project_by_name
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
+from .config_values import (
+    COUNT,
+    FLAG,
+    INDICES,
+    MAPPING,
+    NAME,
+    NAMES,
+    NON_NEGATIVE,
+    NUMBER,
+    POSITIVE,
+    SIZE,
+    STEP_LIMIT,
+    nullable,
+    size_or,
+)
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .mamba2 import dt_limit_from_hf, mamba_heads_from_hf
@@ -189,17 +204,23 @@ class GraniteHybridLM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_COMMON = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-           "hidden_act", "rms_norm_eps", "tie_word_embeddings", "rope_parameters", "rope_theta", "attention_bias",
-           "max_position_embeddings", "model_type", "layer_types", "layers_block_type", "mamba_n_heads", "mamba_d_head",
-           "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_conv_bias",
-           "mamba_proj_bias", "time_step_limit", "intermediate_size"}
+_COMMON = {"vocab_size": SIZE, "hidden_size": SIZE, "num_hidden_layers": SIZE, "num_attention_heads": SIZE,
+           "num_key_value_heads": nullable(SIZE), "head_dim": nullable(SIZE), "hidden_act": NAME,
+           "rms_norm_eps": NON_NEGATIVE, "tie_word_embeddings": nullable(FLAG), "rope_parameters": nullable(MAPPING),
+           "rope_theta": POSITIVE, "attention_bias": FLAG, "max_position_embeddings": SIZE, "model_type": NAME,
+           "layer_types": nullable(NAMES), "layers_block_type": nullable(NAMES), "mamba_n_heads": SIZE,
+           "mamba_d_head": nullable(size_or("auto")), "mamba_n_groups": SIZE, "mamba_d_state": SIZE,
+           "mamba_d_conv": SIZE, "mamba_expand": SIZE, "mamba_conv_bias": FLAG, "mamba_proj_bias": FLAG,
+           "time_step_limit": nullable(STEP_LIMIT), "intermediate_size": SIZE}
 _READ = {
-    "bamba": _COMMON | {"attn_layer_indices", "mlp_bias", "partial_rotary_factor"},
-    "granitemoehybrid": _COMMON | {"embedding_multiplier", "logits_scaling", "residual_multiplier",
-                                   "attention_multiplier", "num_local_experts", "num_experts_per_tok",
-                                   "shared_intermediate_size", "position_embedding_type"},
+    "bamba": _COMMON | {"attn_layer_indices": nullable(INDICES), "mlp_bias": FLAG,
+                        "partial_rotary_factor": nullable(POSITIVE)},
+    "granitemoehybrid": _COMMON | {"embedding_multiplier": NUMBER, "logits_scaling": POSITIVE,
+                                   "residual_multiplier": NUMBER, "attention_multiplier": NUMBER,
+                                   "num_local_experts": COUNT, "num_experts_per_tok": SIZE,
+                                   "shared_intermediate_size": SIZE, "position_embedding_type": nullable(NAME)},
 }
+"""Every key each model type's loader reads, with the kind of value it takes (:mod:`.config_values`)."""
 _HARMLESS = HARMLESS | {"num_logits_to_keep", "z_loss_coefficient", "time_step_min", "time_step_max",
                         "time_step_floor", "normalization_function", "init_method",
                         "mamba_chunk_size"}  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
@@ -225,6 +246,9 @@ def granite_hybrid_config_from_hf(hf: dict) -> GraniteHybridConfig:
         raise UnsupportedConfigError(f"{kind} config: attnkit implements rope_type 'default', got {rope['rope_type']!r}")
     if kind == "bamba":  # (transformers fixes Bamba's partial rotary factor at 0.5 whatever the config says)
         rotary_dim = int(head_dim * 0.5)
+        if rotary_dim % 2:
+            raise UnsupportedConfigError(f"bamba config: head_dim = {head_dim} gives {rotary_dim} rotary dims (half the "
+                                         "head); attnkit rotates an even number of dims (pairs)")
     else:
         position = hf.get("position_embedding_type")
         if position not in (None, "nope", "rope"):

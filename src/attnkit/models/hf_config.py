@@ -157,6 +157,9 @@ def config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()) -> EncoderConfig 
     if kind not in MODEL_TYPES:
         raise UnsupportedConfigError(f"model_type must be one of {MODEL_TYPES}, got {kind!r}")
     _check_keys(hf, kind, ignore)
+    from .config_values import checked_values
+
+    checked_values(hf, kind, _values(kind))
     try:
         return _config_from_hf(hf, kind)
     except KeyError as error:
@@ -165,6 +168,24 @@ def config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()) -> EncoderConfig 
         if isinstance(error, UnsupportedConfigError):
             raise
         raise UnsupportedConfigError(f"{kind} config: {error}") from None
+
+
+def _values(kind: str) -> dict:
+    """The kind of value each size key of a ``kind`` config.json takes (:mod:`.config_values`)."""
+    from .config_values import COUNT, NON_NEGATIVE, POSITIVE, SIZE, nullable
+
+    if kind == "bert":
+        return {**dict.fromkeys(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                 "intermediate_size", "max_position_embeddings", "type_vocab_size"), SIZE),
+                "layer_norm_eps": NON_NEGATIVE}
+    if kind == "gpt2":
+        return {**dict.fromkeys(("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"), SIZE),
+                "n_inner": nullable(SIZE), "layer_norm_epsilon": NON_NEGATIVE}
+    return {**dict.fromkeys(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                             "intermediate_size"), SIZE),
+            **dict.fromkeys(("num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"),
+                            nullable(SIZE)),
+            "max_window_layers": nullable(COUNT), "rms_norm_eps": NON_NEGATIVE, "rope_theta": POSITIVE}
 
 
 def _config_from_hf(hf: Mapping, kind: str) -> EncoderConfig | DecoderConfig:

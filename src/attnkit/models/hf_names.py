@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._files import atomic_path, read_json
+from .._files import atomic_path
 from .config import DecoderConfig, EncoderConfig
 from .decoder import DecoderLM
 from .encoder import EncoderModel
 from .hf_config import UnsupportedConfigError, config_from_hf
-from .weights import check_tensors, read_checkpoint_folder, read_safetensors, untied_by_checkpoint
+from .weights import check_tensors, config_from_folder, read_checkpoint_folder, read_safetensors, untied_by_checkpoint
 
 __all__ = ["NAME_FAMILIES", "to_hf", "from_hf", "load_hf_state_dict", "load_hf_safetensors", "save_hf_safetensors",
            "load_named_folder"]
@@ -249,7 +249,7 @@ def load_named_folder(folder: str | os.PathLike, *, ignore: Iterable[str] = ()) 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Hugging Face folder not found: {folder}")
-    config = config_from_hf(read_json(folder / "config.json", "Hugging Face config"), ignore=ignore)
+    config = config_from_folder(folder, config_from_hf, ignore=ignore)
     tensors = read_checkpoint_folder(folder)
     if isinstance(config, EncoderConfig) and not any(n.endswith("pooler.dense.weight") for n in tensors):
         config = dataclasses.replace(config, pooler=False)

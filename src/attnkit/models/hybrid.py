@@ -7,6 +7,8 @@ softmax one that attends over its cache, and one forward around them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from torch import Tensor, nn
 
 from ..functional import kept
@@ -14,6 +16,7 @@ from ..functional.checks import check_rank
 from ..layers import KVCache, LinearStateCache
 from ..layers.calls import called, project_by_name
 from .blocks import layer_key_masks, normalised
+from .config_values import Value, checked_values
 from .hf_config import UnsupportedConfigError, means_none
 from .outputs import LMOutput
 
@@ -41,20 +44,22 @@ dropout, router losses, output switches); each loader adds its family's own. (hf
 named families' list: close to this one, not the same, and merging them would widen what some loader takes.)"""
 
 
-def checked_keys(hf: object, kinds: tuple[str, ...], read: set[str] | frozenset[str],
+def checked_keys(hf: object, kinds: tuple[str, ...], read: Mapping[str, Value],
                  harmless: set[str] | frozenset[str], required: tuple[str, ...]) -> str:
     """The ``model_type`` of a hybrid's ``config.json`` after the checks every hybrid loader makes, each failure an
     :class:`UnsupportedConfigError` naming what it found: a model type of ``kinds``, every key read or harmless,
-    every ``required`` key there."""
+    every ``required`` key there (and not null), every value read of the kind ``read`` names for its key
+    (:mod:`.config_values`)."""
     kind = hf.get("model_type") if isinstance(hf, dict) else None
     if kind not in kinds:
         raise UnsupportedConfigError(f"model_type must be {' or '.join(map(repr, kinds))}, got "
                                      f"{kind if isinstance(hf, dict) else hf!r}")
     assert isinstance(hf, dict)
-    unknown = sorted(key for key in set(hf) - read - harmless if not means_none(key, hf[key]))
+    unknown = sorted(key for key in set(hf) - set(read) - harmless if not means_none(key, hf[key]))
     if unknown:
         raise UnsupportedConfigError(f"{kind} config: keys attnkit does not implement: {unknown}")
-    missing = [key for key in required if key not in hf]
+    checked_values(hf, kind, read)
+    missing = [key for key in required if hf.get(key) is None]
     if missing:
         raise UnsupportedConfigError(f"{kind} config: missing keys {missing} (the model needs them)")
     return kind

@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..errors import InputError
 from ..layers import KimiDeltaAttention, LatentAttention, LatentCache
 from ..layers.calls import called
 from . import deepseek
 from .blocks import GatedFeedForward, normalised
 from .config import DeepSeekConfig
+from .config_values import COUNT, FLAG, MAPPING, NAME, NAMES, NON_NEGATIVE, NUMBER, SIZE, nullable
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
-from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder
+from .weights import config_from_folder, fused_experts, load_placed, mixtral_names, read_checkpoint_folder
 
 __all__ = ["KimiLinearConfig", "KimiLinearLM", "kimi_linear_config_from_hf", "load_checkpoint_folder"]
 
@@ -132,15 +132,23 @@ class KimiLinearLM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "mlp_layer_types", "num_attention_heads",
-         "num_key_value_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-         "qk_head_dim", "head_dim", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "linear_attn_config",
-         "first_k_dense_replace", "intermediate_size", "moe_intermediate_size", "num_experts", "num_local_experts",
-         "num_experts_per_token", "num_experts_per_tok", "num_shared_experts", "n_shared_experts", "num_expert_group",
-         "n_group", "topk_group", "routed_scaling_factor", "moe_renormalize", "norm_topk_prob", "rms_norm_eps",
-         "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "mla_use_nope", "moe_router_activation_func",
-         "moe_layer_freq", "num_nextn_predict_layers", "use_grouped_topk", "max_position_embeddings",
-         "model_max_length"}
+_READ = {"vocab_size": SIZE, "hidden_size": SIZE, "num_hidden_layers": SIZE, "layer_types": nullable(NAMES),
+         "mlp_layer_types": nullable(NAMES), "num_attention_heads": SIZE, "num_key_value_heads": nullable(SIZE),
+         "kv_lora_rank": SIZE, "q_lora_rank": nullable(SIZE), "qk_nope_head_dim": SIZE, "qk_rope_head_dim": SIZE,
+         "v_head_dim": SIZE, "qk_head_dim": nullable(SIZE), "head_dim": nullable(SIZE),
+         "linear_num_heads": nullable(SIZE), "linear_head_dim": nullable(SIZE),
+         "linear_conv_kernel_dim": nullable(SIZE), "linear_attn_config": nullable(MAPPING),
+         "first_k_dense_replace": COUNT, "intermediate_size": SIZE, "moe_intermediate_size": SIZE,
+         "num_experts": nullable(SIZE), "num_local_experts": nullable(SIZE), "num_experts_per_token": nullable(SIZE),
+         "num_experts_per_tok": nullable(SIZE), "num_shared_experts": nullable(COUNT),
+         "n_shared_experts": nullable(COUNT), "num_expert_group": nullable(SIZE), "n_group": nullable(SIZE),
+         "topk_group": nullable(SIZE), "routed_scaling_factor": NUMBER, "moe_renormalize": nullable(FLAG),
+         "norm_topk_prob": nullable(FLAG), "rms_norm_eps": NON_NEGATIVE, "tie_word_embeddings": nullable(FLAG),
+         "hidden_act": NAME, "attention_bias": FLAG, "model_type": NAME, "mla_use_nope": FLAG,
+         "moe_router_activation_func": NAME, "moe_layer_freq": SIZE, "num_nextn_predict_layers": COUNT,
+         "use_grouped_topk": FLAG, "max_position_embeddings": nullable(SIZE), "model_max_length": nullable(SIZE)}
+"""Every key the loader reads, with the kind of value it takes (:mod:`.config_values`); null where the loader reads
+an alias (transformers' key or the original release's) or a default instead."""
 _HARMLESS = HARMLESS | {"auto_map", "pretraining_tp"}
 
 
@@ -244,7 +252,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype: torch.dtype | No
     """A :class:`KimiLinearLM` from a Kimi Linear checkpoint folder (``config.json`` and safetensors), in eval mode;
     every tensor must find its place and every parameter a tensor. Loading never runs code."""
     folder = Path(folder)
-    config = kimi_linear_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    config = config_from_folder(folder, kimi_linear_config_from_hf)
     tensors = fused_experts(_transformers_layout(read_checkpoint_folder(folder)), prefix_parts=3)
     model = KimiLinearLM(config)
     state, unplaced = {}, []

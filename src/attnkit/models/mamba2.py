@@ -21,6 +21,7 @@ from ..functional.precision import accumulation_dtype
 from ..layers import Mamba2
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import normalised
+from .config_values import FLAG, NAME, NAMES, NON_NEGATIVE, SIZE, STEP_LIMIT, nullable
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
 from .weights import load_native_folder
@@ -91,9 +92,12 @@ class Mamba2LM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size", "n_groups", "expand",
-         "conv_kernel", "use_conv_bias", "use_bias", "layer_norm_epsilon", "time_step_limit",
-         "residual_in_fp32", "tie_word_embeddings", "hidden_act", "model_type", "layer_types"}
+_READ = {"vocab_size": SIZE, "hidden_size": SIZE, "num_hidden_layers": SIZE, "num_heads": SIZE, "head_dim": SIZE,
+         "state_size": SIZE, "n_groups": SIZE, "expand": SIZE, "conv_kernel": SIZE, "use_conv_bias": FLAG,
+         "use_bias": FLAG, "layer_norm_epsilon": NON_NEGATIVE, "time_step_limit": nullable(STEP_LIMIT),
+         "residual_in_fp32": FLAG, "tie_word_embeddings": nullable(FLAG), "hidden_act": NAME, "model_type": NAME,
+         "layer_types": nullable(NAMES)}
+"""Every key the loader reads, with the kind of value it takes (:mod:`.config_values`)."""
 _HARMLESS = HARMLESS | {"time_step_rank", "time_step_min", "time_step_max", "time_step_floor", "rescale_prenorm_residual",
                         "num_labels", "max_position_embeddings",
                         "chunk_size"}  # (a kernel's tile: attnkit scans by SSD_CHUNK, the same numbers to rounding)
@@ -108,6 +112,9 @@ def dt_limit_from_hf(hf: dict, kind: str) -> tuple[float, float]:
     if not isinstance(limit, (list, tuple)) or len(limit) != 2:
         raise UnsupportedConfigError(f"{kind} config: time_step_limit must be [low, high], got {limit!r}")
     low, high = (json_float(bound, f"{kind} config: time_step_limit") for bound in limit)
+    if not 0 <= low <= high:
+        raise UnsupportedConfigError(f"{kind} config: time_step_limit must be [low, high] with 0 <= low <= high, got "
+                                     f"{list(limit)!r}")
     return low, high
 
 

@@ -23,13 +23,20 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from .._files import read_json
 from ..layers import KVCache, LightningAttention, MultiHeadAttention, RotaryEmbedding
 from ..layers.calls import called, project_by_name
 from .blocks import Experts, normalised, softmax_top_k
+from .config_values import FLAG, MAPPING, NAME, NAMES, NON_NEGATIVE, NUMBER, POSITIVE, SIZE, nullable
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
-from .weights import fused_experts, load_placed, mixtral_names, read_checkpoint_folder, untied_by_checkpoint
+from .weights import (
+    config_from_folder,
+    fused_experts,
+    load_placed,
+    mixtral_names,
+    read_checkpoint_folder,
+    untied_by_checkpoint,
+)
 
 __all__ = ["MiniMaxConfig", "MiniMaxLM", "minimax_config_from_hf", "load_checkpoint_folder"]
 
@@ -143,11 +150,15 @@ class MiniMaxLM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads", "num_key_value_heads",
-         "head_dim", "rope_parameters", "rope_theta", "block_size", "intermediate_size", "num_local_experts",
-         "num_experts_per_tok", "full_attn_alpha_factor", "full_attn_beta_factor", "linear_attn_alpha_factor",
-         "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor", "sliding_window", "rms_norm_eps",
-         "tie_word_embeddings", "hidden_act", "model_type", "max_position_embeddings"}
+_READ = {"vocab_size": SIZE, "hidden_size": SIZE, "num_hidden_layers": SIZE, "layer_types": nullable(NAMES),
+         "num_attention_heads": SIZE, "num_key_value_heads": nullable(SIZE), "head_dim": nullable(SIZE),
+         "rope_parameters": nullable(MAPPING), "rope_theta": POSITIVE, "block_size": SIZE, "intermediate_size": SIZE,
+         "num_local_experts": SIZE, "num_experts_per_tok": SIZE, "full_attn_alpha_factor": NUMBER,
+         "full_attn_beta_factor": NUMBER, "linear_attn_alpha_factor": NUMBER, "linear_attn_beta_factor": NUMBER,
+         "mlp_alpha_factor": NUMBER, "mlp_beta_factor": NUMBER, "sliding_window": nullable(SIZE),
+         "rms_norm_eps": NON_NEGATIVE, "tie_word_embeddings": nullable(FLAG), "hidden_act": NAME, "model_type": NAME,
+         "max_position_embeddings": SIZE}
+"""Every key the loader reads, with the kind of value it takes (:mod:`.config_values`)."""
 _HARMLESS = HARMLESS | {"router_jitter_noise"}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -188,7 +199,7 @@ def load_checkpoint_folder(folder: str | os.PathLike, *, dtype=None) -> MiniMaxL
     """A :class:`MiniMaxLM` from a transformers MiniMax checkpoint folder (``config.json`` and safetensors), in eval
     mode; every tensor must find its place and every parameter a tensor. Loading never runs code."""
     folder = Path(folder)
-    config = minimax_config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    config = config_from_folder(folder, minimax_config_from_hf)
     tensors = fused_experts(mixtral_names(read_checkpoint_folder(folder)), prefix_parts=3)
     config = untied_by_checkpoint(config, tensors, "model.embed_tokens.weight")
     state = {name.removeprefix("model.").replace(".self_attn.o_proj.", ".self_attn.out_proj."): tensor

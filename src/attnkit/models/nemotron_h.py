@@ -29,6 +29,7 @@ from ..layers import Mamba2, MultiHeadAttention
 from ..layers.calls import called, project_by_name
 from ..layers.mamba2 import SSD_CHUNK
 from .blocks import ACTIVATIONS, KeepsFloat32, normalised, routed_experts, sigmoid_group_top_k
+from .config_values import COUNT, FLAG, NAME, NAMES, NON_NEGATIVE, NUMBER, SIZE, STEP_LIMIT, nullable
 from .hf_config import UnsupportedConfigError
 from .hybrid import FEED_FORWARD_ONLY, HARMLESS, LINEAR, HybridLM, checked_keys, json_float, mix
 from .weights import load_native_folder
@@ -198,15 +199,21 @@ class NemotronHLM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_READ = {"vocab_size", "hidden_size", "layers_block_type", "layer_types", "hybrid_override_pattern",
-         "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "attention_bias",
-         "intermediate_size", "mlp_hidden_act", "mlp_bias", "ssm_state_size", "mamba_num_heads", "mamba_head_dim",
-         "mamba_hidden_act", "n_groups", "conv_kernel", "expand", "time_step_min", "time_step_limit", "use_conv_bias",
-         "mamba_proj_bias", "use_bias", "n_routed_experts", "num_local_experts", "n_shared_experts",
-         "moe_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size", "num_experts_per_tok",
-         "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob", "layer_norm_epsilon",
-         "tie_word_embeddings", "max_position_embeddings", "model_type", "num_nextn_predict_layers",
-         "mtp_layers_block_type", "mtp_hybrid_override_pattern", "sliding_window"}
+_READ = {"vocab_size": SIZE, "hidden_size": SIZE, "layers_block_type": nullable(NAMES), "layer_types": nullable(NAMES),
+         "hybrid_override_pattern": nullable(NAME), "num_hidden_layers": nullable(SIZE), "num_attention_heads": SIZE,
+         "num_key_value_heads": nullable(SIZE), "head_dim": nullable(SIZE), "attention_bias": FLAG,
+         "intermediate_size": SIZE, "mlp_hidden_act": NAME, "mlp_bias": FLAG, "ssm_state_size": SIZE,
+         "mamba_num_heads": SIZE, "mamba_head_dim": SIZE, "mamba_hidden_act": NAME, "n_groups": SIZE,
+         "conv_kernel": SIZE, "expand": SIZE, "time_step_min": NON_NEGATIVE, "time_step_limit": nullable(STEP_LIMIT),
+         "use_conv_bias": FLAG, "mamba_proj_bias": FLAG, "use_bias": FLAG, "n_routed_experts": SIZE,
+         "num_local_experts": SIZE, "n_shared_experts": SIZE, "moe_intermediate_size": SIZE,
+         "moe_shared_expert_intermediate_size": SIZE, "moe_latent_size": nullable(SIZE), "num_experts_per_tok": SIZE,
+         "routed_scaling_factor": NUMBER, "n_group": SIZE, "topk_group": SIZE, "norm_topk_prob": FLAG,
+         "layer_norm_epsilon": NON_NEGATIVE, "tie_word_embeddings": nullable(FLAG), "max_position_embeddings": SIZE,
+         "model_type": NAME, "num_nextn_predict_layers": nullable(COUNT), "mtp_layers_block_type": nullable(NAMES),
+         "mtp_hybrid_override_pattern": nullable(NAME), "sliding_window": nullable(SIZE)}
+"""Every key the loader reads, with the kind of value it takes (:mod:`.config_values`). ``attention_bias`` is read
+as transformers reads it: its Nemotron-H builds no attention biases whatever the key says, so its folders hold none."""
 _HARMLESS = HARMLESS | {
     "num_logits_to_keep", "use_mamba_kernels", "time_step_max", "time_step_floor", "mamba_ssm_cache_dtype",
     "moe_shared_expert_overlap", "hidden_dropout", "rescale_prenorm_residual",
@@ -242,7 +249,7 @@ def nemotron_h_config_from_hf(hf: dict) -> NemotronHConfig:
     return NemotronHConfig(
         vocab_size=hf["vocab_size"], d_model=d_model, layer_types=types, num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim") or d_model // heads,
-        attention_bias=bool(hf.get("attention_bias", False)), mamba_heads=mamba_heads, mamba_head_dim=mamba_head_dim,
+        attention_bias=False, mamba_heads=mamba_heads, mamba_head_dim=mamba_head_dim,  # (_READ: attention_bias)
         state_size=hf.get("ssm_state_size", 128), n_groups=hf.get("n_groups", 8), conv_kernel=hf.get("conv_kernel", 4),
         conv_bias=bool(hf.get("use_conv_bias", True)), proj_bias=bool(hf.get("use_bias", False)),
         chunk_size=SSD_CHUNK, dt_limit=(low, math.inf), d_ff=hf.get("intermediate_size", 21504),

@@ -26,6 +26,7 @@ from ..layers import GatedAttention, GatedDeltaNet, RotaryEmbedding
 from ..layers.calls import called, project_by_name
 from ..layers.gated import ZeroCentredRMSNorm
 from .blocks import Experts, GatedFeedForward, normalised, softmax_top_k
+from .config_values import COUNT, FLAG, INDICES, MAPPING, NAME, NAMES, NON_NEGATIVE, POSITIVE, SIZE, nullable
 from .hf_config import UnsupportedConfigError
 from .hybrid import HARMLESS, LINEAR, HybridLM, checked_keys, mix
 from .weights import fused_experts, load_native_folder
@@ -133,12 +134,17 @@ class Qwen3NextLM(HybridLM):
 
 
 # --------------------------------------------------------------------------- transformers checkpoints
-_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads", "num_key_value_heads",
-         "head_dim", "partial_rotary_factor", "rope_parameters", "rope_theta", "linear_num_key_heads",
-         "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-         "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "rms_norm_eps",
-         "tie_word_embeddings", "hidden_act", "attention_bias", "model_type", "full_attention_interval", "max_position_embeddings"}
+_READ = {"vocab_size": SIZE, "hidden_size": SIZE, "num_hidden_layers": SIZE, "layer_types": nullable(NAMES),
+         "num_attention_heads": SIZE, "num_key_value_heads": SIZE, "head_dim": nullable(SIZE),
+         "partial_rotary_factor": POSITIVE, "rope_parameters": nullable(MAPPING), "rope_theta": POSITIVE,
+         "linear_num_key_heads": SIZE, "linear_num_value_heads": SIZE, "linear_key_head_dim": SIZE,
+         "linear_value_head_dim": SIZE, "linear_conv_kernel_dim": SIZE, "intermediate_size": COUNT,
+         "num_experts": COUNT, "num_experts_per_tok": SIZE, "moe_intermediate_size": COUNT,
+         "shared_expert_intermediate_size": COUNT, "norm_topk_prob": FLAG, "decoder_sparse_step": SIZE,
+         "mlp_only_layers": nullable(INDICES), "rms_norm_eps": NON_NEGATIVE, "tie_word_embeddings": nullable(FLAG),
+         "hidden_act": NAME, "attention_bias": FLAG, "model_type": NAME, "full_attention_interval": SIZE,
+         "max_position_embeddings": SIZE}
+"""Every key the loader reads, with the kind of value it takes (:mod:`.config_values`)."""
 _HARMLESS = HARMLESS | {"add_cross_attention", "bad_words_ids", "cross_attention_hidden_size", "num_beams"}
 
 
@@ -171,6 +177,10 @@ def qwen3_next_config_from_hf(hf: dict) -> Qwen3NextConfig:
     sparse = tuple(i not in only and hf.get("num_experts", 0) > 0 and (i + 1) % step == 0 for i in range(layers))
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     factor = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
+    if int(head_dim * factor) % 2:  # (transformers rotates the even number above it with the odd one's frequencies)
+        raise UnsupportedConfigError(f"{kind} config: head_dim x partial_rotary_factor = {head_dim} x {factor} gives "
+                                     f"{int(head_dim * factor)} rotary dims; attnkit rotates an even number of dims "
+                                     "(pairs)")
     return Qwen3NextConfig(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], layer_types=types, num_heads=hf["num_attention_heads"],
         num_kv_heads=hf["num_key_value_heads"], head_dim=head_dim, rotary_dim=int(head_dim * factor),

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .._files import atomic_path, read_json
 from ..errors import InputError
+from .hf_config import UnsupportedConfigError
 
 __all__ = ["unique_state_dict", "save_weights", "load_weights", "check_tensors", "current_name", "fused_experts",
            "read_checkpoint_folder", "untied_by_checkpoint", "LEGACY_NAMES", "read_safetensors", "mixtral_names",
@@ -225,11 +226,26 @@ def load_placed(model: nn.Module, state: dict[str, Tensor], *, source: object, u
     if unknown or missing:
         raise InputError(f"{source}: tensors {type(model).__name__} has no place for: {_listed(unknown) if unknown else 'none'}"
                          f"; parameters the checkpoint lacks: {_listed(missing) if missing else 'none'}")
+    wrong = [f"{name} {tuple(state[name].shape)} (config.json makes {tuple(own[name].shape)})" for name in sorted(state)
+             if name in own and state[name].shape != own[name].shape]
+    if wrong:  # (torch's own message is many lines, and names no config key)
+        raise InputError(f"{source}: tensors whose shapes config.json's sizes do not give: {_listed(wrong)}")
     state = state | {name: own[name] for name in expected - set(state)}  # the derived buffers it does not carry
     model.load_state_dict(state, strict=not tied)
 
 
 ConfigT = TypeVar("ConfigT")
+
+
+def config_from_folder(folder: str | os.PathLike, config_from_hf: Callable[..., ConfigT], **options) -> ConfigT:
+    """``config_from_hf`` of a checkpoint folder's ``config.json``; a key it refuses is named with the file
+    (``.../config.json: mamba2 config: num_heads must be an integer >= 1, got '6'``)."""
+    path = Path(folder) / "config.json"
+    hf = read_json(path, "Hugging Face config")
+    try:
+        return config_from_hf(hf, **options)
+    except UnsupportedConfigError as error:
+        raise UnsupportedConfigError(f"{path}: {error}") from None
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
@@ -244,7 +260,7 @@ def load_native_folder(folder: str | os.PathLike, *, config_from_hf: Callable[[d
     built (``build(config)``), the tensors under its names (``state(tensors, config)``) placed
     (:func:`load_placed`: every tensor a place, every parameter a tensor), then cast to ``dtype``. Never runs code."""
     folder = Path(folder)
-    config = config_from_hf(read_json(folder / "config.json", "Hugging Face config"))
+    config = config_from_folder(folder, config_from_hf)
     tensors = read_checkpoint_folder(folder)
     config = untied_by_checkpoint(config, tensors, next((n for n in embedding if n in tensors), embedding[0]))
     model = build(config)
