@@ -54,6 +54,48 @@ def test_bad_input_gives_exit_2_and_a_message_naming_it(world, argv, words, caps
     assert_probe(argv, world, words, capsys)
 
 
+def test_a_folder_without_tokenizer_json_or_no_folder_at_all_is_named(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    refused(["generate", "--prompt", "hi", "--model", tmp_path], capsys, "needs tokenizer.json beside config.json")
+    refused(["generate", "--prompt", "hi", "--model", tmp_path / "nowhere"], capsys, "no such file or folder")
+
+
+def test_a_completion_that_ends_at_its_first_token_says_so(monkeypatch, capsys):
+    """An end-of-text first token: an empty completion, and a note that says why (it printed nothing before)."""
+    import torch
+
+    import attnkit.cli.language_models as lm
+    import attnkit.decoding as decoding
+
+    class Tokenizer:
+        def encode(self, text, add_special_tokens=True):
+            return type("Encoding", (), {"ids": [5, 6]})()
+
+        def decode(self, ids):
+            return "".join(chr(97 + i) for i in ids)
+
+        def token_to_id(self, text):
+            return None
+
+    chat = type("Chat", (), {"eos_ids": [2], "eos": "</s>"})()
+    model = type("Model", (torch.nn.Module,), {})()
+    model.config = type("Config", (), {"max_len": 100})()
+    monkeypatch.setattr(lm, "_load_lm", lambda spec: (model, Tokenizer(), chat))
+
+    def ends_at_once(model, ids, **options):
+        if options.get("on_tokens"):
+            options["on_tokens"](torch.tensor([2]))
+        return type("Result", (), {"tokens": torch.tensor([[2]] * ids.shape[0]), "lengths": [1] * ids.shape[0]})()
+
+    monkeypatch.setattr(decoding, "generate", ends_at_once)
+    assert main(["generate", "--prompt", "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n" and "an empty completion: the model's first token ended it" in err
+    assert main(["generate", "--prompt", "hi", "ho"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("[2] (an empty completion"), out
+
+
 @pytest.mark.parametrize("argv, words", [
     (["generate", "--prompt", "hi", "--top-k", "5"], ["--top-k", "greedy"]),
     (["generate", "--prompt", "hi", "--top-p", "0.5"], ["--top-p", "greedy"]),

@@ -138,6 +138,11 @@ def test_a_broken_hugging_face_folder_is_named_not_a_traceback(how, words, tmp_p
     refused(["inspect", "--model", folder, "--out", tmp_path / "out", "the cat sat"], capsys, str(folder), *words)
 
 
+def test_a_folder_that_is_no_model_names_both_kinds_of_model_folder(tmp_path, capsys):
+    refused(["inspect", "--model", tmp_path, "--out", tmp_path / "out", "the cat sat"], capsys,
+            "neither an attnkit checkpoint", "nor a Hugging Face model folder (config.json)")
+
+
 @pytest.mark.slow
 def test_a_working_hugging_face_folder_inspects(tmp_path, capsys):
     pytest.importorskip("transformers")

@@ -169,7 +169,12 @@ def _inspect_checkpoint(args: argparse.Namespace, folder: Path, texts, reference
     refuse_unused(args, ["layers"], "chooses an encoder or decoder report's head grids, not a translation checkpoint's")
     if not texts and not args.aer:
         raise UsageError("give source sentences to inspect, or --aer to evaluate alignments on the grc-en corpus")
-    checkpoint = load_checkpoint(resolve_checkpoint(folder))
+    resolved = resolve_checkpoint(folder)
+    if resolved.is_dir() and not (resolved / "checkpoint.json").is_file():
+        raise UsageError(f"--model {folder}: not a model attnkit can inspect: neither an attnkit checkpoint or run "
+                         "folder (checkpoint.json, or best/ or last/ holding one) nor a Hugging Face model folder "
+                         "(config.json); or 'minilm', 'smollm2' or a .gguf file")
+    checkpoint = load_checkpoint(resolved)
     checkpoint.model.to(args.device)  # in place: the checkpoint's model is the one inspected
     check_beam(args.beam, checkpoint)
     if args.aer:

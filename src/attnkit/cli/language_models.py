@@ -232,7 +232,14 @@ def _load_lm(spec: str):
             raise UsageError(f"{path} holds an encoder, not a language model")
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         return model, tokenizer, chat_format_of_folder(path, tokenizer)
-    raise UsageError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with tokenizer.json, got {spec!r}")
+    if path.is_dir() and (path / "config.json").is_file():
+        raise UsageError(f"--model {spec}: a Hugging Face folder needs tokenizer.json beside config.json to encode the "
+                         "prompt and decode the completion (transformers' tokenizer.save_pretrained writes it)")
+    if not path.exists():
+        raise UsageError(f"--model {spec}: no such file or folder; --model is 'smollm2', a .gguf file or a Hugging "
+                         "Face folder (config.json, tokenizer.json and safetensors)")
+    raise UsageError(f"--model must be 'smollm2', a .gguf file or a Hugging Face folder with config.json and "
+                     f"tokenizer.json, got {spec!r}")
 
 
 def _stops(args: argparse.Namespace, tokenizer, chat) -> list[int]:
@@ -313,7 +320,7 @@ def _generate(args: argparse.Namespace) -> int:
                           use_cache=not args.no_cache, generator=generator, compile_step=args.compile)
         for number, (row, length) in enumerate(zip(result.tokens.tolist(), result.lengths), 1):
             kept = [t for t in row[:length] if t not in stops]
-            print(f"[{number}] {tokenizer.decode(kept)}")
+            print(f"[{number}] {tokenizer.decode(kept)}" if kept else f"[{number}] {_ENDED_AT_ONCE}")
         return 0
     ids = encoded[0]
     stream = Stream(tokenizer, stops, sys.stdout)
@@ -322,7 +329,12 @@ def _generate(args: argparse.Namespace) -> int:
              compile_step=args.compile, on_tokens=lambda token: stream.add(int(token[0])))
     stream.finish()
     print()
+    if not stream.produced:
+        print(f"note: {_ENDED_AT_ONCE}", file=sys.stderr)
     return 0
+
+
+_ENDED_AT_ONCE = "(an empty completion: the model's first token ended it, an end-of-text or --stop token)"
 
 
 def add_generate_parser(commands) -> None:
