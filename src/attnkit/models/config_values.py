@@ -13,10 +13,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from .hf_config import UnsupportedConfigError
+from ..errors import InputError
 
-__all__ = ["Value", "SIZE", "COUNT", "NUMBER", "POSITIVE", "NON_NEGATIVE", "FLAG", "NAME", "NAMES", "NUMBERS",
+__all__ = ["UnsupportedConfigError", "Value", "SIZE", "COUNT", "NUMBER", "POSITIVE", "NON_NEGATIVE", "FLAG", "NAME", "NAMES", "NUMBERS",
            "INDICES", "MAPPING", "STEP_LIMIT", "nullable", "size_or", "checked_values", "is_number"]
+
+
+class UnsupportedConfigError(InputError):
+    """A Hugging Face config asks for something attnkit does not implement, or holds a value of the wrong kind
+    (never silently ignored)."""
 
 
 class Value(NamedTuple):

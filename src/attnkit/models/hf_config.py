@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import InputError
 from .config import DecoderConfig, EncoderConfig
+from .config_values import COUNT, NON_NEGATIVE, POSITIVE, SIZE, UnsupportedConfigError, checked_values, nullable
 
 __all__ = ["MODEL_TYPES", "HF_ACTIVATIONS", "UnsupportedConfigError", "config_from_hf", "deepseek_config_from_hf",
            "means_none"]
@@ -59,10 +59,6 @@ _ROPE_KEYS = {"default": {"rope_type", "type", "rope_theta"},
               "linear": {"rope_type", "type", "rope_theta", "factor"},
               "llama3": {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
                          "original_max_position_embeddings"}}
-
-
-class UnsupportedConfigError(InputError):
-    """A Hugging Face config asks for something attnkit does not implement (never silently ignored)."""
 
 
 def _refuse(kind: str, key: str, value, supported: str) -> UnsupportedConfigError:
@@ -157,8 +153,6 @@ def config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()) -> EncoderConfig 
     if kind not in MODEL_TYPES:
         raise UnsupportedConfigError(f"model_type must be one of {MODEL_TYPES}, got {kind!r}")
     _check_keys(hf, kind, ignore)
-    from .config_values import checked_values
-
     checked_values(hf, kind, _values(kind))
     try:
         return _config_from_hf(hf, kind)
@@ -172,8 +166,6 @@ def config_from_hf(hf: Mapping, *, ignore: Iterable[str] = ()) -> EncoderConfig 
 
 def _values(kind: str) -> dict:
     """The kind of value each size key of a ``kind`` config.json takes (:mod:`.config_values`)."""
-    from .config_values import COUNT, NON_NEGATIVE, POSITIVE, SIZE, nullable
-
     if kind == "bert":
         return {**dict.fromkeys(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                  "intermediate_size", "max_position_embeddings", "type_vocab_size"), SIZE),
