@@ -274,6 +274,7 @@ def test_the_environment_switches_the_rule_on_for_the_process(value, on):
     assert done.stdout.strip() == str(on)
 
 
+@pytest.mark.slow  # (five interpreters started)
 def test_a_value_the_switch_does_not_take_is_refused_in_one_line():
     """ATTNKIT_NAN_RULE=yes: import raises attnkit's InputError naming the variable and the values it takes; the
     command line says it in one line with exit status 2 (--help included; --version imports nothing of attnkit's)."""
