@@ -90,8 +90,8 @@ class Engine:
         self.model = model.eval()
         parameter = next(model.parameters())
         self.device = parameter.device
-        config = getattr(model, "config", None)
-        self.vocab_size = int(getattr(config, "vocab_size"))
+        config = model.config
+        self.vocab_size = int(config.vocab_size)
         self.max_len = getattr(config, "max_len", math.inf)
         self.block_size, self.max_batched_tokens, self.max_num_seqs = block_size, max_batched_tokens, max_num_seqs
         windows = sorted({kind[1] for kind in self.kinds if kind is not None and kind[0] != "state"},

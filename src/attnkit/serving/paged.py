@@ -110,32 +110,29 @@ class GroupStep:
               window: int | None, device: torch.device) -> GroupStep:
         """The step of rows whose block tables are ``tables``, with ``computed`` positions already in the cache and
         ``new`` more each. A window group's rows read their last ``window`` cached positions (a rolling cache
-        holds as many) and the new ones; a full group's read all."""
-        write, read, lengths = [], [], []
-        for table, done in zip(tables, computed):
-            first = 0 if window is None else max(0, done - window)
-            slots = [_slot(table, p, block_size) for p in range(first, done + new)]
-            write.extend(slots[len(slots) - new:])
-            read.append(slots)
-            lengths.append(len(slots))
-        S = max(lengths)
-        padded = [[0] * (S - len(slots)) + slots for slots in read]
-        blocks = 1 + max(block for table in tables for block in table if block is not None)
-        return GroupStep(torch.tensor(write, dtype=torch.long, device=device),
-                         torch.tensor(padded, dtype=torch.long, device=device), tuple(lengths),
+        holds as many) and the new ones; a full group's read all. (Tensor arithmetic over the rows' positions:
+        a batch of long requests would otherwise cost a Python loop over every position of every row.)"""
+        done = torch.tensor(list(computed), dtype=torch.long)  # (B,)
+        first = torch.zeros_like(done) if window is None else (done - window).clamp(min=0)
+        end = done + new
+        lengths = end - first
+        S = int(lengths.max())
+        width = max(len(table) for table in tables)
+        table = torch.tensor([[0 if b is None else b for b in t] + [0] * (width - len(t)) for t in tables],
+                             dtype=torch.long)  # (B, blocks); a freed block (out of the window) is never read
+        positions = end[:, None] - S + torch.arange(S)  # (B, S), right-aligned: the last is each row's newest
+        real = positions >= first[:, None]
+        positions = positions.clamp(min=0)
+        slots = table.gather(1, positions // block_size) * block_size + positions % block_size
+        slots = torch.where(real, slots, 0)
+        blocks = 1 + max(b for t in tables for b in t if b is not None)
+        return GroupStep(slots[:, S - new:].reshape(-1).to(device), slots.to(device), tuple(lengths.tolist()),
                          max(computed), blocks, window)
 
     @property
     def width(self) -> int:
         """S: the keys every row's attention reads (its own right-aligned, the rest padding)."""
         return self.read_slots.shape[1]
-
-
-def _slot(table: Sequence[int | None], position: int, block_size: int) -> int:
-    block = table[position // block_size]
-    if block is None:
-        raise RuntimeError(f"position {position} lies in a block freed as out of the window")
-    return block * block_size + position % block_size
 
 
 class PagedKVCache(KVCache):
