@@ -49,13 +49,10 @@ def test_a_batched_step_over_scattered_pages_equals_each_row_alone(backend, wind
             layer(x[row][:, :c], is_causal=True, cache=PagedKVCache(storage, step), window=window,
                   positions=torch.arange(c)[None])
         step = GroupStep.build(tables, cached, new, block_size, window, torch.device("cpu"))
-        width = step.width
-        key_mask = torch.zeros(len(cached), width, dtype=torch.bool)
-        for row, length in enumerate(step.lengths):
-            key_mask[row, width - length:] = True
+        assert step.by_block and step.width % block_size == 0  # whole blocks, each row's padding in its key mask
         queries = torch.cat([x[row][:, c:] for row, c in enumerate(cached)])
         positions = torch.tensor([[c] for c in cached])
-        got = layer(queries, is_causal=True, cache=PagedKVCache(storage, step), key_mask=key_mask, window=window,
+        got = layer(queries, is_causal=True, cache=PagedKVCache(storage, step), window=window,
                     positions=positions).output
         for row, c in enumerate(cached):
             cache = KVCache(window=window)

@@ -65,6 +65,7 @@ class BlockPool:
     cached: dict[bytes, int] = field(init=False)  # hash -> block id
     hit_tokens: int = 0  # prefix-cache hits, in tokens
     evictions: int = 0  # hashed blocks taken for another use
+    cached_held: int = 0  # hashed blocks some request holds
 
     def __post_init__(self) -> None:
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1:
@@ -82,7 +83,7 @@ class BlockPool:
     @property
     def cached_free(self) -> int:
         """Free blocks that still hold a hashed prefix (hit-able until evicted)."""
-        return sum(1 for i in self.free if self.blocks[i].hash is not None)
+        return len(self.cached) - self.cached_held
 
     @property
     def num_cached(self) -> int:
@@ -109,6 +110,7 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             del self.free[block_id]
+            self.cached_held += block.hash is not None
         block.ref_count += 1
 
     def release(self, block_ids: Sequence[int]) -> None:
@@ -121,6 +123,7 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free[block_id] = None
+                self.cached_held -= block.hash is not None
 
     # -- prefix caching ----------------------------------------------------------------------------------
     def lookup(self, hash_: bytes, tokens: Sequence[int], salt: str | None) -> int | None:
@@ -143,6 +146,7 @@ class BlockPool:
         block = self.blocks[block_id]
         block.hash, block.tokens, block.salt = hash_, tuple(tokens), salt
         self.cached[hash_] = block_id
+        self.cached_held += block.ref_count > 0
         return True
 
     def check(self) -> None:
@@ -155,3 +159,6 @@ class BlockPool:
                 raise AssertionError(f"block {block.id}: its hash is not in the table")
         if any(self.blocks[i].hash != h for h, i in self.cached.items()):
             raise AssertionError("the hash table names a block that holds another hash")
+        held = sum(1 for i in self.cached.values() if self.blocks[i].ref_count > 0)
+        if held != self.cached_held:
+            raise AssertionError(f"{held} hashed blocks are held, the count says {self.cached_held}")

@@ -218,18 +218,20 @@ class Engine:
         self._cancelled = []
         plan = self.scheduler.schedule()
         decoding = [(r, n) for r, n in plan if n == 1 and r.computed > 0]
-        runs = ([decoding] if decoding else []) + [[(r, n)] for r, n in plan if not (n == 1 and r.computed > 0)]
+        runs = _by_length(decoding, self.block_size) + [[(r, n)] for r, n in plan if not (n == 1 and r.computed > 0)]
         for run in runs:
             rows = [request for request, _ in run]
             count = run[0][1]
             logits = self._forward(rows, count)
+            scores = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # (B, V)
+            greedy = logits.argmax(-1).tolist()  # (as generate chooses: on the logits themselves)
             self.computed_tokens += count * len(rows)
             for b, request in enumerate(rows):
                 self.scheduler.computed(request, count)
                 if request.pending:
                     outputs[request.id] = RequestOutput(request.id, [], False)
                     continue
-                token, logprob = self._choose(request, logits[b])
+                token, logprob = self._choose(request, logits[b], scores[b], greedy[b])
                 request.tokens.append(token)
                 request.logprobs.append(logprob)
                 self.generated_tokens += 1
@@ -285,24 +287,21 @@ class Engine:
                     both = ParallelCache()
                     both.attention, both.ssm = PagedKVCache(self.storage[i], steps[kind[1]]), state
                     caches.append(both)
-        mask = None
-        if B > 1 and self.groups:  # rows of other lengths: each right-aligned, the padding on its left ruled out
-            width = max(r.computed + count for r in rows)
-            mask = torch.zeros(B, width, dtype=torch.bool, device=device)
-            for b, r in enumerate(rows):
-                mask[b, width - r.computed - count:] = True
-        logits = self.model(ids, mask, cache=caches, position_ids=positions, last_only=True).logits[:, -1]
+        # no attention mask: each paged cache rules its padding out with its step's key mask, and a linear layer's
+        # own tokens are never padding (a batch decodes one token a row; a prefill chunk is a row alone)
+        logits = self.model(ids, cache=caches, position_ids=positions, last_only=True).logits[:, -1]
         for i, state in kept:
             self.states[i].keep(state, slots)  # type: ignore[arg-type]
         return logits
 
-    def _choose(self, request: Request, logits: Tensor) -> tuple[int, float]:
-        """The request's next token from its row of logits (V,), and its log-probability under the model."""
+    def _choose(self, request: Request, logits: Tensor, scores: Tensor, greedy: int) -> tuple[int, float]:
+        """The request's next token from its row of logits (V,) (``greedy``: their argmax), and its log-probability
+        under the model (``scores``, the row's log-softmax)."""
         params = request.params
-        token = int(sample_next(logits[None], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                generator=request.generator)[0])
-        logprob = float(torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)[token])
-        return token, logprob
+        token = greedy if params.temperature == 0 else int(sample_next(
+            logits[None], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+            generator=request.generator)[0])
+        return token, float(scores[token])
 
     # -- accounting -----------------------------------------------------------------------------------------
     def held_blocks(self) -> int:
@@ -336,6 +335,37 @@ class Engine:
             "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
             "prefix_caching": self.prefix_caching_off is None, "prefix_caching_off": self.prefix_caching_off,
         }
+
+
+SPLIT_SAVING = 0.3
+"""A decoding batch is split by context length where that saves at least this share of the key columns its
+attention reads (every row reads as many as the longest: short rows read padding); at most :data:`MAX_SPLITS`
+forwards."""
+
+MAX_SPLITS = 3
+
+
+def _by_length(decoding: list[tuple[Request, int]], block_size: int) -> list[list[tuple[Request, int]]]:
+    """The decoding rows as one batch, or as a few of like context length where the padding the short ones would
+    read is worth another forward (:data:`SPLIT_SAVING`). Which batch a row joins changes its numbers only to float
+    rounding, as any batch does."""
+    if not decoding:
+        return []
+    batches = [sorted(decoding, key=lambda row: row[0].computed)]
+    while len(batches) < MAX_SPLITS:
+        costs = [len(batch) * (batch[-1][0].computed // block_size + 1) for batch in batches]
+        widest = max(range(len(batches)), key=costs.__getitem__)
+        rows = batches[widest]
+        blocks = [row[0].computed // block_size + 1 for row in rows]
+        best, split = costs[widest], 0
+        for index in range(2, len(rows) - 1):  # (a batch of one row is a forward for little)
+            cost = index * blocks[index - 1] + (len(rows) - index) * blocks[-1]
+            if cost < best:
+                best, split = cost, index
+        if not split or best > (1 - SPLIT_SAVING) * costs[widest]:
+            break
+        batches[widest:widest + 1] = [rows[:split], rows[split:]]
+    return batches
 
 
 def _bytes_held(groups: list[CacheGroup], storage: dict, index_storage: dict, kinds: list) -> int:

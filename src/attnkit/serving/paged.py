@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..functional.attention import AttentionOutput
 from ..layers import KVCache, LatentCache
+from ..layers.attending import AttentionCall
 
 __all__ = ["LayerStorage", "GroupStep", "PagedKVCache", "PagedLatentCache"]
 
@@ -80,27 +82,53 @@ class LayerStorage:
                 flat = storage.flatten(0, 1)  # (blocks block_size, heads, width): a view
                 flat.index_copy_(0, slots, new.transpose(1, 2).reshape(-1, *flat.shape[1:]).to(flat.dtype))
 
+    def gather_blocks(self, blocks: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of whole blocks (B, NB), each row's blocks side by side: (B, heads, NB x
+        block_size, .)."""
+        assert self.keys is not None and self.values is not None
+        B, NB = blocks.shape
+        flat = blocks.reshape(-1)
+        out = []
+        for storage in (self.keys, self.values):  # whole contiguous blocks, as rows of a 2-D view (torch's fast path:
+            rows = storage.view(storage.shape[0], storage[0].numel()).index_select(0, flat)  # a 4-D one: 3.5x longer)
+            out.append(rows.view(B, NB * self.block_size, *storage.shape[2:]).transpose(1, 2))
+        return out[0], out[1]
+
     def gather(self, slots: Tensor, B: int) -> tuple[Tensor, Tensor]:
         """The keys and values at ``slots`` (B, S): (B, heads, S, width) and (B, heads, S, value width)."""
         assert self.keys is not None and self.values is not None
         S = slots.shape[1]
         flat = slots.reshape(-1)
-        keys = self.keys.flatten(0, 1).index_select(0, flat)  # (B S, heads, width)
-        values = self.values.flatten(0, 1).index_select(0, flat)
-        return (keys.unflatten(0, (B, S)).transpose(1, 2), values.unflatten(0, (B, S)).transpose(1, 2))
+        out = []
+        for storage in (self.keys, self.values):  # (rows of a 2-D view: torch's fast path)
+            rows = storage.view(storage.shape[0] * storage.shape[1], storage.shape[2] * storage.shape[3])
+            rows = rows.index_select(0, flat)  # (B S, heads width)
+            out.append(rows.view(B, S, *storage.shape[2:]).transpose(1, 2))
+        return out[0], out[1]
 
 
 @dataclass(frozen=True)
 class GroupStep:
     """What a step's rows hold in one cache group, shared by the group's layers: where the new tokens go
-    (``write_slots``, (B L,)), which keys each row attends, right-aligned in S columns (``read_slots`` (B, S), the
-    pad columns pointing at slot 0, which the key mask rules out), each row's count of keys (``lengths``), the
-    positions taken so far (``position``: the largest row's), and the blocks the storage must hold
-    (``blocks``)."""
+    (``write_slots``, (B L,)), which keys each row attends and how they are laid out (``read_slots`` or
+    ``read_blocks``), which of those columns are its own (``key_mask`` (B, S), None for one row), the positions
+    taken so far (``position``: the largest row's) and the blocks the storage must hold (``blocks``).
+
+    Two layouts:
+
+    - **by slot** (one row, any number of new tokens: a prefill chunk): the row's keys one by one, in order, the new
+      ones last, attended causally (aligned bottom-right) and, in a window group, through the window; exactly what
+      a :class:`~attnkit.layers.KVCache` hands its attention;
+    - **by block** (several rows of one new token each: a decoding step): whole blocks gathered (a block is one
+      contiguous row of the storage: a fraction of the copies one slot at a time takes), each row's blocks from the
+      left, its keys marked in ``key_mask``: those of its positions that it attends (in a window group the last
+      ``window``), neither the padding after its blocks nor the unwritten end of its last block. A single query
+      needs no causal mask."""
 
     write_slots: Tensor
-    read_slots: Tensor
-    lengths: tuple[int, ...]
+    read_slots: Tensor | None
+    read_blocks: Tensor | None
+    key_mask: Tensor | None
     position: int
     blocks: int
     window: int | None
@@ -109,37 +137,67 @@ class GroupStep:
     def build(tables: Sequence[Sequence[int | None]], computed: Sequence[int], new: int, block_size: int,
               window: int | None, device: torch.device) -> GroupStep:
         """The step of rows whose block tables are ``tables``, with ``computed`` positions already in the cache and
-        ``new`` more each. A window group's rows read their last ``window`` cached positions (a rolling cache
-        holds as many) and the new ones; a full group's read all. (Tensor arithmetic over the rows' positions:
-        a batch of long requests would otherwise cost a Python loop over every position of every row.)"""
+        ``new`` more each. (Tensor arithmetic over the rows' positions: a batch of long requests would otherwise
+        cost a Python loop over every position of every row.)"""
         done = torch.tensor(list(computed), dtype=torch.long)  # (B,)
-        first = torch.zeros_like(done) if window is None else (done - window).clamp(min=0)
         end = done + new
-        lengths = end - first
-        S = int(lengths.max())
+        blocks = 1 + max(b for t in tables for b in t if b is not None)
         width = max(len(table) for table in tables)
         table = torch.tensor([[0 if b is None else b for b in t] + [0] * (width - len(t)) for t in tables],
                              dtype=torch.long)  # (B, blocks); a freed block (out of the window) is never read
+        new_positions = done[:, None] + torch.arange(new)  # (B, L)
+        write = table.gather(1, new_positions // block_size) * block_size + new_positions % block_size
+        if new == 1 and len(tables) > 1:  # by block
+            first = torch.zeros_like(done) if window is None else (end - window).clamp(min=0)  # (a query sees W keys)
+            first_block, last_block = first // block_size, (end - 1) // block_size
+            count = last_block - first_block + 1
+            columns = torch.arange(int(count.max()))
+            index = (first_block[:, None] + columns).clamp(max=width - 1)
+            read_blocks = torch.where(columns < count[:, None], table.gather(1, index), 0)  # (B, NB)
+            positions = first_block[:, None] * block_size + torch.arange(read_blocks.shape[1] * block_size)
+            key_mask = (positions >= first[:, None]) & (positions < end[:, None])
+            return GroupStep(write.reshape(-1).to(device), None, read_blocks.to(device), key_mask.to(device),
+                             max(computed), blocks, window)
+        first = torch.zeros_like(done) if window is None else (done - window).clamp(min=0)  # (as a rolling cache holds)
+        S = int((end - first).max())
         positions = end[:, None] - S + torch.arange(S)  # (B, S), right-aligned: the last is each row's newest
         real = positions >= first[:, None]
         positions = positions.clamp(min=0)
-        slots = table.gather(1, positions // block_size) * block_size + positions % block_size
-        slots = torch.where(real, slots, 0)
-        blocks = 1 + max(b for t in tables for b in t if b is not None)
-        return GroupStep(slots[:, S - new:].reshape(-1).to(device), slots.to(device), tuple(lengths.tolist()),
-                         max(computed), blocks, window)
+        slots = torch.where(real, table.gather(1, positions // block_size) * block_size + positions % block_size, 0)
+        key_mask = None if len(tables) == 1 else real.to(device)
+        return GroupStep(write.reshape(-1).to(device), slots.to(device), None, key_mask, max(computed), blocks, window)
+
+    @property
+    def by_block(self) -> bool:
+        return self.read_blocks is not None
 
     @property
     def width(self) -> int:
-        """S: the keys every row's attention reads (its own right-aligned, the rest padding)."""
+        """S: the columns every row's attention reads (its own keys and the padding its key mask rules out)."""
+        if self.read_blocks is not None:
+            return self.read_blocks.shape[1] * _block_size_of(self)
+        assert self.read_slots is not None
         return self.read_slots.shape[1]
 
 
+def _block_size_of(step: GroupStep) -> int:
+    assert step.key_mask is not None and step.read_blocks is not None
+    return step.key_mask.shape[1] // step.read_blocks.shape[1]
+
+
+def _read(storage: LayerStorage, step: GroupStep, B: int) -> tuple[Tensor, Tensor]:
+    """The keys and values a step's rows attend, in the step's layout: (B, heads, S, .) each."""
+    if step.read_blocks is None:
+        assert step.read_slots is not None
+        return storage.gather(step.read_slots, B)
+    return storage.gather_blocks(step.read_blocks)
+
+
 class PagedKVCache(KVCache):
-    """A :class:`~attnkit.layers.KVCache` for one layer and one step whose keys and values live in paged storage: its
-    ``attend`` is the KV cache's own, and appending writes the new tokens into each row's blocks and hands back the
-    keys each row attends (the group's, right-aligned, padded on the left: the model's attention mask rules the
-    padding out). ``window``: a sliding-window layer's (as the rolling cache it stands for)."""
+    """A :class:`~attnkit.layers.KVCache` for one layer and one step whose keys and values live in paged storage: the
+    new tokens are written into each row's blocks and the keys each row attends read back in the step's layout
+    (:class:`GroupStep`), whose key mask (rather than the model's attention mask, which the engine does not pass)
+    rules out the padding. ``window``: a sliding-window layer's (as the rolling cache it stands for)."""
 
     def __init__(self, storage: LayerStorage, step: GroupStep) -> None:
         super().__init__(window=step.window)
@@ -149,16 +207,23 @@ class PagedKVCache(KVCache):
     def attended_length(self, new: int) -> int:
         return self.step.width
 
+    def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
+        """The KV cache's own call, with the step's key mask; a step by block carries its window in the mask."""
+        return super().attend(layer, q, key, value, call._replace(key_mask=self.step.key_mask))
+
+    def _window_for(self, window: int | None) -> int | None:
+        return None if self.step.by_block else super()._window_for(window)
+
     def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         self.storage.write(keys, values, self.step.write_slots, self.step.blocks)
         self.position += keys.shape[2]
-        return self.storage.gather(self.step.read_slots, keys.shape[0])
+        return _read(self.storage, self.step, keys.shape[0])
 
 
 class PagedLatentCache(LatentCache):
     """A :class:`~attnkit.layers.LatentCache` over paged storage: the latents (as the keys, one head) and the rotary
-    keys (as the values) in ``storage``, DSA's indexer keys in ``index_storage``; everything else is the latent
-    cache's own (``attend_latent``)."""
+    keys (as the values) in ``storage``, DSA's indexer keys in ``index_storage``, read back in the step's layout with
+    its key mask; everything else is the latent cache's own (``attend_latent``)."""
 
     def __init__(self, storage: LayerStorage, index_storage: LayerStorage, step: GroupStep) -> None:
         super().__init__()
@@ -169,7 +234,11 @@ class PagedLatentCache(LatentCache):
     def attended_length(self, new: int) -> int:
         return self.step.width
 
+    def attend_latent(self, layer, q: Tensor, x: Tensor, latent_call) -> AttentionOutput:
+        call = latent_call.call._replace(key_mask=self.step.key_mask)
+        return super().attend_latent(layer, q, x, latent_call._replace(call=call))
+
     def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         self.storage.write(keys, values, self.step.write_slots, self.step.blocks)
         self.position += keys.shape[2]
-        return self.storage.gather(self.step.read_slots, keys.shape[0])
+        return _read(self.storage, self.step, keys.shape[0])
