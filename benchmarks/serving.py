@@ -15,9 +15,15 @@ by transformers and loaded by attnkit's own loader, so both libraries run the sa
 The engine's tokens are asserted equal to ``generate``'s first (each request alone would give them too:
 tests/external/test_serving_families.py).
 
+``--server``: a load run of ``attnkit serve`` instead, on 127.0.0.1 only, bounded in clients and time: SmolLM2-135M
+served in this process, ``--clients`` threads of the official ``openai`` client streaming completions (a prompt
+from a fixed list, 32-128 new tokens) for ``--seconds``, then the requests finished per second, time to first token
+and each request's tokens/s (p50, p99), the errors, and the blocks still held (none but the prefix cache's).
+
 Usage:
     python benchmarks/serving.py                         # both models, every load, transformers too
     python benchmarks/serving.py --models llama --no-transformers --requests 16
+    python benchmarks/serving.py --server                # 64 clients for 60 s (benchmarks/results/serving_server.json)
 Prints a table and writes JSON (default benchmarks/results/serving.json).
 """
 
@@ -122,6 +128,99 @@ def _transformers_batch(model, prompts, new: int) -> float:
     return time.perf_counter() - start
 
 
+PROMPTS = ["Write a short story about a lighthouse keeper.", "What is the capital of France?",
+           "Explain attention in one paragraph.", "List three uses of a paperclip.", "Describe the sea at night.",
+           "Translate 'good morning' into Spanish.", "Why is the sky blue?", "Give me a haiku about autumn."]
+
+
+def _server_load(clients: int, seconds: float, threads: int, out: Path) -> int:
+    """The load run of ``--server`` (module docstring)."""
+    import statistics
+    import threading
+
+    from openai import OpenAI
+
+    from attnkit.models.chat import chat_format_of_gguf
+    from attnkit.models.pretrained import load_gguf, smollm2_gguf
+    from attnkit.serving.server import EngineLoop, ServedModel, serve
+
+    model, tokenizer, _ = load_gguf(smollm2_gguf())
+    chat = chat_format_of_gguf(smollm2_gguf())
+    served = ServedModel(EngineLoop(Engine(model)), "smollm2", tokenizer, chat, tuple(chat.eos_ids), model.config.max_len)
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ready = threading.Event()
+    server = threading.Thread(target=serve, args=(served,), kwargs=dict(host="127.0.0.1", port=port, on_ready=ready.set),
+                              daemon=True)
+    server.start()
+    assert ready.wait(120), "the server did not start"
+    done: list[dict] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def client(number: int) -> None:
+        api = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+        turn = 0
+        while time.perf_counter() < deadline:
+            messages = [{"role": "user", "content": PROMPTS[(number + turn) % len(PROMPTS)]}]
+            new = 32 + (number * 7 + turn * 13) % 97
+            start, first, count = time.perf_counter(), None, 0
+            try:
+                for chunk in api.chat.completions.create(model="smollm2", messages=messages, max_tokens=new,
+                                                         temperature=0, stream=True,
+                                                         stream_options={"include_usage": True}):
+                    if chunk.choices and chunk.choices[0].delta.content and first is None:
+                        first = time.perf_counter()
+                    if chunk.usage is not None:
+                        count = chunk.usage.completion_tokens
+            except Exception as error:  # counted, reported
+                with lock:
+                    errors.append(f"{type(error).__name__}: {error}")
+                return
+            end = time.perf_counter()
+            with lock:
+                done.append({"ttft": (first or end) - start, "tokens": count, "seconds": end - start, "end": end})
+            turn += 1
+
+    torch.set_num_threads(threads)
+    workers = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    stats = served.loop.stats
+    served.draining.set()
+    server.join(timeout=60)
+
+    def pct(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else (values[0] if values else float("nan"))
+
+    ttft = [d["ttft"] for d in done]
+    rates = [d["tokens"] / max(d["seconds"] - d["ttft"], 1e-9) for d in done if d["tokens"] > 1]
+    result = {"machine": machine_info(), "threads": threads, "clients": clients, "seconds": seconds,
+              "elapsed": elapsed, "requests": len(done), "requests_per_second": len(done) / elapsed,
+              "tokens": sum(d["tokens"] for d in done), "tokens_per_second": sum(d["tokens"] for d in done) / elapsed,
+              "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "request_tokens_per_second_p50": pct(rates, 50),
+              "request_tokens_per_second_p99": pct(rates, 1), "errors": errors,
+              "blocks_in_use_after": stats["blocks_in_use"], "running_after": stats["running"],
+              "prefix_hit_tokens": stats["prefix_hit_tokens"], "preemptions": stats["preemptions"]}
+    print(f"{clients} clients for {seconds:.0f} s (SmolLM2-135M, {threads} threads): {len(done)} requests "
+          f"({result['requests_per_second']:.2f}/s), {result['tokens']:,} tokens ({result['tokens_per_second']:.1f}/s); "
+          f"time to first token p50 {result['ttft_p50']:.2f} s, p99 {result['ttft_p99']:.2f} s; a request's tokens/s "
+          f"p50 {result['request_tokens_per_second_p50']:.1f}, slowest 1% {result['request_tokens_per_second_p99']:.1f}; "
+          f"errors {len(errors)}; blocks in use after {stats['blocks_in_use']}, prefix hits "
+          f"{stats['prefix_hit_tokens']:,} tokens")
+    write_json(out, result)
+    print(f"wrote {out}")
+    return 0 if not errors and stats["blocks_in_use"] == 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["llama", "qwen3-next"], choices=["llama", "qwen3-next"])
@@ -130,7 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="alternated runs of each side; the median is kept")
     parser.add_argument("--no-transformers", action="store_true", help="leave out transformers' generate_batch")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serving.json"))
+    parser.add_argument("--server", action="store_true", help="the load run of attnkit serve instead (docstring)")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
+    if args.server:
+        out = args.out if args.out != Path("benchmarks/results/serving.json") else Path(
+            "benchmarks/results/serving_server.json")
+        return _server_load(args.clients, args.seconds, args.threads, out)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(32, 257, (args.requests,), generator=g).tolist()

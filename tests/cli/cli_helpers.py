@@ -124,27 +124,3 @@ def broken_hf_folder(root, how):
     shutil.rmtree(folder / "__pycache__", ignore_errors=True)
     return folder
 
-
-def lm_folder(root, name="llama"):
-    """A tiny Llama folder as transformers saves it (safetensors) with a word-level tokenizer.json: a decoder that
-    ``attnkit generate`` loads natively."""
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    folder = root / name
-    words = ["<pad>", "<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away", "."]
-    config = transformers.LlamaConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=48, max_position_embeddings=256,
-                                      pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    import torch
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.5 * torch.randn_like(parameter))
-    model.save_pretrained(folder)
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return folder

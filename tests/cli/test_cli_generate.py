@@ -167,7 +167,7 @@ def test_many_prompts_run_through_the_engine_with_their_own_parameters(tmp_path,
     from attnkit.decoding import generate
     from attnkit.models.pretrained import load_hf_folder
 
-    from cli_helpers import lm_folder
+    from helpers import lm_folder
 
     folder = lm_folder(tmp_path)
     capsys.readouterr()
@@ -210,7 +210,7 @@ def test_ctrl_c_keeps_what_finished(tmp_path, capsys, monkeypatch):
     pytest.importorskip("transformers")
     import attnkit.serving.engine as engine
 
-    from cli_helpers import lm_folder
+    from helpers import lm_folder
 
     folder = lm_folder(tmp_path)
     real_step, calls = engine.Engine.step, []

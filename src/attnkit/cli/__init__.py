@@ -5,6 +5,7 @@
     training.py         train
     data.py             the --data the translation commands share
     language_models.py  cost, generate
+    serving.py          serve
     tools.py            tour, bench
     inspection.py       inspect (one handler per kind of model)
 """
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Iterator
 
 from ..errors import InputError
-from . import inspection, language_models, tools, training, translation
+from . import inspection, language_models, serving, tools, training, translation
 from .arguments import DefaultsHelpFormatter, UsageError
 
 __all__ = ["main", "build_parser", "USER_ERRORS", "UsageError"]
@@ -56,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     translation.add_align_parser(commands)
     language_models.add_cost_parser(commands)
     language_models.add_generate_parser(commands)
+    serving.add_serve_parser(commands)
     tools.add_bench_parser(commands)
     inspection.add_inspect_parser(commands)
     tools.add_build_ext_parser(commands)
     return parser
 
 
-COMMANDS = ("tour", "demo", "train", "translate", "evaluate", "align", "cost", "generate", "bench", "inspect")
+COMMANDS = ("tour", "demo", "train", "translate", "evaluate", "align", "cost", "generate", "serve", "bench", "inspect")
 """The sub-commands ``--help`` lists (the retired ``build-ext`` still answers, unlisted)."""
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from .._files import read_json
 from ..errors import InputError
 
-__all__ = ["ChatFormat", "chat_format_of_gguf", "chat_format_of_folder", "render_chat"]
+__all__ = ["ChatFormat", "chat_format_of_gguf", "chat_format_of_folder", "render_chat", "render_messages"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,12 @@ def render_chat(chat: ChatFormat, prompt: str, *, source: str = "the model") -> 
     """``prompt`` as one user turn, in the model's template, ready for the assistant's reply
     (``add_generation_prompt``). Raises :class:`InputError` where the model has no template, or where
     the template raises (its own ``raise_exception``)."""
+    return render_messages(chat, [{"role": "user", "content": prompt}], source=source)
+
+
+def render_messages(chat: ChatFormat, messages: list[dict], *, source: str = "the model") -> str:
+    """A conversation (``[{"role": ..., "content": ...}, ...]``, as OpenAI's chat API and transformers take it) in
+    the model's template, ready for the assistant's reply; refused as :func:`render_chat` refuses."""
     if chat.template is None:
         raise InputError(f"{source} has no chat template (its tokenizer ships none): leave out --chat and give the "
                          "prompt in the format the model expects")
@@ -98,7 +104,7 @@ def render_chat(chat: ChatFormat, prompt: str, *, source: str = "the model") -> 
     environment.globals["raise_exception"] = raise_exception
     try:
         return environment.from_string(chat.template).render(
-            messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+            messages=messages, add_generation_prompt=True,
             bos_token=chat.bos or "", eos_token=chat.eos or "")
     except TemplateError as error:
         raise InputError(f"{source}'s chat template refused the conversation: {error}") from error

@@ -5,6 +5,7 @@
     states.py      state slots of the linear and Mamba-2 layers, one per live request
     scheduler.py   requests, the token budget, chunked prefill, preemption by recompute
     engine.py      Engine (add_request / step / cancel / stream / stats) and generate_many
+    server.py      attnkit serve: the HTTP server in OpenAI's shape on the engine (Starlette, uvicorn)
 """
 
 from .blocks import BlockPool, block_hash

@@ -259,7 +259,7 @@ class Engine:
 
     def _forward(self, rows: list[Request], count: int) -> Tensor:
         """The logits (B, V) of the last of ``count`` new tokens of each row, through the paged caches."""
-        device, B = self.device, len(rows)
+        device = self.device
         ids = torch.tensor([r.tokens[r.computed:r.computed + count] for r in rows], dtype=torch.long, device=device)
         positions = torch.tensor([list(range(r.computed, r.computed + count)) for r in rows], dtype=torch.long,
                                  device=device)

@@ -164,8 +164,8 @@ class GroupStep:
         real = positions >= first[:, None]
         positions = positions.clamp(min=0)
         slots = torch.where(real, table.gather(1, positions // block_size) * block_size + positions % block_size, 0)
-        key_mask = None if len(tables) == 1 else real.to(device)
-        return GroupStep(write.reshape(-1).to(device), slots.to(device), None, key_mask, max(computed), blocks, window)
+        return GroupStep(write.reshape(-1).to(device), slots.to(device), None,
+                         None if len(tables) == 1 else real.to(device), max(computed), blocks, window)
 
     @property
     def by_block(self) -> bool:
