@@ -14,7 +14,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-import torch
 
 pytest.importorskip("openai")
 pytest.importorskip("starlette")
