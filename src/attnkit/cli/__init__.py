@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from .. import _signals
 from ..errors import InputError
 from . import inspection, language_models, serving, tools, training, translation
 from .arguments import DefaultsHelpFormatter, UsageError
@@ -97,14 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     root.addHandler(handler)
     previous_level = root.level
     root.setLevel(logging.INFO)
-    signals = _Signals()
+    _signals.reset()
     try:
-        with _sigterm_as_ctrl_c(signals):
+        with _sigterm_as_ctrl_c():
             code = args.run(args)
-        return 143 if code == 130 and signals.terminated else code  # (a command that caught the interrupt)
+        return 143 if code == 130 and _signals.last() == signal.SIGTERM else code  # (a command that caught it)
     except KeyboardInterrupt:
-        print("terminated" if signals.terminated else "interrupted", file=sys.stderr)
-        return 143 if signals.terminated else 130
+        terminated = _signals.last() == signal.SIGTERM
+        print("terminated" if terminated else "interrupted", file=sys.stderr)
+        return 143 if terminated else 130
     except USER_ERRORS as error:  # a user mistake: a message, not a traceback
         if args.debug:
             raise
@@ -115,14 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         root.setLevel(previous_level)
 
 
-class _Signals:
-    """Whether SIGTERM stopped the command (its exit status is then 143, 128 + SIGTERM, not Ctrl-C's 130)."""
-
-    terminated = False
-
-
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c(signals: _Signals) -> Iterator[None]:
+def _sigterm_as_ctrl_c() -> Iterator[None]:
     """SIGTERM (a scheduler's time limit, ``timeout``, a closed terminal) ends a command as Ctrl-C does: the
     folders it was filling are left as Ctrl-C leaves them (a training run checkpoints, an unfinished --out
     folder is removed or marked), with exit status 143, the shells' 128 + 15. In the main thread only (signals
@@ -132,7 +128,7 @@ def _sigterm_as_ctrl_c(signals: _Signals) -> Iterator[None]:
         return
 
     def interrupt(signum, frame):
-        signals.terminated = True
+        _signals.record(signum)  # (the exit status says SIGTERM: 143)
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)

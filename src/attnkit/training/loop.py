@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import _signals
 from .._files import write_json
 from .._progress import progress_bar
 from ..data.batching import BatchSampler, collate
@@ -147,6 +148,7 @@ class _StopOnInterrupt:
         return self
 
     def _handle(self, signum, frame) -> None:
+        _signals.record(signum)  # (a command's exit status says which signal stopped it)
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
