@@ -31,7 +31,7 @@ def _blocks() -> list[tuple[str, int, str]]:
 BLOCKS = _blocks()
 NEEDS = {"docs/models.md": ("minilm", "smollm2"), "README.md": ("minilm",)}
 """Pages whose blocks load real weights from the packages the set-up installs."""
-SLOW = {*NEEDS, "docs/sparse.md"}
+SLOW = {*NEEDS, "docs/sparse.md", "docs/serving.md"}
 """Pages whose blocks take seconds (real weights, sparse attention at length): the slow tier."""
 CASES = [pytest.param(page, line, code, id=f"{page}:{line}",
                       marks=([pytest.mark.requires(*NEEDS[page])] if page in NEEDS else [])

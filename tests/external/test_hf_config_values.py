@@ -94,6 +94,7 @@ def test_the_command_line_says_it_in_one_line_with_exit_status_2(tmp_path, capsy
         assert word in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value, tensor", [("conv_kernel", 3, "conv1d.weight"), ("state_size", 4, "in_proj.weight")])
 def test_sizes_the_tensors_do_not_have_are_named_in_one_line(tmp_path, key, value, tensor):
     """config.json's sizes against the tensors (torch's own message is many lines and names no key)."""
@@ -114,6 +115,7 @@ def test_sizes_the_tensors_do_not_have_are_named_in_one_line(tmp_path, key, valu
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_nemotron_h_with_attention_bias_true_loads_as_transformers_reads_it(tmp_path):
     """transformers' Nemotron-H builds no attention biases whatever attention_bias says, so its folders hold none:
     the key is read as it reads it, and the logits are transformers'."""

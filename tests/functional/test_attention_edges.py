@@ -260,18 +260,28 @@ _SWITCH = "import attnkit; from attnkit.functional import nan; print(nan.on())"
 
 
 @pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), (None, False)])
-def test_the_environment_switches_the_rule_on_for_the_process(value, on):
-    """ATTNKIT_NAN_RULE=1 turns the rule on from import on; 0, empty or unset leave it off."""
+def test_the_environment_sets_the_rules_default(value, on, monkeypatch):
+    """ATTNKIT_NAN_RULE=1 turns the rule on, 0, empty or unset leave it off (what import reads)."""
+    from attnkit.functional import nan
+
+    monkeypatch.delenv("ATTNKIT_NAN_RULE", raising=False)
+    if value is not None:
+        monkeypatch.setenv("ATTNKIT_NAN_RULE", value)
+    assert nan._from_environment() is on
+
+
+@pytest.mark.slow
+def test_the_environment_switches_the_rule_on_for_every_thread_from_import_on():
     import os
     import subprocess
     import sys
 
-    env = {key: val for key, val in os.environ.items() if key != "ATTNKIT_NAN_RULE"}
-    if value is not None:
-        env["ATTNKIT_NAN_RULE"] = value
-    done = subprocess.run([sys.executable, "-c", _SWITCH], env=env, capture_output=True, text=True, timeout=120)
+    script = ("import threading, attnkit; from attnkit.functional import nan; seen = []; "
+              "t = threading.Thread(target=lambda: seen.append(nan.on())); t.start(); t.join(); print(nan.on(), seen[0])")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "ATTNKIT_NAN_RULE": "1"},
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(on)
+    assert done.stdout.split() == ["True", "True"]
 
 
 @pytest.mark.slow  # (five interpreters started)

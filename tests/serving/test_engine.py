@@ -64,7 +64,7 @@ def _staggered(engine: Engine, prompts, per_step: int, check=None, **params) -> 
     return ids
 
 
-@pytest.mark.parametrize("family", ["llama", slow("window"), "mamba2"])
+@pytest.mark.parametrize("family", [slow("llama"), slow("window"), "mamba2"])
 def test_requests_arriving_over_steps_get_the_tokens_of_their_prompts_alone(family):
     model = MODELS[family]()
     prompts = _prompts(12, seed=1)
@@ -75,6 +75,7 @@ def test_requests_arriving_over_steps_get_the_tokens_of_their_prompts_alone(fami
         assert engine.finish_reason(request) == "length" and len(engine.logprobs(request)) == 7
 
 
+@pytest.mark.slow
 def test_a_request_alone_gets_generates_logits_to_the_bit():
     """One request through the engine runs the computations generate runs (one prefill, then one token a step):
     the same tokens and the same log-probabilities, exactly."""
@@ -96,7 +97,7 @@ def test_a_request_alone_gets_generates_logits_to_the_bit():
     assert engine.tokens(request) == tokens and engine.logprobs(request) == want
 
 
-@pytest.mark.parametrize("budget", [7, 64, 4096])
+@pytest.mark.parametrize("budget", [7, 64, slow(4096)])
 @pytest.mark.parametrize("block_size", [slow(1), 16, 32])
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_the_tokens_do_not_depend_on_the_budget_the_block_size_or_the_prefix_cache(budget, block_size,
@@ -156,6 +157,7 @@ def test_a_pool_too_small_for_everyone_preempts_and_still_gives_every_request_it
     assert [engine.tokens(i) for i in ids] == [_alone(model, p, 16) for p in prompts]
 
 
+@pytest.mark.slow
 def test_eight_requests_sharing_a_prefix_compute_it_once():
     """A 256-token prefix shared by 8 requests: the first computes it, the others hit its 16 blocks (>= 7 x 16
     blocks of hits); a salted request hits none; the tokens are the ones computed without the cache."""
@@ -197,6 +199,7 @@ def test_prefix_caching_is_off_with_the_reason_where_it_would_not_be_exact():
     assert Engine(_llama()).stats()["prefix_caching"] is True
 
 
+@pytest.mark.slow
 def test_seeded_sampling_gives_the_same_tokens_alone_or_among_fifteen_others():
     model = _llama()
     prompts = _prompts(16, seed=8)
@@ -218,6 +221,7 @@ def test_a_stop_token_ends_a_request_and_is_its_last():
     assert tokens == free[:free.index(stop) + 1]
 
 
+@pytest.mark.slow
 def test_cancelling_frees_a_request_at_the_next_step_in_prefill_or_decode():
     model = _llama()
     engine = Engine(model, block_size=4, max_batched_tokens=8)

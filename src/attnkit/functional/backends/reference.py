@@ -45,7 +45,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, problem: Problem, lse: bool = True)
         mask = group_heads(mask, dims)
     if problem.score_mod is not None:
         if mask is not None:  # a masked key's score enters the score_mod as 0: what it made of a NaN there (a bias's)
-            scores = torch.where(mask, scores, 0.0)  # would reach the gradients as 0 x NaN
+            scores = scores.masked_fill(~mask, 0.0)  # would reach the gradients as 0 x NaN. (~mask: a tensor of this
+            # call's; the mask itself may be kept from a call under inference_mode, which autograd may not save)
         scores = (problem.modify_scores(scores.flatten(1, 2), 0, 0).view(scores.shape) if grouped
                   else problem.modify_scores(scores, 0, 0))
     weights = _masked_softmax(scores, mask)  # the mask was validated by attention()
