@@ -7,7 +7,6 @@ never copied, except under torch.export, where the keys and values are repeated 
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
