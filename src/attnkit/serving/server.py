@@ -283,7 +283,11 @@ class _Generation:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     async def start(self) -> None:
-        """Submit the n requests (their seeds seed, seed + 1, ...: n samples, not one n times)."""
+        """Submit the n requests (their seeds seed, seed + 1, ...: n samples, not one n times). Where the engine
+        caches prefixes, the first is submitted alone and the others once its prompt is computed, so that they take
+        its prompt's blocks instead of computing them again (requests admitted in one step cannot: a block is
+        hashed once it is computed)."""
+        prompt_done = asyncio.Event()
         for choice in self.choices:
             options = dict(self.options)
             if options["seed"] is not None:
@@ -292,7 +296,11 @@ class _Generation:
 
             def deliver(out: RequestOutput, index: int = index) -> None:  # (the engine thread)
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, out))
+                if index == 0 and (out.new_tokens or out.finished):
+                    self.loop.call_soon_threadsafe(prompt_done.set)
 
+            if index == 1 and self.served.loop.engine.prefix_caching_off is None:
+                await prompt_done.wait()
             future = self.served.loop.submit(self.prompt_ids, options, deliver)
             try:
                 choice.request_id = await asyncio.wrap_future(future)
