@@ -60,18 +60,18 @@ def _check(model, tokenizer, chat, name: str, prompt: str, messages: list[dict])
 
         ids = tokenizer.encode(prompt).ids
         chat_ids = tokenizer.encode(render_messages(chat, messages), add_special_tokens=False).ids
-        for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 4}):
+        # greedy and seeded sampling, each through both routes, one streamed and the other not
+        for sampling, stream in (({"temperature": 0}, False), ({"temperature": 0.8, "seed": 4}, True)):
             options = dict(max_new_tokens=8, temperature=sampling["temperature"], seed=sampling.get("seed"))
             want, want_chat = expected(ids, **options), expected(chat_ids, **options)
-            for stream in (False, True):
-                result = client.completions.create(model=name, prompt=prompt, max_tokens=8, stream=stream, **sampling)
-                text = "".join(c.choices[0].text for c in result if c.choices) if stream else result.choices[0].text
-                assert text == want, (name, sampling, stream)
-                result = client.chat.completions.create(model=name, messages=messages, max_tokens=8, stream=stream,
-                                                        **sampling)
-                text = ("".join(c.choices[0].delta.content or "" for c in result if c.choices) if stream
-                        else result.choices[0].message.content)
-                assert text == want_chat, (name, sampling, stream, "chat")
+            result = client.completions.create(model=name, prompt=prompt, max_tokens=8, stream=stream, **sampling)
+            text = "".join(c.choices[0].text for c in result if c.choices) if stream else result.choices[0].text
+            assert text == want, (name, sampling, stream)
+            result = client.chat.completions.create(model=name, messages=messages, max_tokens=8, stream=not stream,
+                                                    **sampling)
+            text = ("".join(c.choices[0].delta.content or "" for c in result if c.choices) if not stream
+                    else result.choices[0].message.content)
+            assert text == want_chat, (name, sampling, not stream, "chat")
     finally:
         served.draining.set()
         thread.join(timeout=60)
