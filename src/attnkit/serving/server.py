@@ -102,8 +102,8 @@ class EngineLoop(threading.Thread):
                 future.set_result(request_id)
             elif command[0] == "cancel":
                 request_id = command[1]
-                if request_id in self.engine.requests and self.engine.cancel(request_id):
-                    pass
+                if request_id in self.engine.requests:  # one already finished and forgotten needs nothing
+                    self.engine.cancel(request_id)
 
 
 @dataclass
