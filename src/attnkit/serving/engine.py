@@ -326,7 +326,7 @@ class Engine:
             "cached_free_blocks": sum(pool.cached_free for pool in pools),
             "prefix_hit_tokens": sum(pool.hit_tokens for pool in pools),
             "evictions": sum(pool.evictions for pool in pools), "block_size": self.block_size,
-            "bytes_per_block": per_block // max(1, len(pools)) if len(pools) == 1 else per_block,
+            "bytes_per_block": per_block,  # (several groups: one block of each, together)
             "bytes_held": _bytes_held(self.groups, self.storage, self.index_storage, self.kinds),
             "slots_total": 0 if slots is None else slots.num_slots, "slots_in_use": 0 if slots is None else slots.in_use,
             "state_bytes_per_slot": per_slot, "preemptions": self.scheduler.preemptions,
