@@ -97,12 +97,12 @@ class Engine:
         windows = sorted({kind[1] for kind in self.kinds if kind is not None and kind[0] != "state"},
                          key=lambda w: (w is not None, w or 0))
         has_states = any(kind is not None and kind[0] in ("state", "parallel") for kind in self.kinds)
-        self.prefix_caching_off = (None if not prefix_caching or (not has_states and windows in ([], [None]))
-                                   else "a model with linear layers (their state is not kept at block boundaries)"
-                                   if has_states else "a model with sliding-window layers")
+        self.prefix_caching_off: str | None = None
         if not prefix_caching:
             self.prefix_caching_off = "off (prefix_caching=False)"
-        elif self.prefix_caching_off is not None:
+        elif has_states or windows not in ([], [None]):
+            self.prefix_caching_off = ("a model with linear layers (their state is not kept at block boundaries)"
+                                       if has_states else "a model with sliding-window layers")
             logger.info("prefix caching is off for %s: %s", type(model).__name__, self.prefix_caching_off)
         enabled = self.prefix_caching_off is None
         if num_blocks is None:
@@ -312,11 +312,15 @@ class Engine:
                 held.update((window, block) for block in table if block is not None)
         return len(held)
 
+    def _bytes_per_block(self, window: int | None) -> int:
+        """Bytes one block of the group of ``window`` takes: its layers' keys and values (DSA's indexer keys too)."""
+        return sum(storage.bytes_per_block() + (self.index_storage[i].bytes_per_block() if i in self.index_storage else 0)
+                   for i, storage in self.storage.items() if self.kinds[i][1] == window)
+
     def stats(self) -> dict:
         """The pool's and the scheduler's counters, as data (what ``attnkit serve``'s /metrics reads)."""
         pools = [group.pool for group in self.groups]
-        per_block = sum(storage.bytes_per_block() for storage in self.storage.values()) + sum(
-            storage.bytes_per_block() for storage in self.index_storage.values())
+        per_block = {group.window: self._bytes_per_block(group.window) for group in self.groups}
         per_slot = sum(states.bytes_per_slot() for states in self.states.values())
         in_use = sum(pool.in_use for pool in pools)
         slots = self.scheduler.slots
@@ -326,8 +330,8 @@ class Engine:
             "cached_free_blocks": sum(pool.cached_free for pool in pools),
             "prefix_hit_tokens": sum(pool.hit_tokens for pool in pools),
             "evictions": sum(pool.evictions for pool in pools), "block_size": self.block_size,
-            "bytes_per_block": per_block,  # (several groups: one block of each, together)
-            "bytes_held": _bytes_held(self.groups, self.storage, self.index_storage, self.kinds),
+            "bytes_per_block": sum(per_block.values()),  # (several groups: one block of each, together)
+            "bytes_held": sum(group.pool.in_use * per_block[group.window] for group in self.groups),
             "slots_total": 0 if slots is None else slots.num_slots, "slots_in_use": 0 if slots is None else slots.in_use,
             "state_bytes_per_slot": per_slot, "preemptions": self.scheduler.preemptions,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
@@ -366,17 +370,6 @@ def _by_length(decoding: list[tuple[Request, int]], block_size: int) -> list[lis
             break
         batches[widest:widest + 1] = [rows[:split], rows[split:]]
     return batches
-
-
-def _bytes_held(groups: list[CacheGroup], storage: dict, index_storage: dict, kinds: list) -> int:
-    """Bytes the blocks in use take: each group's blocks in use times its layers' bytes per block."""
-    total = 0
-    for group in groups:
-        layers = [i for i, kind in enumerate(kinds) if kind is not None and kind[0] != "state" and kind[1] == group.window]
-        per_block = sum(storage[i].bytes_per_block() for i in layers) + sum(
-            index_storage[i].bytes_per_block() for i in layers if i in index_storage)
-        total += group.pool.in_use * per_block
-    return total
 
 
 def _layer_kinds(model) -> list:

@@ -175,14 +175,10 @@ class GroupStep:
     def width(self) -> int:
         """S: the columns every row's attention reads (its own keys and the padding its key mask rules out)."""
         if self.read_blocks is not None:
-            return self.read_blocks.shape[1] * _block_size_of(self)
+            assert self.key_mask is not None  # (by block: a column of the mask per key read)
+            return self.key_mask.shape[1]
         assert self.read_slots is not None
         return self.read_slots.shape[1]
-
-
-def _block_size_of(step: GroupStep) -> int:
-    assert step.key_mask is not None and step.read_blocks is not None
-    return step.key_mask.shape[1] // step.read_blocks.shape[1]
 
 
 def _read(storage: LayerStorage, step: GroupStep, B: int) -> tuple[Tensor, Tensor]:
@@ -193,7 +189,24 @@ def _read(storage: LayerStorage, step: GroupStep, B: int) -> tuple[Tensor, Tenso
     return storage.gather_blocks(step.read_blocks)
 
 
-class PagedKVCache(KVCache):
+class _PagedRows:
+    """What a paged cache of either kind does with its rows: the new tokens written into their blocks, the keys the
+    step's rows attend read back in its layout."""
+
+    storage: LayerStorage
+    step: GroupStep
+    position: int
+
+    def attended_length(self, new: int) -> int:
+        return self.step.width
+
+    def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        self.storage.write(keys, values, self.step.write_slots, self.step.blocks)
+        self.position += keys.shape[2]
+        return _read(self.storage, self.step, keys.shape[0])
+
+
+class PagedKVCache(_PagedRows, KVCache):
     """A :class:`~attnkit.layers.KVCache` for one layer and one step whose keys and values live in paged storage: the
     new tokens are written into each row's blocks and the keys each row attends read back in the step's layout
     (:class:`GroupStep`), whose key mask (rather than the model's attention mask, which the engine does not pass)
@@ -204,9 +217,6 @@ class PagedKVCache(KVCache):
         self.storage, self.step = storage, step
         self.position = step.position
 
-    def attended_length(self, new: int) -> int:
-        return self.step.width
-
     def attend(self, layer, q: Tensor, key: Tensor, value: Tensor, call: AttentionCall) -> AttentionOutput:
         """The KV cache's own call, with the step's key mask; a step by block carries its window in the mask."""
         return super().attend(layer, q, key, value, call._replace(key_mask=self.step.key_mask))
@@ -214,13 +224,8 @@ class PagedKVCache(KVCache):
     def _window_for(self, window: int | None) -> int | None:
         return None if self.step.by_block else super()._window_for(window)
 
-    def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        self.storage.write(keys, values, self.step.write_slots, self.step.blocks)
-        self.position += keys.shape[2]
-        return _read(self.storage, self.step, keys.shape[0])
 
-
-class PagedLatentCache(LatentCache):
+class PagedLatentCache(_PagedRows, LatentCache):
     """A :class:`~attnkit.layers.LatentCache` over paged storage: the latents (as the keys, one head) and the rotary
     keys (as the values) in ``storage``, DSA's indexer keys in ``index_storage``, read back in the step's layout with
     its key mask; everything else is the latent cache's own (``attend_latent``)."""
@@ -231,14 +236,6 @@ class PagedLatentCache(LatentCache):
         self.position = step.position
         self._index = PagedKVCache(index_storage, step)
 
-    def attended_length(self, new: int) -> int:
-        return self.step.width
-
     def attend_latent(self, layer, q: Tensor, x: Tensor, latent_call) -> AttentionOutput:
         call = latent_call.call._replace(key_mask=self.step.key_mask)
         return super().attend_latent(layer, q, x, latent_call._replace(call=call))
-
-    def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        self.storage.write(keys, values, self.step.write_slots, self.step.blocks)
-        self.position += keys.shape[2]
-        return _read(self.storage, self.step, keys.shape[0])

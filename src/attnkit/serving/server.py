@@ -217,9 +217,8 @@ def _options(body: dict, served: ServedModel, fields: set[str], prompt_tokens: i
                                                   for t in token_ids):
         raise _BadRequest(f"stop_token_ids must be a list of token ids in [0, {vocab}), got {token_ids!r}",
                           "stop_token_ids")
-    for flag in ("stream",):
-        if flag in body and not isinstance(body[flag], bool):
-            raise _BadRequest(f"{flag} must be true or false, got {body[flag]!r}", flag)
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise _BadRequest(f"stream must be true or false, got {body['stream']!r}", "stream")
     options = {"max_new_tokens": max_tokens, "temperature": float(temperature),
                "top_p": None if top_p == 1 else float(top_p), "top_k": top_k, "seed": seed,
                "stop_tokens": list(dict.fromkeys([*served.stop_ids, *token_ids]))}
