@@ -55,10 +55,8 @@ def plain(q: Tensor, k: Tensor, v: Tensor, dims: Dims, scale: float | None, caus
     many key as query heads, values as wide as the queries, SDPA's own scale) goes to SDPA here, without
     :func:`.backends.sdpa.plain`'s questions."""
     if dims.H == dims.Hkv and dims.Ev >= dims.E and scale is None:
-        output = F.scaled_dot_product_attention(q, k, v, is_causal=True) if causal else F.scaled_dot_product_attention(q, k, v)
-    else:
-        output = sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
-    return output
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) if causal else F.scaled_dot_product_attention(q, k, v)
+    return sdpa.plain(q, k, v, scale, causal, dims.H != dims.Hkv)
 
 
 def plain_causal(is_causal: bool, causal_align, L: int, S: int) -> bool | None:

@@ -90,6 +90,13 @@ _IMPLICIT_NOTE = (
     "|a_ij| / sum_j |a_ij|.")
 
 
+def _viewed(weights: torch.Tensor, implicit: torch.Tensor) -> torch.Tensor:
+    """A layer's (H, L, S) weights as the viewer shows them: a head its layer lacks as zeros, an implicit head's rows
+    as the shares of their absolute entries (:func:`.roles.magnitude_shares`)."""
+    weights = weights.nan_to_num(0.0)
+    return torch.where(implicit[:, None, None], magnitude_shares(weights), weights)
+
+
 def _checked_layers(layers: Sequence[int] | None, count: int) -> list[int]:
     """The layers to draw, in order and once each: every one for None; else each of ``layers`` in [0, count)."""
     if layers is None:
@@ -144,9 +151,8 @@ def inspect_encoder(model, tokenizer, texts: Sequence[str] | None, out: str | Pa
     if with_flow:
         plot_heatmap(attention_flow(softmax_layers), out / "flow.png", x_labels=first_tokens, y_labels=first_tokens,
                      title="attention flow", x_title="input token", y_title="output position")
-    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, [
-        torch.where(implicit[l, :, None, None], magnitude_shares(a.nan_to_num(0.0)), a.nan_to_num(0.0))
-        for l, a in enumerate(att)]) for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
+    views = [AttentionView(f"text {k + 1}: {t[:60]}", tok, [_viewed(a, implicit[l]) for l, a in enumerate(att)])
+             for k, (t, tok, att) in enumerate(zip(texts, tokens, attentions))]
     seen_as = "encoder self-attention" if kind == "encoder" else "decoder self-attention (causal)"
     write_viewer(out / "viewer.html", views, title=f"attnkit inspect: {seen_as}", top_k=top_k)
     log(f"head roles, pictures and viewer written; attribution ({steps} integrated-gradient steps per text) ...")

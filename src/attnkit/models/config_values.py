@@ -92,7 +92,7 @@ def size_or(*words: str) -> Value:
 
 def checked_values(hf: Mapping, kind: str, values: Mapping[str, Value]) -> None:
     """Refuse by name the first value of ``hf`` (a ``kind`` config.json) that is not of the kind ``values`` names
-    for its key: an :class:`~attnkit.models.hf_config.UnsupportedConfigError` naming the key, what it must be and
+    for its key: an :class:`UnsupportedConfigError` naming the key, what it must be and
     what it is. Keys ``values`` does not name are the caller's."""
     for key, value in hf.items():
         want = values.get(key)

@@ -246,6 +246,8 @@ def config_from_folder(folder: str | os.PathLike, config_from_hf: Callable[..., 
         return config_from_hf(hf, **options)
     except UnsupportedConfigError as error:
         raise UnsupportedConfigError(f"{path}: {error}") from None
+
+
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
