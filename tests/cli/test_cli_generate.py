@@ -198,6 +198,11 @@ def test_a_prompts_file_mistake_is_named_with_its_line(tmp_path, capsys, content
     refused(["generate", "--prompts", path], capsys, *words)
 
 
+def test_a_prompts_folder_or_missing_file_is_refused_by_what_it_is(tmp_path, capsys):
+    refused(["generate", "--prompts", tmp_path], capsys, "a folder, not a file of prompts")
+    refused(["generate", "--prompts", tmp_path / "absent.txt"], capsys, "absent.txt: no such file")
+
+
 def test_prompt_and_prompts_together_or_neither_are_refused(tmp_path, capsys):
     path = tmp_path / "p.txt"
     path.write_text("the cat\n")

@@ -189,6 +189,8 @@ BAD = [
     (GOOD | {"stream": "yes"}, 400, "stream"),
     (GOOD | {"prompt": ""}, 400, "prompt"),
     (GOOD | {"prompt": 7}, 400, "prompt"),
+    (GOOD | {"prompt": ["the cat", "a dog"]}, 400, "prompt"),
+    (GOOD | {"prompt": [5, 6]}, 400, "prompt"),
     (GOOD | {"logprobs": 2}, 400, "logprobs"),
     (GOOD | {"beam_width": 2}, 400, "beam_width"),
     ([1, 2], 400, None),

@@ -296,7 +296,7 @@ def _read_prompts(path: Path) -> list[dict[str, Any]]:
     import json
 
     if not path.is_file():
-        raise UsageError(f"--prompts {path}: no such file")
+        raise UsageError(f"--prompts {path}: " + ("a folder, not a file of prompts" if path.is_dir() else "no such file"))
     requests = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

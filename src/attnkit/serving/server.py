@@ -1,7 +1,7 @@
 """``attnkit serve``: an HTTP server in OpenAI's shape on the engine (Starlette and uvicorn).
 
     GET  /v1/models               the served model
-    POST /v1/completions          prompt (a string, or a list of strings), streaming or not
+    POST /v1/completions          prompt (a string, or a list of one), streaming or not
     POST /v1/chat/completions     messages, in the model's own chat template, streaming or not
     GET  /health                  200 while the engine runs
     GET  /metrics                 the engine's counters in Prometheus' text format
@@ -253,6 +253,9 @@ def _prompt_ids(served: ServedModel, body: dict, chat: bool) -> tuple[list[int],
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
+    elif isinstance(prompt, list) and prompt:  # (OpenAI's batch of prompts, or token ids: one string a request here)
+        raise _BadRequest(f"prompt must be one string (a request a prompt; token ids are not taken), got a list of "
+                          f"{len(prompt)}", "prompt")
     if not isinstance(prompt, str) or not prompt:
         raise _BadRequest(f"prompt must be a non-empty string, got {prompt!r}", "prompt")
     ids = tokenizer.encode(prompt).ids  # type: ignore[attr-defined]
